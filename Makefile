@@ -1,0 +1,60 @@
+# The two commands: `make demo` and `make test`. Everything installs from the
+# lock files in requirements/ into .venv; torch comes from `pip install torch==2.13.0`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+TORCH := torch==2.13.0
+STAMP := $(VENV)/.stamp-installed
+
+.PHONY: demo test check unit integration e2e protos protos-check lock bench clean down
+
+$(STAMP): requirements/runtime.lock requirements/dev.lock pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install $(TORCH)
+	$(PIP) install -r requirements/runtime.lock -r requirements/dev.lock
+	$(PIP) install --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/trainforge up
+	$(VENV)/bin/trainforge submit examples/mnist/manifest.yaml --follow
+
+down:
+	$(VENV)/bin/trainforge down
+
+check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	$(PY) -m protos.generate --check
+
+test: check
+	$(PY) -m pytest tests
+
+unit: $(STAMP)
+	$(PY) -m pytest tests/unit
+
+integration: $(STAMP)
+	$(PY) -m pytest tests/integration
+
+e2e: $(STAMP)
+	$(PY) -m pytest tests/e2e
+
+protos: $(STAMP)
+	$(PY) -m protos.generate
+
+# Re-resolve the lock files (needs network access to the package index).
+lock: $(STAMP)
+	$(PIP) install uv==0.13.9
+	$(VENV)/bin/uv pip compile --python-version 3.11 requirements/runtime.in -o requirements/runtime.lock
+	cd requirements && ../$(VENV)/bin/uv pip compile --python-version 3.11 dev.in -o dev.lock
+
+bench: $(STAMP)
+	$(PY) bench/submit_latency.py
+	$(PY) bench/halt_resume.py
+	$(PY) bench/checkpoint_upload.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,80 @@
+from protos import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DeployJobRequest(_message.Message):
+    __slots__ = ("job_id", "team", "attempt", "manifest_json", "code_uri", "checkpoint_uri")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_JSON_FIELD_NUMBER: _ClassVar[int]
+    CODE_URI_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    team: str
+    attempt: int
+    manifest_json: str
+    code_uri: str
+    checkpoint_uri: str
+    def __init__(self, job_id: _Optional[str] = ..., team: _Optional[str] = ..., attempt: _Optional[int] = ..., manifest_json: _Optional[str] = ..., code_uri: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ...) -> None: ...
+
+class DeployJobResponse(_message.Message):
+    __slots__ = ("handles",)
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
+    handles: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, handles: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class KillJobRequest(_message.Message):
+    __slots__ = ("job_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class LcmHaltJobRequest(_message.Message):
+    __slots__ = ("job_id", "attempt")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class LcmHaltJobResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class KillJobResponse(_message.Message):
+    __slots__ = ("killed",)
+    KILLED_FIELD_NUMBER: _ClassVar[int]
+    killed: int
+    def __init__(self, killed: _Optional[int] = ...) -> None: ...
+
+class GetCapacityRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Capacity(_message.Message):
+    __slots__ = ("backend", "total", "max_learners")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MAX_LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    total: _common_pb2.Resources
+    max_learners: int
+    def __init__(self, backend: _Optional[str] = ..., total: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., max_learners: _Optional[int] = ...) -> None: ...
+
+class LcmHealthRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LcmHealthResponse(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    def __init__(self, status: _Optional[str] = ...) -> None: ...

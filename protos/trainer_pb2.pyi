@@ -1,0 +1,173 @@
+from protos import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Quota(_message.Message):
+    __slots__ = ("gpus", "cpus", "memory", "jobs", "gpus_by_type")
+    class GpusByTypeEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_BY_TYPE_FIELD_NUMBER: _ClassVar[int]
+    gpus: int
+    cpus: float
+    memory: int
+    jobs: int
+    gpus_by_type: _containers.ScalarMap[str, int]
+    def __init__(self, gpus: _Optional[int] = ..., cpus: _Optional[float] = ..., memory: _Optional[int] = ..., jobs: _Optional[int] = ..., gpus_by_type: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class SetQuotaRequest(_message.Message):
+    __slots__ = ("team", "quota", "actor")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    quota: Quota
+    actor: str
+    def __init__(self, team: _Optional[str] = ..., quota: _Optional[_Union[Quota, _Mapping]] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class GetTeamUsageRequest(_message.Message):
+    __slots__ = ("team",)
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    def __init__(self, team: _Optional[str] = ...) -> None: ...
+
+class TeamUsage(_message.Message):
+    __slots__ = ("team", "quota", "in_use", "queued_jobs", "active_jobs", "gpu_seconds", "cpu_seconds")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    IN_USE_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_JOBS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_JOBS_FIELD_NUMBER: _ClassVar[int]
+    GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    quota: Quota
+    in_use: Quota
+    queued_jobs: int
+    active_jobs: int
+    gpu_seconds: float
+    cpu_seconds: float
+    def __init__(self, team: _Optional[str] = ..., quota: _Optional[_Union[Quota, _Mapping]] = ..., in_use: _Optional[_Union[Quota, _Mapping]] = ..., queued_jobs: _Optional[int] = ..., active_jobs: _Optional[int] = ..., gpu_seconds: _Optional[float] = ..., cpu_seconds: _Optional[float] = ...) -> None: ...
+
+class ListUsageRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListUsageResponse(_message.Message):
+    __slots__ = ("teams",)
+    TEAMS_FIELD_NUMBER: _ClassVar[int]
+    teams: _containers.RepeatedCompositeFieldContainer[TeamUsage]
+    def __init__(self, teams: _Optional[_Iterable[_Union[TeamUsage, _Mapping]]] = ...) -> None: ...
+
+class SubmitJobRequest(_message.Message):
+    __slots__ = ("team", "manifest_json", "code_uri", "submitted_by", "job_id", "idempotency_key")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_JSON_FIELD_NUMBER: _ClassVar[int]
+    CODE_URI_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_BY_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    manifest_json: str
+    code_uri: str
+    submitted_by: str
+    job_id: str
+    idempotency_key: str
+    def __init__(self, team: _Optional[str] = ..., manifest_json: _Optional[str] = ..., code_uri: _Optional[str] = ..., submitted_by: _Optional[str] = ..., job_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("team", "job_id")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    job_id: str
+    def __init__(self, team: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("team", "limit", "states")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    limit: int
+    states: _containers.RepeatedScalarFieldContainer[_common_pb2.JobState]
+    def __init__(self, team: _Optional[str] = ..., limit: _Optional[int] = ..., states: _Optional[_Iterable[_Union[_common_pb2.JobState, str]]] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.Job]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_common_pb2.Job, _Mapping]]] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("team", "job_id", "actor")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    job_id: str
+    actor: str
+    def __init__(self, team: _Optional[str] = ..., job_id: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class HaltJobRequest(_message.Message):
+    __slots__ = ("team", "job_id", "actor")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    job_id: str
+    actor: str
+    def __init__(self, team: _Optional[str] = ..., job_id: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class ResumeJobRequest(_message.Message):
+    __slots__ = ("team", "job_id", "actor")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    job_id: str
+    actor: str
+    def __init__(self, team: _Optional[str] = ..., job_id: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class ReportJobStatusRequest(_message.Message):
+    __slots__ = ("job_id", "attempt", "state", "reason", "actor", "learners", "outputs_uri", "checkpoint_step")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_URI_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    state: _common_pb2.JobState
+    reason: str
+    actor: str
+    learners: _containers.RepeatedCompositeFieldContainer[_common_pb2.LearnerStatus]
+    outputs_uri: str
+    checkpoint_step: int
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., learners: _Optional[_Iterable[_Union[_common_pb2.LearnerStatus, _Mapping]]] = ..., outputs_uri: _Optional[str] = ..., checkpoint_step: _Optional[int] = ...) -> None: ...
+
+class HealthRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HealthResponse(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    def __init__(self, status: _Optional[str] = ...) -> None: ...
