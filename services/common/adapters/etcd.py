@@ -1,0 +1,222 @@
+"""etcd behind a small interface: JSON values, leases, transactions, watches.
+
+The only module that imports the etcd client (`pyetcd`, from
+etcd-sdk-python). Values are JSON objects. `watch_prefix` hides the two
+things that make etcd watches hard to use: a watch that breaks (etcd
+restarted) is re-opened from the last revision seen, and a watch whose
+revision was compacted away re-lists the prefix and carries on, telling the
+caller through a `resync` event so no state change is missed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pyetcd
+import pyetcd.exceptions as etcd_exc
+
+from services.common.errors import Unavailable
+from services.common.keys import Keys
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One change under a watched prefix.
+
+    kind: "put" | "delete" | "resync". A "resync" event carries in `snapshot`
+    the full current contents of the prefix (after a compaction or a
+    reconnect that could not resume); the caller replaces its view with it.
+    """
+
+    kind: str
+    key: str = ""
+    value: dict | None = None
+    revision: int = 0
+    snapshot: dict[str, dict] | None = None
+
+
+class Lease:
+    def __init__(self, raw: Any, ttl: int):
+        self._raw = raw
+        self.id: int = raw.id
+        self.ttl = ttl
+
+    def refresh(self) -> bool:
+        """Keep the lease alive; False when it has already expired."""
+        try:
+            responses = self._raw.refresh()
+        except (etcd_exc.Etcd3Exception, grpc.RpcError, ValueError) as e:
+            raise Unavailable(f"etcd lease refresh failed: {e}") from None
+        return bool(responses) and responses[0].TTL > 0
+
+    def revoke(self) -> None:
+        try:
+            self._raw.revoke()
+        except (etcd_exc.Etcd3Exception, grpc.RpcError):
+            log.warning("could not revoke lease %x", self.id)
+
+
+def _decode(raw: bytes | None) -> dict | None:
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {"raw": raw.decode(errors="replace")}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+class Coordinator:
+    """A connection to etcd scoped to trainforge's key prefix."""
+
+    def __init__(self, endpoints: str, prefix: str = "/trainforge", timeout: float = 5.0):
+        host, _, port = endpoints.split(",")[0].strip().rpartition(":")
+        self._host, self._port, self._timeout = host or "127.0.0.1", int(port), timeout
+        self.keys = Keys(prefix.rstrip("/"))
+        self._client = pyetcd.client(host=self._host, port=self._port, timeout=timeout)
+        # The client marks an endpoint dead for 5 minutes after one error; an
+        # etcd restart must be noticed within a second instead.
+        for endpoint in self._client.endpoints.values():
+            endpoint.time_retry = 0.5
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- plain reads and writes -------------------------------------------------
+
+    def _call(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (etcd_exc.ConnectionFailedError, etcd_exc.ConnectionTimeoutError, etcd_exc.InternalServerError,
+                etcd_exc.NoServerAvailableError, grpc.RpcError, ValueError) as e:
+            raise Unavailable(f"etcd at {self._host}:{self._port} unavailable: {e}") from None
+
+    def healthy(self) -> bool:
+        try:
+            self._client.status()
+            return True
+        except Exception:  # noqa: BLE001 - any failure means "not healthy"
+            return False
+
+    def put(self, key: str, value: dict, lease: Lease | None = None) -> None:
+        self._call(self._client.put, key, json.dumps(value), lease=lease.id if lease else None)
+
+    def get(self, key: str) -> tuple[dict | None, int]:
+        """(value, mod_revision); (None, 0) when absent."""
+        raw, meta = self._call(self._client.get, key)
+        return _decode(raw), (meta.mod_revision if meta else 0)
+
+    def list(self, prefix: str) -> tuple[dict[str, dict], int]:
+        """All keys under prefix and the store revision they were read at."""
+        resp = self._call(self._client.get_prefix_response, prefix)
+        out = {kv.key.decode(): _decode(kv.value) or {} for kv in resp.kvs}
+        return out, resp.header.revision
+
+    def create(self, key: str, value: dict, lease: Lease | None = None) -> bool:
+        """Put only if the key does not exist; True when this call created it."""
+        return bool(self._call(self._client.put_if_not_exists, key, json.dumps(value),
+                               lease=lease.id if lease else None))
+
+    def replace(self, key: str, expected_mod_revision: int, value: dict, lease: Lease | None = None) -> bool:
+        """Compare-and-swap on the key's mod revision (0: must not exist)."""
+        c = self._client
+        compare = [c.transactions.mod(key) == expected_mod_revision]
+        success = [c.transactions.put(key, json.dumps(value), lease=lease.id if lease else None)]
+        ok, _ = self._call(c.transaction, compare=compare, success=success, failure=[])
+        return bool(ok)
+
+    def delete(self, key: str) -> None:
+        self._call(self._client.delete, key)
+
+    def delete_prefix(self, prefix: str) -> None:
+        self._call(self._client.delete_prefix, prefix)
+
+    def grant_lease(self, ttl: int) -> Lease:
+        return Lease(self._call(self._client.lease, ttl), ttl)
+
+    # -- watches ----------------------------------------------------------------
+
+    def watch_prefix(self, prefix: str, start_revision: int | None = None,
+                     stop: threading.Event | None = None, poll: float = 0.5) -> Iterator[Event]:
+        """Events under prefix from start_revision on, forever (until `stop` is set).
+
+        With start_revision None, begins with a "resync" event holding the
+        current contents. Survives etcd restarts and compaction (see module doc).
+        """
+        stop = stop or threading.Event()
+        next_rev = start_revision
+        while not stop.is_set():
+            if next_rev is None:
+                try:
+                    snapshot, rev = self.list(prefix)
+                except Unavailable:
+                    stop.wait(poll)
+                    continue
+                yield Event("resync", revision=rev, snapshot=snapshot)
+                next_rev = rev + 1
+            q: queue.Queue = queue.Queue()
+            try:
+                watch_id = self._client.add_watch_prefix_callback(prefix, q.put, start_revision=next_rev)
+            except etcd_exc.RevisionCompactedError:
+                next_rev = None
+                continue
+            except Exception as e:  # noqa: BLE001 - etcd down: retry after a pause
+                log.debug("watch on %s failed to open: %s", prefix, e)
+                self._reset_watcher()
+                stop.wait(poll)
+                continue
+            try:
+                while not stop.is_set():
+                    try:
+                        item = q.get(timeout=poll)
+                    except queue.Empty:
+                        continue
+                    if isinstance(item, etcd_exc.RevisionCompactedError):
+                        next_rev = None
+                        break
+                    if isinstance(item, Exception):
+                        log.debug("watch on %s broke: %s; resuming from %s", prefix, item, next_rev)
+                        self._reset_watcher()
+                        stop.wait(poll)
+                        break
+                    for ev in item.events:
+                        kind = "delete" if isinstance(ev, pyetcd.events.DeleteEvent) else "put"
+                        rev = ev.mod_revision
+                        yield Event(kind, ev.key.decode(), None if kind == "delete" else _decode(ev.value), rev)
+                        next_rev = max(next_rev or 0, rev + 1)
+                    if item.header.revision:
+                        next_rev = max(next_rev or 0, item.header.revision + 1)
+            finally:
+                try:
+                    self._client.cancel_watch(watch_id)
+                except Exception:  # noqa: BLE001 - the watch may already be gone
+                    pass
+
+    def _reset_watcher(self) -> None:
+        # The client's watcher thread dies with its stream; a fresh one is made lazily.
+        try:
+            self._client.watcher.close()
+        except Exception:  # noqa: BLE001
+            pass
+        try:
+            self._client._clear_old_stubs()  # noqa: SLF001 - no public way to reconnect
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def wait_healthy(coord: Coordinator, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not coord.healthy():
+        if time.monotonic() > deadline:
+            raise Unavailable("etcd did not become healthy in time")
+        time.sleep(0.1)

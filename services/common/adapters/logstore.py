@@ -1,0 +1,185 @@
+"""Learner log lines in Elasticsearch/OpenSearch, behind a small interface.
+
+The only module that imports the `elasticsearch` client. The embedded
+stack's OpenSearch-compatible server (osmem-server) rejects the client's
+compatibility mimetypes (`application/vnd.elasticsearch+json;
+compatible-with=9`), so requests go through `_PlainJsonNode`, which sends
+plain `application/json` / `application/x-ndjson`; a real Elasticsearch
+accepts both.
+
+A log line document:
+    {job, team, learner, attempt, stream, seq, ts, line}
+with id "<job>.<learner>.<attempt>.<seq>", so re-shipping a batch after a
+timeout overwrites instead of duplicating.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from elastic_transport import ConnectionError as TransportConnectionError
+from elastic_transport import Urllib3HttpNode
+from elasticsearch import ApiError, Elasticsearch
+
+from services.common.errors import Unavailable
+
+_COMPAT = re.compile(r"application/vnd\.elasticsearch\+([\w-]+)(;\s*compatible-with=\d+)?")
+
+MAPPINGS = {
+    "properties": {
+        "job": {"type": "keyword"},
+        "team": {"type": "keyword"},
+        "learner": {"type": "integer"},
+        "attempt": {"type": "integer"},
+        "stream": {"type": "keyword"},
+        "seq": {"type": "long"},
+        "ts": {"type": "date"},
+        "line": {"type": "text"},
+    }
+}
+
+
+class _PlainJsonNode(Urllib3HttpNode):
+    def perform_request(self, method, target, body=None, headers=None, **kwargs):  # noqa: ANN001
+        if headers:
+            headers = headers.copy()
+            for name in ("accept", "content-type"):
+                if name in headers:
+                    headers[name] = _COMPAT.sub(r"application/\1", headers[name])
+        return super().perform_request(method, target, body=body, headers=headers, **kwargs)
+
+
+@dataclass(frozen=True)
+class LogLine:
+    job: str
+    team: str
+    learner: int
+    attempt: int
+    stream: str  # "stdout" | "stderr" | "system"
+    seq: int  # per (job, learner, attempt), from 1, without gaps
+    ts: str  # ISO-8601 UTC with milliseconds
+    line: str
+
+    @property
+    def doc_id(self) -> str:
+        return f"{self.job}.{self.learner}.{self.attempt}.{self.seq}"
+
+    def to_doc(self) -> dict:
+        return {"job": self.job, "team": self.team, "learner": self.learner, "attempt": self.attempt,
+                "stream": self.stream, "seq": self.seq, "ts": self.ts, "line": self.line}
+
+
+@dataclass(frozen=True)
+class LogPage:
+    lines: list[dict]
+    # Per stream "<learner>:<attempt>" -> last seq returned; pass back as `after`.
+    cursor: dict[str, int]
+
+
+class LogStore:
+    def __init__(self, url: str, index: str = "tf-logs", timeout: float = 10.0):
+        self.index = index
+        self._es = Elasticsearch(url, node_class=_PlainJsonNode, request_timeout=timeout, max_retries=1)
+        self._index_ready = False
+
+    def close(self) -> None:
+        self._es.close()
+
+    def healthy(self) -> bool:
+        try:
+            return bool(self._es.ping())
+        except Exception:  # noqa: BLE001
+            return False
+
+    def ensure_index(self) -> None:
+        if self._index_ready:
+            return
+        try:
+            if not self._es.indices.exists(index=self.index):
+                try:
+                    self._es.indices.create(index=self.index, mappings=MAPPINGS)
+                except ApiError as e:
+                    if "already_exists" not in str(e) and "exists" not in str(e):
+                        raise
+        except (TransportConnectionError, ApiError) as e:
+            raise Unavailable(f"log store unavailable: {e}") from None
+        self._index_ready = True
+
+    def write(self, lines: list[LogLine], refresh: bool = False) -> None:
+        """Index a batch; raises Unavailable when any line was not stored (retry the batch)."""
+        if not lines:
+            return
+        self.ensure_index()
+        ops: list[dict] = []
+        for ln in lines:
+            ops.append({"index": {"_index": self.index, "_id": ln.doc_id}})
+            ops.append(ln.to_doc())
+        try:
+            resp = self._es.bulk(operations=ops, refresh=refresh)
+        except (TransportConnectionError, ApiError) as e:
+            raise Unavailable(f"log store unavailable: {e}") from None
+        if resp.get("errors"):
+            failed = [i for i in resp.get("items", []) if next(iter(i.values())).get("error")]
+            raise Unavailable(f"log store rejected {len(failed)} of {len(lines)} lines: {failed[:1]}")
+
+    def refresh(self) -> None:
+        try:
+            self._es.indices.refresh(index=self.index)
+        except (TransportConnectionError, ApiError) as e:
+            raise Unavailable(f"log store unavailable: {e}") from None
+
+    def read(self, job: str, *, team: str | None = None, learner: int | None = None,
+             after: dict[str, int] | None = None, limit: int = 1000, query: str | None = None) -> LogPage:
+        """Lines of a job in order (time, then learner, then seq), after a cursor.
+
+        The cursor holds the last seq seen per (learner, attempt) stream, so a
+        line shipped late by one learner is still returned by the next call.
+        """
+        after = after or {}
+        filters: list[dict] = [{"term": {"job": job}}]
+        if team is not None:
+            filters.append({"term": {"team": team}})
+        if learner is not None:
+            filters.append({"term": {"learner": learner}})
+        should: list[dict] = []
+        for stream, seq in after.items():
+            lr, _, at = stream.partition(":")
+            should.append({"bool": {"filter": [{"term": {"learner": int(lr)}}, {"term": {"attempt": int(at)}},
+                                               {"range": {"seq": {"gt": seq}}}]}})
+        if after:
+            known = [{"bool": {"filter": [{"term": {"learner": int(s.partition(':')[0])}},
+                                          {"term": {"attempt": int(s.partition(':')[2])}}]}} for s in after]
+            should.append({"bool": {"must_not": known}})
+        q: dict = {"bool": {"filter": filters}}
+        if should:
+            q["bool"]["should"] = should
+            q["bool"]["minimum_should_match"] = 1
+        if query:
+            q["bool"]["must"] = [{"match": {"line": query}}]
+        try:
+            if not self._es.indices.exists(index=self.index):
+                return LogPage([], dict(after))
+            resp = self._es.search(index=self.index, query=q, size=limit,
+                                   sort=[{"ts": "asc"}, {"learner": "asc"}, {"attempt": "asc"}, {"seq": "asc"}])
+        except (TransportConnectionError, ApiError) as e:
+            raise Unavailable(f"log store unavailable: {e}") from None
+        lines = [h["_source"] for h in resp["hits"]["hits"]]
+        if query:
+            # Search hits are a selection: no per-stream continuity to keep.
+            cursor = dict(after)
+            for ln in lines:
+                key = f"{ln['learner']}:{ln['attempt']}"
+                cursor[key] = max(cursor.get(key, 0), ln["seq"])
+            return LogPage(lines, cursor)
+        # A page cut at `limit` may end mid-stream; keep per-stream order by
+        # returning each stream only up to its first gap.
+        cursor = dict(after)
+        ordered: list[dict] = []
+        for ln in lines:
+            key = f"{ln['learner']}:{ln['attempt']}"
+            if ln["seq"] != cursor.get(key, 0) + 1:
+                continue
+            cursor[key] = ln["seq"]
+            ordered.append(ln)
+        return LogPage(ordered, cursor)

@@ -1,0 +1,439 @@
+"""Object storage behind one interface: a local directory or S3 (boto3).
+
+The only module that imports boto3. Objects are addressed by key
+("jobs/<job>/code.tar.gz"); users see them as `store://<key>` URIs. Every
+upload is verified before it returns: the stored size and SHA-256 must match
+the local file's, or `StoreError` is raised and the caller must not move the
+job on.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import unquote, urlparse
+
+import boto3
+import botocore.exceptions
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from s3transfer.utils import ChunksizeAdjuster
+
+from services.common.errors import InvalidArgument, NotFound, TrainforgeError
+
+SCHEME = "store://"
+
+
+class StoreError(TrainforgeError):
+    code = "store_error"
+    http_status = 502
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    sha256: str
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def key_from_uri(uri: str) -> str:
+    if not uri.startswith(SCHEME):
+        raise InvalidArgument(f"{uri!r} is not an object-store URI (store://...)")
+    key = uri[len(SCHEME):].strip("/")
+    if not key or ".." in key.split("/"):
+        raise InvalidArgument(f"{uri!r} has an invalid key")
+    return key
+
+
+def uri_for(key: str) -> str:
+    return SCHEME + key.strip("/")
+
+
+class ObjectStore(Protocol):
+    def put_file(self, key: str, path: Path) -> ObjectInfo: ...
+    def get_file(self, key: str, path: Path) -> ObjectInfo: ...
+    def put_bytes(self, key: str, data: bytes) -> ObjectInfo: ...
+    def get_bytes(self, key: str) -> bytes: ...
+    def list(self, prefix: str) -> list[ObjectInfo]: ...
+    def exists(self, key: str) -> bool: ...
+    def delete_prefix(self, prefix: str) -> int: ...
+
+
+def put_dir(store: ObjectStore, prefix: str, directory: Path) -> list[ObjectInfo]:
+    """Upload every file under directory to prefix/<relative path>, verified."""
+    out = []
+    for path in sorted(p for p in Path(directory).rglob("*") if p.is_file()):
+        out.append(store.put_file(f"{prefix.rstrip('/')}/{path.relative_to(directory).as_posix()}", path))
+    return out
+
+
+def get_dir(store: ObjectStore, prefix: str, directory: Path) -> list[ObjectInfo]:
+    """Download every object under prefix into directory, keeping relative paths."""
+    prefix = prefix.rstrip("/") + "/"
+    out = []
+    for info in store.list(prefix):
+        rel = info.key[len(prefix):]
+        if not rel or ".." in rel.split("/"):
+            continue
+        out.append(store.get_file(info.key, Path(directory) / rel))
+    return out
+
+
+class LocalStore:
+    """Objects as files under a root directory (the embedded default)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        key = key.strip("/")
+        if not key or ".." in key.split("/"):
+            raise InvalidArgument(f"invalid object key {key!r}")
+        return self.root / key
+
+    def _info(self, key: str, path: Path) -> ObjectInfo:
+        return ObjectInfo(key.strip("/"), path.stat().st_size, sha256_file(path))
+
+    def put_file(self, key: str, path: Path) -> ObjectInfo:
+        dest = self._path(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        want = ObjectInfo(key.strip("/"), Path(path).stat().st_size, sha256_file(Path(path)))
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".upload-")
+        os.close(fd)
+        try:
+            shutil.copyfile(path, tmp)
+            got = self._info(key, Path(tmp))
+            if got != want:
+                raise StoreError(f"upload of {key} did not verify: {got} != {want}")
+            os.replace(tmp, dest)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return want
+
+    def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
+        with tempfile.NamedTemporaryFile(delete=False) as f:
+            f.write(data)
+        try:
+            return self.put_file(key, Path(f.name))
+        finally:
+            os.unlink(f.name)
+
+    def get_file(self, key: str, path: Path) -> ObjectInfo:
+        src = self._path(key)
+        if not src.is_file():
+            raise NotFound(f"object {uri_for(key)} does not exist")
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, path)
+        return self._info(key, Path(path))
+
+    def get_bytes(self, key: str) -> bytes:
+        src = self._path(key)
+        if not src.is_file():
+            raise NotFound(f"object {uri_for(key)} does not exist")
+        return src.read_bytes()
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        prefix = prefix.strip("/")
+        base = self.root / prefix if prefix else self.root
+        if base.is_file():
+            return [self._info(prefix, base)]
+        if not base.is_dir():
+            return []
+        return [self._info(p.relative_to(self.root).as_posix(), p)
+                for p in sorted(base.rglob("*")) if p.is_file() and not p.name.startswith(".upload-")]
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def delete_prefix(self, prefix: str) -> int:
+        items = self.list(prefix)
+        for info in items:
+            self._path(info.key).unlink(missing_ok=True)
+        return len(items)
+
+
+class S3Store:
+    """Objects in an S3 bucket under a key prefix.
+
+    Uploads are verified three ways before `put_file` returns: the stored size,
+    the SHA-256 kept as object metadata (`x-amz-meta-sha256`, what downloads
+    are checked against), and - with `checksums` on (the default) - S3's own
+    SHA-256 checksum, which the server computes and checks on receipt. A
+    single-request upload sends the file's precomputed SHA-256, so the server
+    rejects any other bytes; a multipart upload (files of `multipart_threshold`
+    bytes or more) sends a SHA-256 per part and the stored composite checksum
+    (SHA-256 of the part digests, "-<parts>") is compared with the one computed
+    locally. Turn `checksums` off only for servers without flexible checksums.
+    Downloads land in a temporary file and are moved into place only once size
+    and SHA-256 match the metadata. Listings carry no SHA-256 (sha256 is "").
+    """
+
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint: str = "", access_key: str = "",
+                 secret_key: str = "", region: str = "us-east-1", multipart_threshold: int = 64 * 2**20,
+                 multipart_chunksize: int = 0, max_concurrency: int = 8, checksums: bool = True,
+                 create_bucket: bool = False, connect_timeout: float = 10, read_timeout: float = 120):
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        self.endpoint, self.checksums = endpoint, checksums
+        self._access_key = access_key
+        self._s3 = boto3.client(
+            "s3", endpoint_url=endpoint or None, aws_access_key_id=access_key or None,
+            aws_secret_access_key=secret_key or None, region_name=region,
+            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 3, "mode": "standard"},
+                          connect_timeout=connect_timeout, read_timeout=read_timeout,
+                          max_pool_connections=max(10, max_concurrency + 2),
+                          request_checksum_calculation="when_required",
+                          response_checksum_validation="when_required"),
+        )
+        self.transfer_config = TransferConfig(
+            multipart_threshold=multipart_threshold,
+            multipart_chunksize=multipart_chunksize or max(5 * 2**20, multipart_threshold // 4),
+            max_concurrency=max_concurrency)
+        if create_bucket:
+            self._ensure_bucket()
+
+    def close(self) -> None:
+        self._s3.close()
+
+    def _ensure_bucket(self) -> None:
+        try:
+            self._s3.head_bucket(Bucket=self.bucket)
+        except botocore.exceptions.ClientError as e:
+            if _code(e) not in ("404", "NoSuchBucket", "NotFound"):
+                raise self._error("open bucket", self.bucket, e) from None
+            try:
+                self._s3.create_bucket(Bucket=self.bucket)
+            except botocore.exceptions.ClientError as e2:
+                if _code(e2) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                    raise self._error("create bucket", self.bucket, e2) from None
+            except botocore.exceptions.BotoCoreError as e2:
+                raise self._error("create bucket", self.bucket, e2) from None
+        except botocore.exceptions.BotoCoreError as e:
+            raise self._error("open bucket", self.bucket, e) from None
+
+    def _k(self, key: str) -> str:
+        key = key.strip("/")
+        if not key or ".." in key.split("/"):
+            raise InvalidArgument(f"invalid object key {key!r}")
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _unk(self, full: str) -> str:
+        return full[len(self.prefix) + 1:] if self.prefix else full
+
+    def _error(self, what: str, key: str, e: BaseException) -> TrainforgeError:
+        where = f"s3://{self.bucket}" + (f" at {self.endpoint}" if self.endpoint else "")
+        if isinstance(e, botocore.exceptions.ClientError):
+            code = _code(e)
+            if code in ("404", "NoSuchKey", "NotFound"):
+                return NotFound(f"object {uri_for(key)} does not exist")
+            if code == "NoSuchBucket":
+                return StoreError(f"bucket {where} does not exist (while trying to {what} {key})")
+            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "AccessDenied",
+                        "InvalidToken", "ExpiredToken", "AuthorizationHeaderMalformed"):
+                return StoreError(
+                    f"object store {where} refused the credentials (access key {self._access_key!r}) "
+                    f"when trying to {what} {key}: {code}; check s3_access_key / s3_secret_key and "
+                    f"that the key may access the bucket")
+            if code in ("BadDigest", "XAmzContentSHA256Mismatch", "InvalidDigest"):
+                return StoreError(f"object store {where} failed to {what} {key}: {code}: the bytes it received "
+                                  f"do not match the checksum sent (file changed while uploading, or corrupted "
+                                  f"in transit)")
+            return StoreError(f"object store {where} failed to {what} {key}: {code}: "
+                              f"{e.response.get('Error', {}).get('Message', e)}")
+        if isinstance(e, (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError)):
+            return StoreError(f"cannot reach object store {where} to {what} {key}: {e}")
+        return StoreError(f"object store {where} failed to {what} {key}: {e}")
+
+    def _head(self, what: str, key: str) -> dict:
+        try:
+            return self._s3.head_object(Bucket=self.bucket, Key=self._k(key), ChecksumMode="ENABLED")
+        except _S3_ERRORS as e:
+            raise self._error(what, key, e) from None
+
+    def _part_size(self, size: int) -> int:
+        return ChunksizeAdjuster().adjust_chunksize(self.transfer_config.multipart_chunksize, size)
+
+    def put_file(self, key: str, path: Path) -> ObjectInfo:
+        path, full = Path(path), self._k(key)
+        size = path.stat().st_size
+        multipart = size >= self.transfer_config.multipart_threshold
+        digest, parts = _sha256_parts(path, self._part_size(size) if multipart else 0)
+        want = ObjectInfo(key.strip("/"), size, digest.hex())
+        extra: dict = {"Metadata": {"sha256": want.sha256}}
+        expected_checksum = ""
+        if self.checksums and multipart:
+            extra["ChecksumAlgorithm"] = "SHA256"
+            expected_checksum = f"{_b64(hashlib.sha256(b''.join(parts)).digest())}-{len(parts)}"
+        elif self.checksums:
+            extra["ChecksumSHA256"] = expected_checksum = _b64(digest)
+        try:
+            self._s3.upload_file(str(path), self.bucket, full, Config=self.transfer_config, ExtraArgs=extra)
+        except boto3.exceptions.S3UploadFailedError as e:  # wraps the ClientError (as its context)
+            inner = e.__cause__ or e.__context__
+            raise self._error("upload", key, inner if isinstance(inner, _S3_ERRORS) else e) from None
+        except _S3_ERRORS as e:
+            raise self._error("upload", key, e) from None
+        head = self._head("verify upload of", key)
+        got = ObjectInfo(want.key, head["ContentLength"], head.get("Metadata", {}).get("sha256", ""))
+        if got != want:
+            raise StoreError(f"upload of {key} did not verify: stored {got}, local {want}")
+        if self.checksums and head.get("ChecksumSHA256") != expected_checksum:
+            raise StoreError(f"upload of {key} did not verify: stored SHA-256 checksum "
+                             f"{head.get('ChecksumSHA256')!r}, expected {expected_checksum!r} "
+                             f"(a server without SHA-256 checksums needs checksums=False)")
+        return want
+
+    def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
+        with tempfile.NamedTemporaryFile(delete=False) as f:
+            f.write(data)
+        try:
+            return self.put_file(key, Path(f.name))
+        finally:
+            os.unlink(f.name)
+
+    @staticmethod
+    def _expect(head: dict) -> tuple[int, str]:
+        return head["ContentLength"], head.get("Metadata", {}).get("sha256", "")
+
+    def get_file(self, key: str, path: Path) -> ObjectInfo:
+        path = Path(path)
+        size, sha = self._expect(self._head("download", key))  # also: NotFound before touching path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.download-")
+        os.close(fd)
+        try:
+            try:
+                self._s3.download_file(self.bucket, self._k(key), tmp, Config=self.transfer_config)
+            except _S3_ERRORS as e:
+                raise self._error("download", key, e) from None
+            got = ObjectInfo(key.strip("/"), Path(tmp).stat().st_size, sha256_file(Path(tmp)))
+            _check_download(key, got, size, sha)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return got
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            resp = self._s3.get_object(Bucket=self.bucket, Key=self._k(key))
+            data = resp["Body"].read()
+        except _S3_ERRORS as e:
+            raise self._error("download", key, e) from None
+        got = ObjectInfo(key.strip("/"), len(data), hashlib.sha256(data).hexdigest())
+        _check_download(key, got, *self._expect(resp))
+        return data
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        """The object named prefix and every object under prefix/, like a directory walk."""
+        stripped = prefix.strip("/")
+        full = self._k(stripped) if stripped else self.prefix
+        out = []
+        try:
+            for page in self._s3.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket, Prefix=f"{full}/" if full and not stripped else full):
+                for obj in page.get("Contents", []):
+                    k = obj["Key"]
+                    if not full or k == full or k.startswith(full + "/"):
+                        out.append(ObjectInfo(self._unk(k), obj["Size"], ""))
+        except _S3_ERRORS as e:
+            raise self._error("list", stripped or "/", e) from None
+        return out
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._head("check", key)
+            return True
+        except NotFound:
+            return False
+
+    def delete_prefix(self, prefix: str) -> int:
+        items = self.list(prefix)
+        for i in range(0, len(items), 1000):
+            chunk = [{"Key": self._k(o.key)} for o in items[i:i + 1000]]
+            try:
+                resp = self._s3.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk, "Quiet": True})
+            except _S3_ERRORS as e:
+                raise self._error("delete under", prefix, e) from None
+            if resp.get("Errors"):
+                first = resp["Errors"][0]
+                raise StoreError(f"object store could not delete {len(resp['Errors'])} object(s) under "
+                                 f"{uri_for(prefix)}: {first.get('Key')}: {first.get('Code')} {first.get('Message')}")
+        return len(items)
+
+
+_S3_ERRORS = (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
+
+
+def _code(e: botocore.exceptions.ClientError) -> str:
+    return str(e.response.get("Error", {}).get("Code", ""))
+
+
+def _b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode()
+
+
+def _sha256_parts(path: Path, part_size: int, block: int = 1 << 20) -> tuple[bytes, list[bytes]]:
+    """SHA-256 of the whole file and, with part_size, of each part_size slice.
+
+    The part digests are computed on a second thread (hashlib drops the GIL),
+    so a multipart upload's local hashing costs about one pass, not two.
+    """
+    if not part_size:
+        return bytes.fromhex(sha256_file(path, block)), []
+    with ThreadPoolExecutor(1) as pool:
+        parts = pool.submit(_part_digests, path, part_size, block)
+        whole = bytes.fromhex(sha256_file(path, block))
+        return whole, parts.result()
+
+
+def _part_digests(path: Path, part_size: int, block: int) -> list[bytes]:
+    out = []
+    with open(path, "rb") as f:
+        while True:
+            h, left = hashlib.sha256(), part_size
+            while left and (data := f.read(min(block, left))):
+                h.update(data)
+                left -= len(data)
+            if left == part_size:
+                return out
+            out.append(h.digest())
+
+
+def _check_download(key: str, got: ObjectInfo, size: int, sha256: str) -> None:
+    if got.size != size or (sha256 and got.sha256 != sha256):
+        raise StoreError(f"download of {key} did not verify: got {got.size} bytes sha256 {got.sha256}, "
+                         f"object has {size} bytes sha256 {sha256 or '(not recorded)'}")
+
+
+def open_store(url: str, *, endpoint: str = "", access_key: str = "", secret_key: str = "",
+               region: str = "us-east-1", **s3_options) -> ObjectStore:
+    """file:///dir -> LocalStore; s3://bucket/prefix -> S3Store (s3_options go to S3Store)."""
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        return LocalStore(Path(unquote(parsed.path)))
+    if parsed.scheme == "s3":
+        return S3Store(parsed.netloc, parsed.path, endpoint=endpoint, access_key=access_key,
+                       secret_key=secret_key, region=region, create_bucket=True, **s3_options)
+    raise InvalidArgument(f"object store URL {url!r} must start with file:// or s3://")
+
+
+def store_from_settings(settings) -> ObjectStore:  # noqa: ANN001 - any StoreSettings
+    return open_store(settings.objectstore(), endpoint=settings.s3_endpoint, access_key=settings.s3_access_key,
+                      secret_key=settings.s3_secret_key, region=settings.s3_region)

@@ -1,0 +1,59 @@
+"""The platform's error hierarchy: every failure a client can see has a home here.
+
+Services raise these; the gRPC layer maps them to status codes
+(services/common/rpc.py) and the API maps them to HTTP responses once, in the
+app factory. A message names what is wrong; it never carries a traceback.
+"""
+
+from __future__ import annotations
+
+
+class TrainforgeError(Exception):
+    """Base of all domain errors."""
+
+    code = "internal"
+    http_status = 500
+
+    def __init__(self, message: str, *, details: list[dict] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.details = details or []
+
+
+class InvalidArgument(TrainforgeError):
+    code = "invalid_argument"
+    http_status = 422
+
+
+class NotFound(TrainforgeError):
+    code = "not_found"
+    http_status = 404
+
+
+class Conflict(TrainforgeError):
+    """The request is well-formed but the target's state forbids it."""
+
+    code = "conflict"
+    http_status = 409
+
+
+class Unauthenticated(TrainforgeError):
+    code = "unauthenticated"
+    http_status = 401
+
+
+class PermissionDenied(TrainforgeError):
+    code = "permission_denied"
+    http_status = 403
+
+
+class ResourceExhausted(TrainforgeError):
+    code = "resource_exhausted"
+    http_status = 429
+
+
+class Unavailable(TrainforgeError):
+    """A backing service cannot be reached; retrying later may succeed."""
+
+    code = "unavailable"
+    http_status = 503

@@ -1,0 +1,56 @@
+"""The etcd key layout (../shared/DESIGN.md §3), in one place.
+
+    <prefix>/jobs/<job>/attempt                 {"attempt": n, "checkpoint_uri": ...}
+    <prefix>/jobs/<job>/learners/<rank>/status  LearnerStatusDoc, under the controller's lease
+    <prefix>/jobs/<job>/halt                    {"attempt": n, "requested_at": ts}
+    <prefix>/jobs/<job>/learners/<rank>/halted  {"attempt": n, "checkpoint_uri": ..., "step": n}
+    <prefix>/jobs/<job>/learners/<rank>/checkpoint {"attempt": n, "step": n, "uri": ...}
+    <prefix>/jobs/<job>/monitor                 {"pid": ..., "host": ...}, under the monitor's lease
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "/trainforge"
+
+    def job(self, job: str) -> str:
+        return f"{self.prefix}/jobs/{job}/"
+
+    def attempt(self, job: str) -> str:
+        return f"{self.prefix}/jobs/{job}/attempt"
+
+    def learners(self, job: str) -> str:
+        return f"{self.prefix}/jobs/{job}/learners/"
+
+    def learner_status(self, job: str, rank: int) -> str:
+        return f"{self.prefix}/jobs/{job}/learners/{rank}/status"
+
+    def learner_halted(self, job: str, rank: int) -> str:
+        return f"{self.prefix}/jobs/{job}/learners/{rank}/halted"
+
+    def learner_checkpoint(self, job: str, rank: int) -> str:
+        return f"{self.prefix}/jobs/{job}/learners/{rank}/checkpoint"
+
+    def halt(self, job: str) -> str:
+        return f"{self.prefix}/jobs/{job}/halt"
+
+    def monitor(self, job: str) -> str:
+        return f"{self.prefix}/jobs/{job}/monitor"
+
+    def parse_learner_key(self, job: str, key: str) -> tuple[int, str] | None:
+        """'<prefix>/jobs/j/learners/3/status' -> (3, 'status'); None for other keys."""
+        base = self.learners(job)
+        if not key.startswith(base):
+            return None
+        parts = key[len(base):].split("/")
+        if len(parts) != 2 or not parts[0].isdigit():
+            return None
+        return int(parts[0]), parts[1]
+
+
+# Files in an attempt's directory (local backend), shared by the LCM and the job monitor.
+MONITOR_DONE = "monitor.done"  # the monitor delivered the attempt's last state; it needs no restart

@@ -1,0 +1,224 @@
+"""The job manifest: what a user asks the platform to run.
+
+A manifest is validated once, at submit, and every problem is reported with
+the dotted path of its field (`resources.memory: ...`). After that the
+validated model travels as JSON (`Manifest.model_dump_json()`), so every
+service reads the same normalised values (memory in bytes, durations in
+seconds).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.functional_validators import BeforeValidator
+
+from services.common.errors import InvalidArgument
+
+_UNITS = {
+    "": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+    "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40,
+}
+_QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]i?)?[bB]?\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_MAX_MEMORY = 16 * 2**40
+_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_GPU_TYPE = re.compile(r"^[a-z0-9-]{1,32}$")
+
+
+def parse_memory(value: Any) -> int:
+    """'4Gi' -> 4294967296; a bare number is bytes."""
+    if isinstance(value, bool):
+        raise ValueError("must be a size such as 512Mi or 4Gi")
+    if isinstance(value, int | float):
+        n = int(value)
+    else:
+        m = _QUANTITY.match(str(value))
+        if not m:
+            raise ValueError(f"{value!r} is not a size; use e.g. 512Mi, 4Gi or a number of bytes")
+        n = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+    if n <= 0:
+        raise ValueError("must be greater than 0")
+    if n > _MAX_MEMORY:
+        raise ValueError("must be at most 16Ti")
+    return n
+
+
+def parse_duration(value: Any) -> float:
+    """'10s' -> 10.0, '2m' -> 120.0; a bare number is seconds."""
+    if isinstance(value, bool):
+        raise ValueError("must be a duration such as 10s or 2m")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(str(value))
+        if not m:
+            raise ValueError(f"{value!r} is not a duration; use e.g. 500ms, 10s, 2m or 1h")
+        seconds = float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2) or "s"]
+    if seconds < 0:
+        raise ValueError("must not be negative")
+    return seconds
+
+
+Memory = Annotated[int, BeforeValidator(parse_memory)]
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class Framework(enum.StrEnum):
+    TORCH = "torch"
+    CUSTOM = "custom"
+
+
+class Priority(enum.IntEnum):
+    LOW = 0
+    NORMAL = 1
+    HIGH = 2
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Resources(_Strict):
+    """Per learner."""
+
+    gpus: int = Field(0, ge=0, le=64, description="GPUs per learner")
+    cpus: float = Field(1.0, gt=0, le=256, description="CPU cores per learner")
+    memory: Memory = Field(2 * 2**30, description="memory per learner, e.g. 4Gi")
+    gpu_type: str | None = Field(None, max_length=32,
+                                 description="GPU model, e.g. a100; counts against the team's quota for it")
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _gpu_type(cls, v: str | None) -> str | None:
+        if v is not None and not _GPU_TYPE.match(v):
+            raise ValueError("must be 1-32 lowercase letters, digits or '-'")
+        return v
+
+
+class DataSource(_Strict):
+    source: str = Field(description="object-store URI, e.g. store://datasets/mnist")
+    path: str = Field(description="where it lands, relative to the learner's working directory")
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, v: str) -> str:
+        return _relative_path(v)
+
+
+class Restart(_Strict):
+    max_restarts: int = Field(0, ge=0, le=100)
+    backoff: Duration = Field(10.0, description="wait before a redeploy, e.g. 10s")
+
+
+class Checkpoint(_Strict):
+    interval: Duration = Field(300.0, description="how often frameworks' checkpoint_due() says yes, e.g. 5m; 0: never")
+
+
+def _relative_path(v: str) -> str:
+    v = v.strip()
+    if not v or v.startswith("/") or ".." in v.split("/"):
+        raise ValueError("must be a relative path inside the working directory, without '..'")
+    return v
+
+
+class Manifest(_Strict):
+    name: str = Field(description="lowercase letters, digits and '-', at most 63 characters")
+    framework: Framework = Framework.TORCH
+    learners: int = Field(1, ge=1, le=64, description="number of learners; >1 is distributed")
+    resources: Resources = Resources()
+    command: str = Field(min_length=1, description="run in the learner's working directory; {{param}} is filled from params")
+    params: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    code: str | None = Field(None, description="a local folder the CLI packs and uploads")
+    data: list[DataSource] = Field(default_factory=list)
+    outputs: str = Field("outputs/", description="folder uploaded when the learners finish")
+    restart: Restart = Restart()
+    checkpoint: Checkpoint = Checkpoint()
+    priority: Priority = Priority.NORMAL
+    image: str | None = Field(None, description="container image (kubernetes and docker backends)")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("must be 1-63 lowercase letters, digits or '-', starting and ending alphanumeric")
+        return v
+
+    @field_validator("outputs")
+    @classmethod
+    def _outputs(cls, v: str) -> str:
+        return _relative_path(v)
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _priority(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                return Priority[v.strip().upper()]
+            except KeyError:
+                raise ValueError("must be one of low, normal, high") from None
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in v if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
+        if bad:
+            raise ValueError(f"invalid variable names: {', '.join(sorted(bad))}")
+        return v
+
+    @model_validator(mode="after")
+    def _placeholders(self) -> Manifest:
+        missing = sorted(set(_PLACEHOLDER.findall(self.command)) - set(self.params))
+        if missing:
+            raise ValueError(f"command uses {{{{{missing[0]}}}}} but params does not define: {', '.join(missing)}")
+        return self
+
+    def rendered_command(self) -> str:
+        """The command with every {{param}} filled in."""
+        return _PLACEHOLDER.sub(lambda m: str(self.params[m.group(1)]), self.command)
+
+    def total_resources(self) -> Resources:
+        r = self.resources
+        return Resources(gpus=r.gpus * self.learners, cpus=r.cpus * self.learners, memory=r.memory * self.learners)
+
+
+def _field_errors(exc: ValidationError) -> list[dict]:
+    out = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"]) or "manifest"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        out.append({"field": loc, "message": msg})
+    return out
+
+
+def parse_manifest(source: str | bytes | dict) -> Manifest:
+    """Parse YAML/JSON text or a dict into a Manifest.
+
+    Raises InvalidArgument listing every problem, each naming its field.
+    """
+    if isinstance(source, dict):
+        data: Any = source
+    else:
+        try:
+            data = yaml.safe_load(source)
+        except yaml.YAMLError as e:
+            raise InvalidArgument(f"manifest is not valid YAML or JSON: {e}",
+                                  details=[{"field": "manifest", "message": str(e)}]) from None
+    if not isinstance(data, dict):
+        raise InvalidArgument("manifest must be a mapping of fields",
+                              details=[{"field": "manifest", "message": "must be a mapping of fields"}])
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as e:
+        details = _field_errors(e)
+        summary = "; ".join(f"{d['field']}: {d['message']}" for d in details)
+        raise InvalidArgument(f"invalid manifest: {summary}", details=details) from None

@@ -1,0 +1,90 @@
+"""Settings, one class per service, read from TF_* environment variables.
+
+Nothing here runs at import: each service's `main()` builds its settings with
+`XSettings()` and passes them down explicitly, so tests build their own.
+Every field has a description and bounds; secrets have no usable default
+outside dev mode.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEV_JWT_SECRET = "dev-only-insecure-secret-change-me"  # noqa: S105 - refused outside dev mode
+
+
+class _Base(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TF_", extra="ignore", frozen=True)
+
+
+class StoreSettings(_Base):
+    """Where the shared systems are. Every service reads these."""
+
+    state_dir: Path = Field(Path.home() / ".trainforge", description="embedded stack state: pids, logs, data")
+    dev_mode: bool = Field(False, description="allow insecure defaults (embedded stack only)")
+    etcd_endpoints: str = Field("127.0.0.1:2379", description="host:port[,host:port...] of etcd")
+    etcd_prefix: str = Field("/trainforge", description="key prefix of everything trainforge writes to etcd")
+    mongo_url: str = Field("mongodb://127.0.0.1:27017", description="MongoDB connection string")
+    mongo_db: str = Field("trainforge", description="MongoDB database name")
+    logstore_url: str = Field("http://127.0.0.1:9200", description="Elasticsearch/OpenSearch URL")
+    logstore_index: str = Field("tf-logs", description="index holding learner log lines")
+    objectstore_url: str = Field("", description="file:///dir or s3://bucket/prefix; default <state_dir>/objects")
+    s3_endpoint: str = Field("", description="S3 endpoint URL (empty: AWS default)")
+    s3_access_key: str = Field("", description="S3 access key id")
+    s3_secret_key: str = Field("", description="S3 secret access key")
+    s3_region: str = Field("us-east-1", description="S3 region")
+    trainer_address: str = Field("127.0.0.1:50051", description="host:port of the Trainer gRPC server")
+    lcm_address: str = Field("127.0.0.1:50052", description="host:port of the LCM gRPC server")
+
+    def objectstore(self) -> str:
+        return self.objectstore_url or (self.state_dir / "objects").resolve().as_uri()
+
+
+class ApiSettings(StoreSettings):
+    api_host: str = Field("127.0.0.1", description="interface the REST API listens on")
+    api_port: int = Field(8080, ge=0, le=65535, description="port of the REST API")
+    jwt_secret: str = Field(DEV_JWT_SECRET, min_length=16, description="HMAC secret for dashboard JWTs")
+    jwt_algorithms: list[str] = Field(["HS256"], description="accepted JWT algorithms (never taken from a token)")
+    jwt_audience: str = Field("trainforge", description="required JWT aud")
+    jwt_issuer: str = Field("trainforge", description="required JWT iss")
+    max_upload_bytes: int = Field(256 * 2**20, ge=1024, description="largest code archive accepted")
+    log_page_max: int = Field(5000, ge=1, le=10000, description="most log lines returned by one request")
+    jwt_lifetime: int = Field(3600, ge=60, le=86400, description="seconds a token from POST /v1/auth/token lives")
+    rate_limit_per_second: float = Field(20.0, ge=0, le=1e6,
+                                         description="requests per second one API key may make (0: no limit)")
+    rate_limit_burst: int = Field(40, ge=1, le=1_000_000, description="requests one API key may make at once")
+
+    @model_validator(mode="after")
+    def _no_default_secret(self) -> ApiSettings:
+        if not self.dev_mode and self.jwt_secret == DEV_JWT_SECRET:
+            raise ValueError("TF_JWT_SECRET must be set outside dev mode (TF_DEV_MODE=1)")
+        return self
+
+
+class TrainerSettings(StoreSettings):
+    dispatch_interval: float = Field(1.0, gt=0, le=60, description="seconds between queue passes")
+    lcm_timeout: float = Field(30.0, gt=0, le=600, description="seconds an LCM call may take")
+
+
+class LcmSettings(StoreSettings):
+    backend: str = Field("local", pattern="^(local|kubernetes|docker)$", description="where learners run")
+    python: str = Field("", description="interpreter for controllers and monitors (default: this one)")
+    local_cpus: float = Field(0, ge=0, description="CPU cores the local backend offers (0: all of the machine's)")
+    local_memory: int = Field(0, ge=0, description="bytes the local backend offers (0: the machine's total)")
+    local_gpus: int = Field(-1, ge=-1, description="GPUs the local backend offers (-1: detect)")
+    local_max_learners: int = Field(64, ge=1, description="learners the local backend runs at once")
+    lease_ttl: int = Field(10, ge=2, le=300, description="seconds a learner's etcd lease lives without keepalive")
+
+
+class ControllerSettings(StoreSettings):
+    log_batch_lines: int = Field(500, ge=1, le=10000, description="most lines per shipped batch")
+    log_batch_seconds: float = Field(0.5, gt=0, le=30, description="longest a line waits before it is shipped")
+    lease_ttl: int = Field(10, ge=2, le=300, description="seconds the learner's status lease lives")
+    kill_grace: float = Field(10.0, ge=0, le=600, description="seconds between SIGTERM and SIGKILL")
+
+
+class MonitorSettings(StoreSettings):
+    report_retry_seconds: float = Field(1.0, gt=0, le=60, description="wait between retries of a Trainer report")
