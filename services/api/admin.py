@@ -1,0 +1,127 @@
+"""`python -m services.api.admin`: manage teams and API keys from a shell on the platform's side.
+
+Day-to-day administration goes over HTTP (/v1/admin, `trainforge admin`);
+this is the way in before there is anyone to call it, and the way back when
+every admin key is lost: whoever can run it can reach the identity store
+anyway, so it needs no credentials. `bootstrap` is what `trainforge up` runs
+to get the embedded stack's first key, and what `trainforge admin
+bootstrap` runs (with `--platform-admin`) for the first platform admin; it
+prints the plaintext key once and it is not stored anywhere.
+
+    python -m services.api.admin bootstrap --team local [--json]
+    python -m services.api.admin bootstrap --platform-admin --team platform [--json]
+    python -m services.api.admin issue-key --team ml --name ci --role member [--json]
+    python -m services.api.admin revoke-key KEY_ID
+    python -m services.api.admin list-keys --team ml [--json]
+    python -m services.api.admin enable-team ml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pydantic import ValidationError
+
+from services.api.identity import IdentityStore, Role, key_id_of
+from services.common.adapters import mongo
+from services.common.errors import TrainforgeError
+from services.common.settings import ApiSettings
+
+
+def _store(settings: ApiSettings) -> IdentityStore:
+    return IdentityStore(mongo.connect(settings.mongo_url, settings.mongo_db))
+
+
+def _print_key(args: argparse.Namespace, team: str, key: str, created_team: bool | None = None,
+               role: Role | None = None) -> None:
+    role = role or Role(getattr(args, "role", Role.MEMBER.value))
+    if args.json:
+        print(json.dumps({"team": team, "key": key, "key_id": key_id_of(key), "role": role.value}))
+        return
+    if created_team:
+        print(f"created team {team}")
+    print(f"{role.value} API key for team {team} (id {key_id_of(key)}); it is shown only this once:")
+    print(key)
+
+
+def bootstrap(store: IdentityStore, args: argparse.Namespace) -> None:
+    created = store.create_team(args.team)
+    role = Role.PLATFORM_ADMIN if args.platform_admin else Role.TEAM_ADMIN
+    key = store.issue_key(args.team, args.name, role)
+    _print_key(args, args.team, key, created, role)
+
+
+def enable_team(store: IdentityStore, args: argparse.Namespace) -> None:
+    store.set_team_disabled(args.team, False)
+    print(json.dumps({"team": args.team, "disabled": False}) if args.json else f"enabled {args.team}")
+
+
+def issue_key(store: IdentityStore, args: argparse.Namespace) -> None:
+    key = store.issue_key(args.team, args.name, Role(args.role))
+    _print_key(args, args.team, key)
+
+
+def revoke_key(store: IdentityStore, args: argparse.Namespace) -> None:
+    store.revoke_key(args.key_id)
+    print(json.dumps({"key_id": args.key_id, "revoked": True}) if args.json else f"revoked {args.key_id}")
+
+
+def list_keys(store: IdentityStore, args: argparse.Namespace) -> None:
+    keys = store.list_keys(args.team)
+    if args.json:
+        print(json.dumps(keys, default=str))
+        return
+    for k in keys:
+        state = "revoked" if k.get("revoked") else "active"
+        print(f"{k['key_id']}  {k['role']:<14} {state:<8} {k.get('name', '')}  last used {k.get('last_used_at')}")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m services.api.admin", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def cmd(name: str, fn, help_: str) -> argparse.ArgumentParser:  # noqa: ANN001
+        sp = sub.add_parser(name, help=help_)
+        sp.add_argument("--json", action="store_true", help="machine-readable output")
+        sp.set_defaults(fn=fn)
+        return sp
+
+    b = cmd("bootstrap", bootstrap, "create a team if missing and issue a team_admin (or platform_admin) key")
+    b.add_argument("--team", required=True)
+    b.add_argument("--name", default="bootstrap", help="label of the key")
+    b.add_argument("--platform-admin", action="store_true", help="issue a platform_admin key (the first admin)")
+    k = cmd("issue-key", issue_key, "issue a key for an existing team")
+    k.add_argument("--team", required=True)
+    k.add_argument("--name", required=True, help="label of the key, e.g. who or what uses it")
+    k.add_argument("--role", default=Role.MEMBER.value, choices=[r.value for r in Role])
+    r = cmd("revoke-key", revoke_key, "revoke a key by its id")
+    r.add_argument("key_id")
+    ls = cmd("list-keys", list_keys, "list a team's keys (never their secrets)")
+    ls.add_argument("--team", required=True)
+    en = cmd("enable-team", enable_team, "enable a disabled team again")
+    en.add_argument("team")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        settings = ApiSettings()
+    except ValidationError as e:
+        print(f"error: invalid settings: {e}", file=sys.stderr)
+        return 2
+    store = _store(settings)
+    try:
+        args.fn(store, args)
+    except TrainforgeError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

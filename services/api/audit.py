@@ -1,0 +1,124 @@
+"""The audit log: who changed what, when, and how it ended, in MongoDB (`audit`).
+
+`AuditMiddleware` sits around the whole app and writes one entry for every
+request whose method changes state (POST, PUT, PATCH, DELETE), whether it
+succeeded, was refused (401, 403, 404, 422, 429) or failed; a route added
+later is covered without doing anything. An entry names the caller (key id,
+team, role, and whether a key or a token was used; empty when the request
+was not authenticated), the method, the route template
+(`/v1/jobs/{job_id}/cancel`), the concrete path, the target (the route's
+path parameter, or what the route names with `note_target`, e.g. the id of
+the job it created), and the HTTP status.
+
+The entry is written before the response's status line goes out, so by the
+time a client sees the answer the entry is in the store. A failure to write
+it is logged and does not change the answer: the change it describes has
+already happened. Request bodies and headers are never recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+import anyio.to_thread
+from fastapi import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.common.adapters.mongo import DESCENDING, Database, PyMongoError
+from services.common.errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+COLLECTION = "audit"
+STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_TARGET_PARAMS = ("job_id", "key_id", "team")
+
+
+def note_target(request: Request, target: str, *, team: str | None = None) -> None:
+    """Name what a request created or changed when its path does not (e.g. a new job's id)."""
+    request.state.audit_target = target
+    if team is not None:
+        request.state.audit_target_team = team
+
+
+class AuditLog:
+    def __init__(self, db: Database, collection: str = COLLECTION):
+        self._entries = db[collection]
+
+    def record(self, entry: dict) -> None:
+        try:
+            self._entries.insert_one(dict(entry))
+        except PyMongoError as e:
+            raise Unavailable(f"audit log unavailable: {e}") from None
+
+    def query(self, *, team: str | None = None, since: float | None = None, limit: int = 100) -> list[dict]:
+        """Newest first. `team` matches entries made by the team's keys and entries about the team."""
+        where: dict = {}
+        if team is not None:
+            where["$or"] = [{"team": team}, {"target_team": team}]
+        if since is not None:
+            where["ts"] = {"$gte": since}
+        try:
+            docs = list(self._entries.find(where).sort("ts", DESCENDING).limit(limit))
+        except PyMongoError as e:
+            raise Unavailable(f"audit log unavailable: {e}") from None
+        return [_public(d) for d in docs]
+
+
+def _public(doc: Mapping) -> dict:
+    out = {k: v for k, v in doc.items() if k != "_id"}
+    out["id"] = str(doc["_id"])
+    return out
+
+
+def entry_for(scope: Scope, status: int, now: float) -> dict:
+    """The audit entry of a finished request, from what routing and authentication left in its scope."""
+    state = scope.get("state") or {}
+    tenant = state.get("tenant")
+    route = scope.get("route")
+    params = scope.get("path_params") or {}
+    target = state.get("audit_target") or next((str(params[p]) for p in _TARGET_PARAMS if p in params), "")
+    team = tenant.team if tenant is not None else ""
+    return {
+        "ts": now,
+        "key_id": tenant.key_id if tenant is not None else "",
+        "team": team,
+        "role": tenant.role.value if tenant is not None else "",
+        "via": tenant.via if tenant is not None else "",
+        "method": scope.get("method", ""),
+        "route": getattr(route, "path", "") or "",
+        "path": scope.get("path", "")[:512],
+        "target": str(target)[:256],
+        "target_team": str(state.get("audit_target_team") or params.get("team") or team)[:64],
+        "status": status,
+    }
+
+
+class AuditMiddleware:
+    def __init__(self, app: ASGIApp, audit: AuditLog):
+        self.app = app
+        self.audit = audit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") not in STATE_CHANGING:
+            await self.app(scope, receive, send)
+            return
+        scope.setdefault("state", {})
+        recorded = False
+
+        async def recording_send(message: Message) -> None:
+            nonlocal recorded
+            if message["type"] == "http.response.start" and not recorded:
+                recorded = True
+                await self._record(entry_for(scope, message["status"], time.time()))
+            await send(message)
+
+        await self.app(scope, receive, recording_send)
+
+    async def _record(self, entry: dict) -> None:
+        try:
+            await anyio.to_thread.run_sync(self.audit.record, entry)
+        except Exception:  # noqa: BLE001 - the change is done; a lost entry must not turn it into an error
+            log.exception("could not write the audit entry %s", entry)

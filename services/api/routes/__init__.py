@@ -1,0 +1,1 @@
+"""HTTP routes, kept thin: each validates its input and calls one domain function."""

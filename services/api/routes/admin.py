@@ -1,0 +1,121 @@
+"""/v1/admin: every team, quotas, usage, keys and the audit log — platform admins only.
+
+Every route here takes `PlatformAdminDep`, so team admins and members get
+403 before anything is looked up.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request
+
+from services.api import access
+from services.api.audit import note_target
+from services.api.deps import AuditDep, IdentityDep, PlatformAdminDep, TrainerDep
+from services.api.schemas import (
+    ApiKey,
+    AuditPage,
+    IssuedKey,
+    KeyIn,
+    KeyList,
+    QuotaIn,
+    Team,
+    TeamIn,
+    TeamList,
+    TeamUsage,
+    UsageList,
+    error_responses,
+)
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"],
+                   responses=error_responses(400, 401, 403, 422, 429))
+
+TeamName = Annotated[str, Path(description="the team's name", max_length=63)]
+KeyId = Annotated[str, Path(description="the key's id, e.g. 1a2b3c4d", max_length=64)]
+_NO_TEAM = error_responses(404, e404="no such team")
+
+
+@router.get("/teams", response_model=TeamList, summary="Every team")
+def list_teams(_: PlatformAdminDep, identity: IdentityDep) -> dict:
+    return {"teams": identity.list_teams()}
+
+
+@router.post("/teams", status_code=201, response_model=Team, summary="Create a team",
+             responses=error_responses(409, e409="the team exists already"))
+def create_team(_: PlatformAdminDep, identity: IdentityDep, body: TeamIn, request: Request) -> dict:
+    note_target(request, body.name, team=body.name)
+    return access.create_team(identity, body.name)
+
+
+@router.get("/teams/{team}", response_model=Team, responses=_NO_TEAM, summary="One team")
+def get_team(_: PlatformAdminDep, identity: IdentityDep, team: TeamName) -> dict:
+    return identity.team(team)
+
+
+@router.post("/teams/{team}/disable", response_model=Team, summary="Disable a team",
+             responses={**_NO_TEAM, **error_responses(409, e409="that is the caller's own team")})
+def disable_team(tenant: PlatformAdminDep, identity: IdentityDep, team: TeamName) -> dict:
+    """From the next request on, the team's keys and tokens are answered 401; its jobs are left alone."""
+    return access.set_team_disabled(identity, tenant, team, True)
+
+
+@router.post("/teams/{team}/enable", response_model=Team, responses=_NO_TEAM, summary="Enable a team again")
+def enable_team(tenant: PlatformAdminDep, identity: IdentityDep, team: TeamName) -> dict:
+    return access.set_team_disabled(identity, tenant, team, False)
+
+
+@router.put("/teams/{team}/quota", response_model=TeamUsage, responses=_NO_TEAM, summary="Set a team's quota")
+def set_quota(tenant: PlatformAdminDep, identity: IdentityDep, trainer: TrainerDep, team: TeamName,
+              body: QuotaIn) -> dict:
+    """Replaces the quota whole: a limit left out is no limit of the team's own. Applies from the
+    Trainer's next dispatch pass; running jobs are not stopped."""
+    return access.set_quota(identity, trainer, tenant, team, body)
+
+
+@router.get("/teams/{team}/usage", response_model=TeamUsage, responses=_NO_TEAM, summary="A team's quota and usage")
+def team_usage(_: PlatformAdminDep, identity: IdentityDep, trainer: TrainerDep, team: TeamName) -> dict:
+    return access.team_usage(identity, trainer, team)
+
+
+@router.get("/usage", response_model=UsageList, summary="Every team's quota and usage")
+def list_usage(_: PlatformAdminDep, trainer: TrainerDep) -> dict:
+    return {"teams": trainer.list_usage()}
+
+
+@router.get("/teams/{team}/keys", response_model=KeyList, responses=_NO_TEAM, summary="A team's API keys")
+def list_keys(_: PlatformAdminDep, identity: IdentityDep, team: TeamName) -> dict:
+    identity.team(team)
+    return {"keys": identity.list_keys(team)}
+
+
+@router.post("/teams/{team}/keys", status_code=201, response_model=IssuedKey,
+             responses={**_NO_TEAM, **error_responses(409, e409="the team is disabled")},
+             summary="Issue an API key for any team")
+def issue_key(tenant: PlatformAdminDep, identity: IdentityDep, team: TeamName, body: KeyIn,
+              request: Request) -> dict:
+    """The response carries the key itself, once; the platform keeps only its hash."""
+    issued = access.issue_key(identity, tenant, team, body)
+    note_target(request, issued["key_id"], team=team)
+    return issued
+
+
+@router.delete("/keys/{key_id}", response_model=ApiKey, responses=error_responses(404, e404="no such key"),
+               summary="Revoke any API key")
+def revoke_key(_: PlatformAdminDep, identity: IdentityDep, key_id: KeyId, request: Request) -> dict:
+    revoked = identity.revoke_key(key_id)
+    note_target(request, key_id, team=revoked["team"])
+    return revoked
+
+
+@router.get("/audit", response_model=AuditPage, summary="The audit log, newest first")
+def audit_log(
+    _: PlatformAdminDep, audit: AuditDep,
+    team: Annotated[str | None, Query(max_length=63, description="entries by or about this team")] = None,
+    since: Annotated[dt.datetime | float | None, Query(
+        description="only entries at or after this time: ISO-8601 (UTC when no offset) or unix seconds")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="most entries returned")] = 100,
+) -> dict:
+    """Every state-changing request (POST, PUT, PATCH, DELETE): who, what, when, and its HTTP status."""
+    return {"entries": audit.query(team=team, since=access.unix(since, "since"), limit=limit)}

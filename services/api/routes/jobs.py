@@ -1,0 +1,127 @@
+"""A team's jobs over HTTP.
+
+Every route is scoped by the caller's team (TenantDep), and the Trainer
+answers another team's job exactly like a missing one, so job ids reveal
+nothing across teams.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, File, Form, Header, Path, Query, Request, Response, UploadFile
+
+from services.api.audit import note_target
+from services.api.deps import LogsDep, ObjectsDep, SettingsDep, TenantDep, TrainerDep
+from services.api.logs import read_job_logs
+from services.api.schemas import ErrorResponse, Job, JobList, LogPage, error_responses
+from services.api.submit import submit_job
+from services.common.errors import InvalidArgument
+from services.common.states import JobState, job_state
+
+router = APIRouter(
+    prefix="/v1/jobs",
+    tags=["jobs"],
+    responses=error_responses(400, 401, 422, 429),
+)
+
+_NOT_FOUND = {404: {"model": ErrorResponse, "description": "no such job in the caller's team"}}
+JobId = Annotated[str, Path(description="the job id, e.g. j-1a2b3c4d5e6f", max_length=128)]
+
+
+def parse_states(values: list[str] | None) -> list[JobState]:
+    out: list[JobState] = []
+    for value in values or []:
+        for name in filter(None, (v.strip() for v in value.split(","))):
+            try:
+                state = job_state(name)
+            except ValueError as e:
+                raise InvalidArgument(str(e), details=[{"field": "state", "message": str(e)}]) from None
+            if state == JobState.JOB_STATE_UNSPECIFIED:
+                raise InvalidArgument("state: unspecified is not a job state",
+                                      details=[{"field": "state", "message": "not a job state"}])
+            out.append(state)
+    return out
+
+
+@router.post(
+    "", status_code=201, response_model=Job, summary="Submit a job",
+    responses={200: {"model": Job, "description": "an earlier request with this Idempotency-Key created the job"},
+               409: {"model": ErrorResponse, "description": "Idempotency-Key reused with another manifest"},
+               413: {"model": ErrorResponse, "description": "code archive larger than the limit"}},
+)
+def submit(
+    tenant: TenantDep, settings: SettingsDep, trainer: TrainerDep, objects: ObjectsDep, request: Request,
+    response: Response,
+    manifest: Annotated[str, Form(description="the job manifest, YAML or JSON text")],
+    code: Annotated[UploadFile | None, File(description="the job's code folder as a .tar.gz archive")] = None,
+    idempotency_key: Annotated[str | None, Header(
+        description="retries with the same key return the job the first request created")] = None,
+) -> dict:
+    """Validate the manifest (every problem is listed, each naming its field), store the code archive
+    at `store://jobs/<id>/code.tar.gz` and hand the job to the Trainer, which queues it."""
+    result = submit_job(trainer, objects, tenant, manifest_text=manifest,
+                        code=code.file if code is not None else None,
+                        code_size=code.size if code is not None else None,
+                        max_upload_bytes=settings.max_upload_bytes, idempotency_key=idempotency_key)
+    note_target(request, result.job["id"])
+    if not result.created:
+        response.status_code = 200
+    return result.job
+
+
+@router.get("", response_model=JobList, summary="List the team's jobs, newest first")
+def list_jobs(
+    tenant: TenantDep, trainer: TrainerDep,
+    state: Annotated[list[str] | None, Query(
+        description="only jobs in these states (repeat or comma-separate), e.g. running,queued")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="most jobs returned")] = 50,
+) -> dict:
+    return {"jobs": trainer.list_jobs(tenant.team, limit=limit, states=parse_states(state))}
+
+
+@router.get("/{job_id}", response_model=Job, responses=_NOT_FOUND, summary="One job")
+def get_job(tenant: TenantDep, trainer: TrainerDep, job_id: JobId) -> dict:
+    """State, reason, queue position, learners and the status history of one job."""
+    return trainer.get_job(tenant.team, job_id)
+
+
+@router.get("/{job_id}/logs", response_model=LogPage, responses=_NOT_FOUND, summary="A page of a job's log lines")
+def get_logs(
+    tenant: TenantDep, trainer: TrainerDep, logs: LogsDep, settings: SettingsDep, job_id: JobId,
+    learner: Annotated[int | None, Query(ge=0, description="only this learner's lines")] = None,
+    after: Annotated[str | None, Query(description="the `next` cursor of the previous page")] = None,
+    limit: Annotated[int, Query(ge=1, le=10000, description="most lines returned (capped by the server)")] = 1000,
+    q: Annotated[str | None, Query(description="full-text search in the lines")] = None,
+) -> dict:
+    """Lines in order (time, learner, sequence), also after the job ended. Pass `next` back as `after`
+    to get the lines that follow; a line shipped late by one learner is still returned."""
+    return read_job_logs(trainer, logs, team=tenant.team, job_id=job_id, learner=learner, after=after,
+                         limit=min(limit, settings.log_page_max), query=q)
+
+
+@router.post("/{job_id}/halt", response_model=Job,
+             responses={**_NOT_FOUND, 409: {"model": ErrorResponse,
+                                           "description": "the job is not deploying or running"}},
+             summary="Halt a job: checkpoint every learner, stop, free the quota")
+def halt_job(tenant: TenantDep, trainer: TrainerDep, job_id: JobId) -> dict:
+    """The job goes to halting, then halted once every learner's checkpoint is stored; halting a halting or
+    halted job is a no-op. Resume it with POST /v1/jobs/{id}/resume."""
+    return trainer.halt_job(tenant.team, job_id, actor=tenant.actor)
+
+
+@router.post("/{job_id}/resume", response_model=Job,
+             responses={**_NOT_FOUND, 409: {"model": ErrorResponse, "description": "the job is not halted"}},
+             summary="Resume a halted job from its checkpoint")
+def resume_job(tenant: TenantDep, trainer: TrainerDep, job_id: JobId) -> dict:
+    """The job goes through the queue again as its next attempt; its learners restore the last checkpoint
+    before they start. Resuming a job that was already resumed is a no-op."""
+    return trainer.resume_job(tenant.team, job_id, actor=tenant.actor)
+
+
+@router.post("/{job_id}/cancel", response_model=Job,
+             responses={**_NOT_FOUND, 409: {"model": ErrorResponse, "description": "the job already ended"}},
+             summary="Cancel a job")
+def cancel_job(tenant: TenantDep, trainer: TrainerDep, job_id: JobId) -> dict:
+    """Move the job to cancelled and stop its learners; cancelling a cancelled job is a no-op."""
+    return trainer.cancel_job(tenant.team, job_id, actor=tenant.actor)

@@ -1,0 +1,292 @@
+"""The REST shapes, as pydantic models so /docs shows them and responses are checked against them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+    WithJsonSchema,
+)
+
+
+class ErrorDetail(BaseModel):
+    field: str = Field(description="dotted path of the offending field, e.g. resources.memory")
+    message: str
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(description="machine-readable error code, e.g. not_found, invalid_argument")
+    message: str = Field(description="one human-readable sentence")
+    details: list[ErrorDetail] = Field(default_factory=list)
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class Learner(BaseModel):
+    rank: int
+    state: str = Field(description="preparing, running, storing, completed, failed, halting, halted")
+    exit_code: int | None = Field(description="set once the learner process exited")
+    attempt: int
+    message: str
+
+
+class HistoryEvent(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    from_: str = Field(alias="from", description="state before the transition")
+    to: str = Field(description="state after the transition")
+    reason: str
+    actor: str = Field(description='who caused it: "user:<key id>", "trainer", "monitor", "lcm"')
+    timestamp: float = Field(description="unix time, seconds")
+
+
+class Job(BaseModel):
+    id: str
+    team: str
+    name: str
+    state: str = Field(description="pending, queued, deploying, running, storing, completed, failed, "
+                                   "cancelled, halting, halted, restarting")
+    reason: str = Field(description="why the job is in this state (queue reason, failure reason)")
+    queue_position: int = Field(description="1-based position in the team's queue; 0 when not queued")
+    attempt: int
+    created_at: float
+    updated_at: float
+    learners: list[Learner]
+    history: list[HistoryEvent]
+    manifest: dict[str, Any] = Field(description="the validated, normalised manifest")
+    outputs_uri: str = Field(description="store://jobs/<id>/outputs/ once outputs are stored")
+    submitted_by: str = Field("", description="id of the API key that submitted the job")
+    restarts: int = Field(0, description="redeploys after a failure so far (at most restart.max_restarts)")
+    checkpoint_step: int | None = Field(None, description="step of the checkpoint stored at the last halt")
+    not_before: float = Field(0.0, description="unix time before which a restarting job is not redeployed; 0: none")
+
+
+class JobList(BaseModel):
+    jobs: list[Job]
+
+
+class LogLine(BaseModel):
+    job: str
+    team: str
+    learner: int
+    attempt: int
+    stream: str = Field(description="stdout, stderr or system")
+    seq: int = Field(description="1-based, without gaps, per (learner, attempt)")
+    ts: str = Field(description="ISO-8601 UTC")
+    line: str
+
+
+class LogPage(BaseModel):
+    lines: list[LogLine]
+    next: str = Field(description="cursor to pass as `after` for the lines that follow")
+    job_state: str = Field(description="the job's state when the page was read")
+
+
+class ComponentHealth(BaseModel):
+    status: str = Field(description='"ok" or "unavailable"')
+    detail: str = ""
+
+
+class Health(BaseModel):
+    status: str = Field(description='"ok" when every component is')
+    components: dict[str, ComponentHealth]
+
+
+# -- errors every authenticated route can answer ---------------------------------------------
+
+_ERROR_DESCRIPTIONS = {
+    400: "the request body could not be read (e.g. malformed multipart data)",
+    401: "missing, malformed, unknown, revoked or expired API key or token, or the key's team is disabled",
+    403: "the caller's role does not allow this",
+    404: "no such resource in the caller's team",
+    409: "the target's state forbids this",
+    422: "invalid input; every bad field is listed",
+    429: "too many requests for this API key; retry after `Retry-After` seconds",
+}
+
+
+def error_responses(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error statuses, each with the error body."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        entry: dict[str, Any] = {"model": ErrorResponse,
+                                 "description": descriptions.get(f"e{code}", _ERROR_DESCRIPTIONS[code])}
+        if code == 429:
+            entry["headers"] = {"Retry-After": {"description": "seconds until the key may try again",
+                                                "schema": {"type": "integer"}}}
+        if code == 401:
+            entry["headers"] = {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}}
+        out[code] = entry
+    return out
+
+
+# -- identity ------------------------------------------------------------------------------------
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+ROLE_DESCRIPTION = "member, team_admin or platform_admin"
+_SIZE = r"^\s*(\d{1,20}(?:\.\d{1,9})?)\s*([kKmMgGtTpP]i?)?[bB]?\s*$"
+_SIZE_MAX_LENGTH = 40
+_SIZE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15,
+               "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
+
+
+class Whoami(BaseModel):
+    team: str
+    key_id: str = Field(description="the API key's id (a token's `sub`)")
+    role: str = Field(description=ROLE_DESCRIPTION)
+    via: str = Field(description='"key" for an API key, "jwt" for a token')
+
+
+class Token(BaseModel):
+    token: str = Field(description="a JWT; send it as `Authorization: Bearer <token>`")
+    token_type: str = Field("bearer")
+    expires_at: float = Field(description="unix time, seconds; never later than the key's own expiry")
+    expires_in: int = Field(description="seconds from now")
+
+
+class Team(BaseModel):
+    name: str
+    created_at: float
+    disabled: bool = Field(description="a disabled team's keys and tokens are answered 401")
+    disabled_at: float | None
+
+
+class TeamList(BaseModel):
+    teams: list[Team]
+
+
+class TeamIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", max_length=63,
+                      description="1-63 lowercase letters, digits or '-'", examples=["ml-research"])
+
+
+class ApiKey(BaseModel):
+    key_id: str = Field(description="public id of the key (its lookup prefix)")
+    team: str
+    name: str = Field(description="whose or what the key is")
+    role: str = Field(description=ROLE_DESCRIPTION)
+    created_at: float
+    created_by: str = Field(description="id of the key that issued it; empty when issued from the shell")
+    last_used_at: float | None = Field(description="unix time of the last use, to about a minute")
+    expires_at: float | None
+    revoked: bool
+    revoked_at: float | None
+
+
+class IssuedKey(ApiKey):
+    key: str = Field(description="the key itself; shown only in this response, never again")
+
+
+class KeyList(BaseModel):
+    keys: list[ApiKey]
+
+
+class KeyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[^\x00-\x1f\x7f]+$",
+                      description="whose or what the key is, e.g. alice or ci", examples=["ci"])
+    role: Literal["member", "team_admin", "platform_admin"] = Field(
+        "member", description="no higher than the caller's own role")
+    expires_at: dt.datetime | None = Field(None, description="ISO-8601 (UTC when no offset); none: never expires")
+
+
+# -- quotas and usage ------------------------------------------------------------------------------
+
+GpuType = Annotated[str, StringConstraints(pattern=r"^[a-z0-9-]{1,32}$")]
+
+
+def parse_size(value: object) -> int | None:
+    """Bytes from a number of bytes or a size such as 8Gi or 512M; 0 is allowed (no memory at all)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError("must be a number of bytes or a size such as 8Gi")
+    if isinstance(value, int):
+        n = value
+    else:
+        m = re.match(_SIZE, value) if len(value) <= _SIZE_MAX_LENGTH else None
+        if not m:
+            raise ValueError(f"{value[:40]!r} is not a size; use e.g. 512Mi, 8Gi or a number of bytes")
+        n = int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").lower()])
+    if n < 0:
+        raise ValueError("must be >= 0 (leave it out for no limit)")
+    if n > INT64_MAX:
+        raise ValueError(f"must be at most {INT64_MAX} bytes")
+    return n
+
+
+Size = Annotated[int | None, BeforeValidator(parse_size), WithJsonSchema({"anyOf": [
+    {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
+    {"type": "string", "pattern": _SIZE, "maxLength": _SIZE_MAX_LENGTH},
+    {"type": "null"}]})]
+
+
+class QuotaIn(BaseModel):
+    """A team's limits, replaced whole: a limit left out (or null) is no limit of the team's own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: StrictInt | None = Field(None, ge=0, le=INT32_MAX, description="GPUs the team's jobs may hold at once")
+    cpus: StrictFloat | None = Field(None, ge=0, le=1e9, allow_inf_nan=False, description="CPU cores")
+    memory: Size = Field(None, description="bytes, or a size such as 8Gi, 512Mi, 1T", examples=["64Gi"])
+    jobs: StrictInt | None = Field(None, ge=0, le=INT32_MAX, description="jobs holding resources at once")
+    gpus_by_type: dict[GpuType, Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]] = Field(
+        default_factory=dict, description='per GPU type, e.g. {"a100": 4}; counts against gpus too')
+
+
+class Quota(BaseModel):
+    gpus: int | None
+    cpus: float | None
+    memory: int | None = Field(description="bytes")
+    jobs: int | None
+    gpus_by_type: dict[str, int]
+
+
+class TeamUsage(BaseModel):
+    team: str
+    quota: Quota = Field(description="the team's limits; null: no limit of its own")
+    in_use: Quota = Field(description="what the team's active jobs hold now")
+    queued_jobs: int
+    active_jobs: int
+    gpu_seconds: float = Field(description="consumed by the team's jobs, finished ones included")
+    cpu_seconds: float
+
+
+class UsageList(BaseModel):
+    teams: list[TeamUsage]
+
+
+# -- audit ------------------------------------------------------------------------------------
+
+class AuditEntry(BaseModel):
+    id: str
+    ts: float = Field(description="unix time, seconds")
+    key_id: str = Field(description="the caller's key id (a token's sub); empty when unauthenticated")
+    team: str = Field(description="the caller's team")
+    role: str
+    via: str = Field(description='"key", "jwt", or empty')
+    method: str
+    route: str = Field(description="route template, e.g. /v1/jobs/{job_id}/cancel")
+    path: str
+    target: str = Field(description="id of what the request was about (job, key, team)")
+    target_team: str = Field(description="the team the request was about")
+    status: int = Field(description="HTTP status of the answer")
+
+
+class AuditPage(BaseModel):
+    entries: list[AuditEntry]

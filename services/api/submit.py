@@ -1,0 +1,137 @@
+"""Accepting a job: validate the manifest, store the code, hand the job to the Trainer.
+
+The API chooses the job id so the code archive can be stored under it
+before the Trainer hears of the job; the Trainer never sees a job whose code
+is missing. With an Idempotency-Key the id is derived from (team, key), so a
+retried submit finds the job the first attempt created instead of creating a
+second one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from services.api.identity import Tenant
+from services.api.trainer_client import TrainerApi
+from services.common.adapters.objectstore import ObjectStore, uri_for
+from services.common.errors import Conflict, InvalidArgument, NotFound, TrainforgeError
+from services.common.manifest import parse_manifest
+
+log = logging.getLogger(__name__)
+
+_MAX_IDEMPOTENCY_KEY = 255
+
+
+class PayloadTooLarge(TrainforgeError):
+    code = "payload_too_large"
+    http_status = 413
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job: dict
+    created: bool  # False: an earlier request with the same Idempotency-Key created it
+
+
+def new_job_id(team: str, idempotency_key: str | None = None) -> str:
+    if idempotency_key:
+        return "j-" + hashlib.sha256(f"{team}\0{idempotency_key}".encode()).hexdigest()[:12]
+    return "j-" + secrets.token_hex(6)
+
+
+def code_key(job_id: str) -> str:
+    return f"jobs/{job_id}/code.tar.gz"
+
+
+def check_archive(path: Path) -> None:
+    """Raise InvalidArgument unless path is a complete gzip tar whose members stay inside their folder."""
+    bad = InvalidArgument("code: not a tar.gz archive",
+                          details=[{"field": "code", "message": "not a tar.gz archive"}])
+    try:
+        with tarfile.open(path, mode="r:gz") as tar:
+            members = tar.getmembers()
+    except (tarfile.TarError, OSError, EOFError):
+        raise bad from None
+    for m in members:
+        parts = Path(m.name).parts
+        if m.name.startswith("/") or ".." in parts:
+            raise InvalidArgument(f"code: archive member {m.name!r} points outside the code folder",
+                                  details=[{"field": "code", "message": f"unsafe member {m.name!r}"}])
+
+
+def submit_job(trainer: TrainerApi, objects: ObjectStore, tenant: Tenant, *, manifest_text: str,
+               code: BinaryIO | None, code_size: int | None, max_upload_bytes: int,
+               idempotency_key: str | None = None) -> Submitted:
+    manifest = parse_manifest(manifest_text)
+    manifest_json = manifest.model_dump_json()
+    if idempotency_key is not None and not 0 < len(idempotency_key) <= _MAX_IDEMPOTENCY_KEY:
+        raise InvalidArgument("Idempotency-Key must be 1-255 characters",
+                              details=[{"field": "Idempotency-Key", "message": "1-255 characters"}])
+    job_id = new_job_id(tenant.team, idempotency_key)
+    if idempotency_key:
+        earlier = _earlier(trainer, tenant.team, job_id, manifest_json)
+        if earlier is not None:
+            return Submitted(earlier, created=False)
+
+    code_uri = ""
+    if code is not None:
+        code_uri = _store_code(objects, job_id, code, code_size, max_upload_bytes)
+    try:
+        job = trainer.submit_job(team=tenant.team, manifest_json=manifest_json, code_uri=code_uri,
+                                 submitted_by=tenant.key_id, job_id=job_id)
+    except Conflict:
+        if idempotency_key:
+            # a concurrent retry with the same key won the race
+            earlier = _earlier(trainer, tenant.team, job_id, manifest_json)
+            if earlier is not None:
+                return Submitted(earlier, created=False)
+        raise
+    except TrainforgeError:
+        if code_uri:
+            _forget_code(objects, job_id)
+        raise
+    return Submitted(job, created=True)
+
+
+def _earlier(trainer: TrainerApi, team: str, job_id: str, manifest_json: str) -> dict | None:
+    try:
+        job = trainer.get_job(team, job_id)
+    except NotFound:
+        return None
+    if job["manifest"] != json.loads(manifest_json):
+        raise Conflict("Idempotency-Key was already used with a different manifest",
+                       details=[{"field": "Idempotency-Key", "message": f"already used for job {job_id}"}])
+    return job
+
+
+def _store_code(objects: ObjectStore, job_id: str, code: BinaryIO, size: int | None, limit: int) -> str:
+    if size is not None and size > limit:
+        raise PayloadTooLarge(f"code: archive is {size} bytes; the limit is {limit}",
+                              details=[{"field": "code", "message": f"larger than {limit} bytes"}])
+    with tempfile.TemporaryDirectory(prefix="tf-upload-") as tmp:
+        path = Path(tmp) / "code.tar.gz"
+        with open(path, "wb") as f:
+            shutil.copyfileobj(code, f)
+        if path.stat().st_size > limit:
+            raise PayloadTooLarge(f"code: archive is larger than the limit of {limit} bytes",
+                                  details=[{"field": "code", "message": f"larger than {limit} bytes"}])
+        check_archive(path)
+        key = code_key(job_id)
+        objects.put_file(key, path)
+    return uri_for(key)
+
+
+def _forget_code(objects: ObjectStore, job_id: str) -> None:
+    try:
+        objects.delete_prefix(f"jobs/{job_id}/code.tar.gz")
+    except Exception:  # noqa: BLE001 - the submit error matters more than a leftover archive
+        log.warning("could not remove the code archive of rejected job %s", job_id, exc_info=True)

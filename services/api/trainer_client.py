@@ -1,0 +1,165 @@
+"""The API's view of the Trainer: a small interface, the gRPC client, and the REST job shape.
+
+Routes depend on `TrainerApi`, never on gRPC, so tests (and a dashboard
+developer) can run the API against `InMemoryTrainer` instead. This is also
+the one place where states turn into lowercase names: inside the platform
+they are enum members; at the REST boundary they are "running", "queued".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Protocol
+
+from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
+from services.common import rpc
+from services.common.states import JobState, LearnerState
+
+_LEARNER_DONE = {LearnerState.LEARNER_STORING, LearnerState.LEARNER_COMPLETED, LearnerState.LEARNER_FAILED,
+                 LearnerState.LEARNER_HALTED}
+
+
+class TrainerApi(Protocol):
+    """What the API needs from the Trainer; every method returns REST-shaped dicts."""
+
+    def submit_job(self, *, team: str, manifest_json: str, code_uri: str, submitted_by: str,
+                   job_id: str) -> dict: ...
+
+    def get_job(self, team: str, job_id: str) -> dict: ...
+
+    def list_jobs(self, team: str, *, limit: int = 50, states: Iterable[JobState] = ()) -> list[dict]: ...
+
+    def cancel_job(self, team: str, job_id: str, *, actor: str) -> dict: ...
+
+    def halt_job(self, team: str, job_id: str, *, actor: str) -> dict: ...
+
+    def resume_job(self, team: str, job_id: str, *, actor: str) -> dict: ...
+
+    def set_quota(self, team: str, quota: dict, *, actor: str) -> dict: ...
+
+    def team_usage(self, team: str) -> dict: ...
+
+    def list_usage(self) -> list[dict]: ...
+
+    def health(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
+QUOTA_LIMITS = ("gpus", "cpus", "memory", "jobs")
+
+
+def job_state_name(state: int) -> str:
+    return "unspecified" if state == 0 else JobState(state).name.lower()
+
+
+def learner_state_name(state: int) -> str:
+    return "unspecified" if state == 0 else LearnerState(state).name.removeprefix("LEARNER_").lower()
+
+
+def learner_to_json(ls: common_pb2.LearnerStatus) -> dict:
+    # proto3 cannot tell "exit code 0" from "not exited"; only states after
+    # the learner's exit carry one.
+    exited = ls.state in _LEARNER_DONE
+    return {"rank": ls.rank, "state": learner_state_name(ls.state),
+            "exit_code": ls.exit_code if exited else None, "attempt": ls.attempt, "message": ls.message}
+
+
+def job_to_json(job: common_pb2.Job) -> dict:
+    """A Job message in the REST shape of docs/CONTRACTS.md."""
+    return {
+        "id": job.id,
+        "team": job.team,
+        "name": job.name,
+        "state": job_state_name(job.state),
+        "reason": job.reason,
+        "queue_position": job.queue_position,
+        "attempt": job.attempt,
+        "created_at": job.created_at,
+        "updated_at": job.updated_at,
+        "learners": [learner_to_json(ls) for ls in sorted(job.learners, key=lambda x: x.rank)],
+        "history": [{"from": job_state_name(ev.from_state), "to": job_state_name(ev.to_state),
+                     "reason": ev.reason, "actor": ev.actor, "timestamp": ev.timestamp}
+                    for ev in job.history],
+        "manifest": json.loads(job.manifest_json) if job.manifest_json else {},
+        "outputs_uri": job.outputs_uri,
+        "submitted_by": job.submitted_by,
+        "restarts": job.restarts,
+        "checkpoint_step": job.checkpoint_step if job.HasField("checkpoint_step") else None,
+        "not_before": job.not_before,
+    }
+
+
+def quota_to_json(quota: trainer_pb2.Quota) -> dict:
+    """A Quota message as {gpus, cpus, memory, jobs, gpus_by_type}; an unset limit is None."""
+    out: dict = {name: (getattr(quota, name) if quota.HasField(name) else None) for name in QUOTA_LIMITS}
+    out["gpus_by_type"] = dict(sorted(quota.gpus_by_type.items()))
+    return out
+
+
+def quota_to_proto(quota: dict) -> trainer_pb2.Quota:
+    limits = {name: quota[name] for name in QUOTA_LIMITS if quota.get(name) is not None}
+    return trainer_pb2.Quota(**limits, gpus_by_type=dict(quota.get("gpus_by_type") or {}))
+
+
+def usage_to_json(usage: trainer_pb2.TeamUsage) -> dict:
+    return {"team": usage.team, "quota": quota_to_json(usage.quota), "in_use": quota_to_json(usage.in_use),
+            "queued_jobs": usage.queued_jobs, "active_jobs": usage.active_jobs,
+            "gpu_seconds": usage.gpu_seconds, "cpu_seconds": usage.cpu_seconds}
+
+
+class TrainerClient:
+    """TrainerApi over gRPC; failures come back as domain errors (services.common.errors)."""
+
+    def __init__(self, address: str, *, timeout: float = 30.0, health_timeout: float = 3.0):
+        self.address = address
+        self._timeout = timeout
+        self._health_timeout = health_timeout
+        self._channel = rpc.channel(address)
+        self._stub = trainer_pb2_grpc.TrainerStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def submit_job(self, *, team: str, manifest_json: str, code_uri: str, submitted_by: str,
+                   job_id: str) -> dict:
+        req = trainer_pb2.SubmitJobRequest(team=team, manifest_json=manifest_json, code_uri=code_uri,
+                                           submitted_by=submitted_by, job_id=job_id)
+        return job_to_json(rpc.call(self._stub.SubmitJob, req, self._timeout))
+
+    def get_job(self, team: str, job_id: str) -> dict:
+        req = trainer_pb2.GetJobRequest(team=team, job_id=job_id)
+        return job_to_json(rpc.call(self._stub.GetJob, req, self._timeout))
+
+    def list_jobs(self, team: str, *, limit: int = 50, states: Iterable[JobState] = ()) -> list[dict]:
+        req = trainer_pb2.ListJobsRequest(team=team, limit=limit, states=[int(s) for s in states])
+        resp = rpc.call(self._stub.ListJobs, req, self._timeout)
+        return [job_to_json(j) for j in resp.jobs]
+
+    def cancel_job(self, team: str, job_id: str, *, actor: str) -> dict:
+        req = trainer_pb2.CancelJobRequest(team=team, job_id=job_id, actor=actor)
+        return job_to_json(rpc.call(self._stub.CancelJob, req, self._timeout))
+
+    def halt_job(self, team: str, job_id: str, *, actor: str) -> dict:
+        req = trainer_pb2.HaltJobRequest(team=team, job_id=job_id, actor=actor)
+        return job_to_json(rpc.call(self._stub.HaltJob, req, self._timeout))
+
+    def resume_job(self, team: str, job_id: str, *, actor: str) -> dict:
+        req = trainer_pb2.ResumeJobRequest(team=team, job_id=job_id, actor=actor)
+        return job_to_json(rpc.call(self._stub.ResumeJob, req, self._timeout))
+
+    def set_quota(self, team: str, quota: dict, *, actor: str) -> dict:
+        req = trainer_pb2.SetQuotaRequest(team=team, quota=quota_to_proto(quota), actor=actor)
+        return usage_to_json(rpc.call(self._stub.SetQuota, req, self._timeout))
+
+    def team_usage(self, team: str) -> dict:
+        req = trainer_pb2.GetTeamUsageRequest(team=team)
+        return usage_to_json(rpc.call(self._stub.GetTeamUsage, req, self._timeout))
+
+    def list_usage(self) -> list[dict]:
+        resp = rpc.call(self._stub.ListUsage, trainer_pb2.ListUsageRequest(), self._timeout)
+        return [usage_to_json(u) for u in resp.teams]
+
+    def health(self) -> str:
+        return rpc.call(self._stub.Health, trainer_pb2.HealthRequest(), self._health_timeout).status
