@@ -1,0 +1,40 @@
+"""`python -m services.trainer`: the Trainer process.
+
+Reads TrainerSettings from TF_* variables, serves until SIGTERM or SIGINT,
+then stops taking requests and lets in-flight LCM calls finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+from services.common.errors import TrainforgeError
+from services.common.settings import TrainerSettings
+from services.trainer.server import serve
+
+log = logging.getLogger("services.trainer")
+
+
+def main() -> int:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    settings = TrainerSettings()
+    try:
+        trainer = serve(settings)
+    except TrainforgeError as e:
+        log.error("cannot start the Trainer: %s", e.message)
+        return 1
+    stop.wait()
+    log.info("stopping")
+    trainer.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The Trainer's view of the LCM: four calls, behind an interface a test can fake.
+
+The dispatcher and the service depend on `Lcm`, not on gRPC, so unit tests
+can hand them a plain Python object; `GrpcLcm` is the real thing, and turns
+the LCM's gRPC errors into the platform's domain errors.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from protos import lcm_pb2, lcm_pb2_grpc
+from services.common import rpc
+from services.trainer.admission import Capacity, Usage
+
+
+class Lcm(Protocol):
+    def deploy_job(self, job_id: str, team: str, attempt: int, manifest_json: str, code_uri: str,
+                   checkpoint_uri: str = "") -> list[str]:
+        """Start one attempt's learners; idempotent per (job_id, attempt). The backend's handles."""
+
+    def kill_job(self, job_id: str, reason: str = "") -> int:
+        """Remove everything of a job; idempotent. How many processes/pods were killed."""
+
+    def halt_job(self, job_id: str, attempt: int) -> None:
+        """Ask one attempt's learners to checkpoint and exit; idempotent."""
+
+    def get_capacity(self) -> Capacity:
+        """What the backend can run at once."""
+
+
+class GrpcLcm:
+    def __init__(self, address: str, timeout: float = 30.0):
+        self._channel = rpc.channel(address)
+        self._stub = lcm_pb2_grpc.LifecycleManagerStub(self._channel)
+        self._timeout = timeout
+
+    def deploy_job(self, job_id: str, team: str, attempt: int, manifest_json: str, code_uri: str,
+                   checkpoint_uri: str = "") -> list[str]:
+        request = lcm_pb2.DeployJobRequest(job_id=job_id, team=team, attempt=attempt,
+                                           manifest_json=manifest_json, code_uri=code_uri,
+                                           checkpoint_uri=checkpoint_uri)
+        return list(rpc.call(self._stub.DeployJob, request, self._timeout).handles)
+
+    def kill_job(self, job_id: str, reason: str = "") -> int:
+        request = lcm_pb2.KillJobRequest(job_id=job_id, reason=reason)
+        return rpc.call(self._stub.KillJob, request, self._timeout).killed
+
+    def halt_job(self, job_id: str, attempt: int) -> None:
+        rpc.call(self._stub.HaltJob, lcm_pb2.LcmHaltJobRequest(job_id=job_id, attempt=attempt), self._timeout)
+
+    def get_capacity(self) -> Capacity:
+        cap = rpc.call(self._stub.GetCapacity, lcm_pb2.GetCapacityRequest(), self._timeout)
+        total = Usage(cap.total.gpus, cap.total.cpus, cap.total.memory, cap.max_learners)
+        return Capacity(total, cap.backend)
+
+    def close(self) -> None:
+        self._channel.close()

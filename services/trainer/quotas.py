@@ -1,0 +1,89 @@
+"""Team quotas in MongoDB: one document per team, replaced whole by SetQuota.
+
+A quota is read by every dispatch pass and at submit, and written rarely (by
+an admin), so it lives in its own small collection keyed by team rather than
+on the jobs. SetQuota replaces the whole document: a limit left out of the
+request is removed (no limit of the team's own), so what an admin sends is
+exactly what applies. Validation lives here, next to the one writer, and
+names each field as the wire does (`quota.gpus`, `quota.gpus_by_type.a100`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Mapping
+
+from services.common.adapters.mongo import Database
+from services.common.errors import InvalidArgument
+from services.trainer.admission import Quota
+
+COLLECTION = "quotas"
+# The rule of the manifest's resources.gpu_type, which a type quota must be able to match.
+_GPU_TYPE = re.compile(r"^[a-z0-9-]{1,32}$")
+# Quota.gpus and the per-type limits are int32 on the wire, memory int64.
+_MAX_INT32 = 2**31 - 1
+_MAX_INT64 = 2**63 - 1
+
+
+def validate(team: str, quota: Quota) -> None:
+    """InvalidArgument listing every bad field of a quota about to be set."""
+    problems = []
+    if not team:
+        problems.append(("team", "required"))
+    for name, limit, most in (("gpus", quota.gpus, _MAX_INT32), ("cpus", quota.cpus, None),
+                              ("memory", quota.memory, _MAX_INT64), ("jobs", quota.jobs, _MAX_INT32)):
+        if limit is None:
+            continue
+        if not math.isfinite(limit) or limit < 0:
+            problems.append((f"quota.{name}", "must be a number >= 0 (leave it unset for no limit)"))
+        elif most is not None and limit > most:
+            problems.append((f"quota.{name}", f"must be at most {most}"))
+    for gpu_type, limit in quota.gpus_by_type.items():
+        if not _GPU_TYPE.match(gpu_type):
+            problems.append((f"quota.gpus_by_type.{gpu_type}", "GPU type must be 1-32 lowercase letters, "
+                                                              "digits or '-'"))
+        elif limit < 0:
+            problems.append((f"quota.gpus_by_type.{gpu_type}", "must be >= 0"))
+    if problems:
+        raise InvalidArgument("invalid quota: " + "; ".join(f"{f}: {m}" for f, m in problems),
+                              details=[{"field": f, "message": m} for f, m in problems])
+
+
+def to_doc(quota: Quota) -> dict:
+    doc: dict = {name: getattr(quota, name) for name in ("gpus", "cpus", "memory", "jobs")
+                 if getattr(quota, name) is not None}
+    if quota.gpus_by_type:
+        doc["gpus_by_type"] = dict(quota.gpus_by_type)
+    return doc
+
+
+def from_doc(doc: Mapping) -> Quota:
+    def opt(name: str, kind: type) -> int | float | None:
+        return None if doc.get(name) is None else kind(doc[name])
+
+    by_type = {str(k): int(v) for k, v in (doc.get("gpus_by_type") or {}).items()}
+    return Quota(gpus=opt("gpus", int), cpus=opt("cpus", float), memory=opt("memory", int),
+                 jobs=opt("jobs", int), gpus_by_type=by_type)
+
+
+class QuotaStore:
+    def __init__(self, db: Database, collection: str = COLLECTION):
+        self._quotas = db[collection]
+
+    def get(self, team: str) -> Quota:
+        """A team's quota; a team nobody set one for has no limits of its own."""
+        doc = self._quotas.find_one({"_id": team})
+        return from_doc(doc["quota"]) if doc else Quota()
+
+    def all(self) -> dict[str, Quota]:
+        """Every team that has a quota document."""
+        return {doc["_id"]: from_doc(doc["quota"]) for doc in self._quotas.find({})}
+
+    def put(self, team: str, quota: Quota, actor: str) -> Quota:
+        """Replace a team's quota (validated); the quota as stored."""
+        validate(team, quota)
+        doc = {"_id": team, "quota": to_doc(quota), "updated_at": time.time(), "updated_by": actor}
+        self._quotas.replace_one({"_id": team}, doc, upsert=True)
+        return self.get(team)

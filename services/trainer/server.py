@@ -1,0 +1,92 @@
+"""Assembles a Trainer from settings: store, LCM client, dispatcher, gRPC server.
+
+`build` wires the parts and binds the port without starting anything, so a
+test can hand in a fake LCM or its own database; `Trainer.start` brings the
+job store up to date (indexes, restart reconciliation) before the first
+request or dispatch pass; `Trainer.stop` stops taking requests first, then
+the dispatcher, then closes connections.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from protos import trainer_pb2_grpc
+from services.common import rpc
+from services.common.adapters.mongo import Database, PyMongoError, connect
+from services.common.errors import Unavailable
+from services.common.settings import TrainerSettings
+from services.trainer.dispatcher import Dispatcher
+from services.trainer.lcm_client import GrpcLcm, Lcm
+from services.trainer.quotas import COLLECTION as QUOTA_COLLECTION
+from services.trainer.quotas import QuotaStore
+from services.trainer.service import JobService
+from services.trainer.servicer import TrainerServicer
+from services.trainer.store import COLLECTION, JobStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Trainer:
+    server: grpc.Server
+    port: int
+    host: str
+    store: JobStore
+    dispatcher: Dispatcher
+    service: JobService
+    _closers: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> Trainer:
+        try:
+            self.store.ensure_indexes()
+            self.service.reconcile()
+        except PyMongoError as e:
+            self.stop(grace=0)
+            raise Unavailable(f"MongoDB unavailable: {e}") from None
+        self.dispatcher.start()
+        self.server.start()
+        log.info("trainer serving on %s", self.address)
+        return self
+
+    def stop(self, grace: float = 5.0) -> None:
+        self.server.stop(grace).wait()
+        self.dispatcher.stop()
+        for close in self._closers:
+            close()
+        log.info("trainer stopped")
+
+
+def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | None = None,
+          collection: str = COLLECTION, quota_collection: str = QUOTA_COLLECTION) -> Trainer:
+    """A Trainer bound to `settings.trainer_address` (port 0 picks a free one), not yet started."""
+    closers: list[Callable[[], None]] = []
+    if db is None:
+        db = connect(settings.mongo_url, settings.mongo_db)
+        closers.append(db.client.close)
+    if lcm is None:
+        grpc_lcm = GrpcLcm(settings.lcm_address, timeout=settings.lcm_timeout)
+        closers.append(grpc_lcm.close)
+        lcm = grpc_lcm
+    store = JobStore(db, collection)
+    quotas = QuotaStore(db, quota_collection)
+    dispatcher = Dispatcher(store, lcm, quotas=quotas, interval=settings.dispatch_interval)
+    service = JobService(store, dispatcher, quotas)
+    server, port = rpc.make_server(settings.trainer_address)
+    trainer_pb2_grpc.add_TrainerServicer_to_server(TrainerServicer(service), server)
+    host = settings.trainer_address.rsplit(":", 1)[0]
+    return Trainer(server, port, host, store, dispatcher, service, closers)
+
+
+def serve(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | None = None,
+          collection: str = COLLECTION, quota_collection: str = QUOTA_COLLECTION) -> Trainer:
+    """A running Trainer; `.server`, `.port` and `.address` say where, `.stop()` ends it."""
+    return build(settings, lcm=lcm, db=db, collection=collection, quota_collection=quota_collection).start()

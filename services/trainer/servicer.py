@@ -1,0 +1,180 @@
+"""The Trainer's gRPC face: messages in, services/trainer/service.py, messages out.
+
+Nothing here decides anything. `job_to_proto` is the one place a stored job
+becomes a `common_pb2.Job`, so every caller sees history and learners in the
+same order; `quota_from_proto` / `usage_to_proto` do the same for quotas,
+where an unset optional field means "no limit" and must stay unset. Domain
+errors become status codes in `rpc.handler`; a MongoDB outage becomes
+UNAVAILABLE here rather than an internal error.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+import grpc
+
+from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
+from services.common.adapters.mongo import PyMongoError
+from services.common.errors import InvalidArgument, Unavailable
+from services.common.rpc import handler
+from services.common.states import JobState
+from services.trainer.accounting import TeamReport
+from services.trainer.admission import Quota
+from services.trainer.service import JobService
+from services.trainer.store import history_entries
+
+F = TypeVar("F", bound=Callable[..., Any])
+Ctx = grpc.ServicerContext
+
+
+def job_to_proto(doc: Mapping) -> common_pb2.Job:
+    """A stored job as the wire sees it: history oldest first, learners by rank, times in unix seconds."""
+    history = [
+        common_pb2.StatusEvent(from_state=e["from"], to_state=e["to"], reason=e.get("reason", ""),
+                               actor=e.get("actor", ""), timestamp=float(e.get("ts", 0.0)))
+        for e in history_entries(doc)
+    ]
+    learners = [
+        common_pb2.LearnerStatus(rank=int(s.get("rank", rank)), state=int(s.get("state", 0)),
+                                 exit_code=int(s.get("exit_code") or 0), attempt=int(s.get("attempt", 0)),
+                                 message=s.get("message", ""))
+        for rank, s in sorted((doc.get("learners") or {}).items(), key=lambda kv: int(kv[0]))
+    ]
+    return common_pb2.Job(
+        id=doc["_id"], team=doc["team"], name=doc.get("name", ""), state=int(doc["state"]),
+        reason=doc.get("reason", ""), queue_position=int(doc.get("queue_position", 0)),
+        manifest_json=json.dumps(doc.get("manifest", {})), code_uri=doc.get("code_uri", ""),
+        attempt=int(doc.get("attempt", 0)), history=history, learners=learners,
+        created_at=float(doc.get("created_at", 0.0)), updated_at=float(doc.get("updated_at", 0.0)),
+        outputs_uri=doc.get("outputs_uri", ""), submitted_by=doc.get("submitted_by", ""),
+        restarts=int(doc.get("restarts", 0)), not_before=float(doc.get("not_before", 0.0)),
+        checkpoint_step=doc.get("checkpoint_step"),
+    )
+
+
+def learners_to_doc(learners: Iterable[common_pb2.LearnerStatus]) -> dict[str, dict]:
+    """Reported learner statuses keyed by rank (a string: stored documents have string keys)."""
+    return {
+        str(s.rank): {"rank": s.rank, "state": int(s.state), "exit_code": s.exit_code, "attempt": s.attempt,
+                      "message": s.message}
+        for s in learners
+    }
+
+
+def quota_from_proto(quota: trainer_pb2.Quota) -> Quota:
+    """Only the limits the sender set; proto3 `optional` tells an unset field from a zero."""
+    def limit(name: str) -> int | float | None:
+        return getattr(quota, name) if quota.HasField(name) else None
+
+    return Quota(gpus=limit("gpus"), cpus=limit("cpus"), memory=limit("memory"), jobs=limit("jobs"),
+                 gpus_by_type=dict(quota.gpus_by_type))
+
+
+def quota_to_proto(quota: Quota) -> trainer_pb2.Quota:
+    limits = {name: getattr(quota, name) for name in ("gpus", "cpus", "memory", "jobs")
+              if getattr(quota, name) is not None}
+    return trainer_pb2.Quota(**limits, gpus_by_type=dict(quota.gpus_by_type))
+
+
+def usage_to_proto(report: TeamReport) -> trainer_pb2.TeamUsage:
+    held = report.held
+    in_use = trainer_pb2.Quota(gpus=held.usage.gpus, cpus=held.usage.cpus, memory=held.usage.memory,
+                               jobs=held.jobs, gpus_by_type=dict(held.gpus_by_type))
+    return trainer_pb2.TeamUsage(team=report.team, quota=quota_to_proto(report.quota), in_use=in_use,
+                                 queued_jobs=report.queued_jobs, active_jobs=report.active_jobs,
+                                 gpu_seconds=report.gpu_seconds, cpu_seconds=report.cpu_seconds)
+
+
+def job_state(value: int, field: str) -> JobState:
+    try:
+        return JobState(value)
+    except ValueError:
+        raise InvalidArgument(f"{field}: {value} is not a job state",
+                              details=[{"field": field, "message": "unknown job state"}]) from None
+
+
+def _store_errors(fn: F) -> F:
+    @functools.wraps(fn)
+    def wrapper(self: TrainerServicer, request: Any, context: Ctx) -> Any:
+        try:
+            return fn(self, request, context)
+        except PyMongoError as e:
+            raise Unavailable(f"the job store is unavailable: {e}") from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
+    def __init__(self, service: JobService):
+        self._service = service
+
+    @handler
+    @_store_errors
+    def SubmitJob(self, request: trainer_pb2.SubmitJobRequest, context: Ctx) -> common_pb2.Job:
+        doc = self._service.submit(request.team, request.manifest_json, code_uri=request.code_uri,
+                                   submitted_by=request.submitted_by, job_id=request.job_id,
+                                   idempotency_key=request.idempotency_key)
+        return job_to_proto(doc)
+
+    @handler
+    @_store_errors
+    def GetJob(self, request: trainer_pb2.GetJobRequest, context: Ctx) -> common_pb2.Job:
+        return job_to_proto(self._service.get(request.team, request.job_id))
+
+    @handler
+    @_store_errors
+    def ListJobs(self, request: trainer_pb2.ListJobsRequest, context: Ctx) -> trainer_pb2.ListJobsResponse:
+        wanted = [job_state(s, "states") for s in request.states]
+        docs = self._service.list(request.team, states_filter=wanted, limit=request.limit)
+        return trainer_pb2.ListJobsResponse(jobs=[job_to_proto(d) for d in docs])
+
+    @handler
+    @_store_errors
+    def CancelJob(self, request: trainer_pb2.CancelJobRequest, context: Ctx) -> common_pb2.Job:
+        return job_to_proto(self._service.cancel(request.team, request.job_id, request.actor))
+
+    @handler
+    @_store_errors
+    def HaltJob(self, request: trainer_pb2.HaltJobRequest, context: Ctx) -> common_pb2.Job:
+        return job_to_proto(self._service.halt(request.team, request.job_id, request.actor))
+
+    @handler
+    @_store_errors
+    def ResumeJob(self, request: trainer_pb2.ResumeJobRequest, context: Ctx) -> common_pb2.Job:
+        return job_to_proto(self._service.resume(request.team, request.job_id, request.actor))
+
+    @handler
+    @_store_errors
+    def ReportJobStatus(self, request: trainer_pb2.ReportJobStatusRequest, context: Ctx) -> common_pb2.Job:
+        state = job_state(request.state, "state")
+        learners = learners_to_doc(request.learners)
+        doc = self._service.report(request.job_id, request.attempt, state, request.reason, request.actor,
+                                   learners=learners, outputs_uri=request.outputs_uri,
+                                   checkpoint_step=request.checkpoint_step
+                                   if request.HasField("checkpoint_step") else None)
+        return job_to_proto(doc)
+
+    @handler
+    @_store_errors
+    def Health(self, request: trainer_pb2.HealthRequest, context: Ctx) -> trainer_pb2.HealthResponse:
+        return trainer_pb2.HealthResponse(status=self._service.health())
+
+    @handler
+    @_store_errors
+    def SetQuota(self, request: trainer_pb2.SetQuotaRequest, context: Ctx) -> trainer_pb2.TeamUsage:
+        report = self._service.set_quota(request.team, quota_from_proto(request.quota), request.actor)
+        return usage_to_proto(report)
+
+    @handler
+    @_store_errors
+    def GetTeamUsage(self, request: trainer_pb2.GetTeamUsageRequest, context: Ctx) -> trainer_pb2.TeamUsage:
+        return usage_to_proto(self._service.team_usage(request.team))
+
+    @handler
+    @_store_errors
+    def ListUsage(self, request: trainer_pb2.ListUsageRequest, context: Ctx) -> trainer_pb2.ListUsageResponse:
+        return trainer_pb2.ListUsageResponse(teams=[usage_to_proto(r) for r in self._service.list_usage()])

@@ -1,0 +1,289 @@
+"""The job record in MongoDB, and the only place a job's state is written.
+
+Every state change is one `find_one_and_update` whose filter names the state
+the transition starts from, one of those services/common/states.py allows,
+so two writers racing on a job cannot both win and the state and its history
+entry change together. The status history is a sub-document keyed by a sortable, unique key rather than
+an array: the embedded MongoDB-wire server (nx-27017) corrupts sub-documents
+appended with `$push` (see services/common/adapters/mongo.py).
+
+Documents hold states as JobState ints and times as unix seconds (floats).
+
+Usage accounting rides on the same atomic updates: entering DEPLOYING
+records `active_since`, and the one transition that takes a job out of the
+ACTIVE states (to a terminal state, HALTED, or back to QUEUED for a restart)
+adds `(now - active_since) * resources` to the job's `gpu_seconds` and
+`cpu_seconds` in the same compare-and-set, so a stint is counted exactly once
+even when reporters race or repeat themselves. Team totals are sums over the
+team's jobs (`usage_rows`).
+
+Idempotent submits: a job submitted with an idempotency key stores it, and a
+unique index on (team, idempotency_key), partial to the jobs that have one,
+lets exactly one of any number of concurrent inserts with the same key win;
+the losers get the winner's job (`AlreadySubmitted`).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+from services.common import states
+from services.common.adapters.mongo import (
+    ASCENDING,
+    DESCENDING,
+    Database,
+    DuplicateKeyError,
+    ReturnDocument,
+    ping,
+)
+from services.common.errors import Conflict, NotFound
+from services.common.manifest import Manifest
+from services.common.states import JobState
+from services.trainer.admission import demand
+
+log = logging.getLogger(__name__)
+
+COLLECTION = "jobs"
+# A job's state changes a handful of times in its life; more lost races than
+# this in one call means something is looping.
+_MAX_RACES = 16
+# Updates per `update` command when noting the queue (far below MongoDB's write batch and message limits).
+_NOTE_BATCH = 500
+
+
+class AlreadySubmitted(Exception):
+    """An insert lost to an earlier job with the same (team, idempotency key); `doc` is that job."""
+
+    def __init__(self, doc: dict):
+        super().__init__(doc["_id"])
+        self.doc = doc
+
+
+class Transition(NamedTuple):
+    doc: dict | None
+    # True only for the one call that changed the state.
+    changed: bool
+
+
+def history_key() -> str:
+    """Sorts by time; the random tail keeps two entries of the same nanosecond apart."""
+    return f"{time.time_ns():020d}{secrets.token_hex(2)}"
+
+
+def history_entries(doc: Mapping) -> list[dict]:
+    """The job's status history, oldest first."""
+    history = doc.get("history") or {}
+    return [history[k] for k in sorted(history)]
+
+
+class JobStore:
+    def __init__(self, db: Database, collection: str = COLLECTION):
+        self._jobs = db[collection]
+
+    def ensure_indexes(self) -> None:
+        self._jobs.create_index([("team", ASCENDING), ("created_at", DESCENDING)])
+        self._jobs.create_index([("state", ASCENDING)])
+        # partial: jobs without a key are not indexed, so any number of them may coexist
+        self._jobs.create_index([("team", ASCENDING), ("idempotency_key", ASCENDING)], unique=True,
+                                name="team_idempotency_key",
+                                partialFilterExpression={"idempotency_key": {"$type": "string"}})
+
+    def ping(self) -> None:
+        """Unavailable when MongoDB cannot be reached."""
+        ping(self._jobs.database)
+
+    def insert(self, job_id: str, team: str, manifest: Manifest, *, code_uri: str = "",
+               submitted_by: str = "", idempotency_key: str = "") -> dict:
+        """Persist a new PENDING job.
+
+        AlreadySubmitted when the team already has a job with this
+        idempotency key (whichever insert got there first); Conflict when the
+        id is taken.
+        """
+        now = time.time()
+        doc = {
+            "_id": job_id,
+            "team": team,
+            "name": manifest.name,
+            "manifest": manifest.model_dump(mode="json"),
+            "code_uri": code_uri,
+            "submitted_by": submitted_by,
+            "state": int(JobState.PENDING),
+            "reason": "submitted",
+            "queue_position": 0,
+            "attempt": 1,
+            "priority": int(manifest.priority),
+            "resources": demand(manifest).as_doc(),
+            "gpu_type": manifest.resources.gpu_type or "",
+            "gpu_seconds": 0.0,
+            "cpu_seconds": 0.0,
+            "learners": {},
+            "outputs_uri": "",
+            "created_at": now,
+            "updated_at": now,
+            "history": {history_key(): _event(JobState.JOB_STATE_UNSPECIFIED, JobState.PENDING, "submitted",
+                                              submitted_by or "user", now)},
+        }
+        if idempotency_key:
+            doc["idempotency_key"] = idempotency_key
+        try:
+            self._jobs.insert_one(doc)
+        except DuplicateKeyError:
+            first = self.find_by_key(team, idempotency_key) if idempotency_key else None
+            if first is not None:
+                raise AlreadySubmitted(first) from None
+            raise Conflict(f"job id {job_id!r} is already taken") from None
+        return doc
+
+    def find_by_key(self, team: str, idempotency_key: str) -> dict | None:
+        """The team's job submitted with this idempotency key, if any."""
+        return self._jobs.find_one({"team": team, "idempotency_key": idempotency_key})
+
+    def find(self, job_id: str) -> dict | None:
+        """Any team's job; for callers that are the platform itself (monitor, LCM, dispatcher)."""
+        return self._jobs.find_one({"_id": job_id})
+
+    def get(self, team: str, job_id: str) -> dict:
+        """One of a team's jobs. Another team's job is NotFound, exactly like a missing one."""
+        doc = self._jobs.find_one({"_id": job_id, "team": team})
+        if doc is None:
+            raise NotFound(f"job {job_id!r} not found")
+        return doc
+
+    def list(self, team: str, *, states_filter: Iterable[JobState] = (), limit: int = 100) -> list[dict]:
+        """A team's jobs, newest first."""
+        query: dict = {"team": team}
+        wanted = [int(s) for s in states_filter]
+        if wanted:
+            query["state"] = {"$in": wanted}
+        cursor = self._jobs.find(query).sort([("created_at", DESCENDING), ("_id", DESCENDING)])
+        return list(cursor.limit(limit))
+
+    def in_states(self, wanted: Iterable[JobState], fields: Iterable[str] | None = None) -> list[dict]:
+        """Every team's jobs in these states: only `fields` (and the id), or all but history and learners."""
+        query = {"state": {"$in": [int(s) for s in wanted]}}
+        projection = {f: 1 for f in fields} if fields is not None else {"history": 0, "learners": 0}
+        return list(self._jobs.find(query, projection))
+
+    def usage_rows(self, team: str | None = None) -> list[dict]:
+        """What accounting needs of every job (of one team): team, state, resources, times, seconds used."""
+        query = {} if team is None else {"team": team}
+        fields = {"team": 1, "state": 1, "resources": 1, "gpu_type": 1, "active_since": 1, "gpu_seconds": 1,
+                  "cpu_seconds": 1}
+        return list(self._jobs.find(query, fields))
+
+    def transition(self, job_id: str, to: JobState, reason: str, actor: str, *, attempt: int | None = None,
+                   set_fields: Mapping | None = None,
+                   only_from: Iterable[JobState] | None = None) -> dict | None:
+        """Move a job to `to` if that is legal from its current state; the job after it.
+
+        Repeating a transition to the state the job is already in changes
+        nothing and returns the job as it is. None when the job is missing,
+        on another attempt, or in a state `to` cannot be entered from.
+        """
+        return self.apply_transition(job_id, to, reason, actor, attempt=attempt, set_fields=set_fields,
+                                     only_from=only_from).doc
+
+    def apply_transition(self, job_id: str, to: JobState, reason: str, actor: str, *,
+                         attempt: int | None = None, set_fields: Mapping | None = None,
+                         only_from: Iterable[JobState] | None = None) -> Transition:
+        """`transition`, also telling whether this call made the change (for callers that reserve).
+
+        The write is a compare-and-set on the state just observed, which must
+        be one of `allowed_from(to)`, so the history entry records its exact
+        from-state in the same atomic update. A filter of `$in: allowed` would
+        leave the from-state unknown (the embedded server has no pipeline
+        updates to copy it) and could commit two racing writers in the
+        opposite order of their history keys. Here a winner's key is made
+        after it saw the previous winner's state, so history sorts in commit
+        order. A lost race re-reads and tries again. `only_from` narrows the
+        legal from-states (e.g. admit only a PENDING job, never resume a
+        HALTED one).
+        """
+        allowed = states.allowed_from(to)
+        if only_from is not None:
+            allowed = allowed & frozenset(only_from)
+        match: dict = {"_id": job_id}
+        if attempt is not None:
+            match["attempt"] = attempt
+        for _ in range(_MAX_RACES):
+            current = self._jobs.find_one(match)
+            if current is None:
+                return Transition(None, False)
+            frm = JobState(current["state"])
+            if frm == to:
+                return Transition(current, False)
+            if frm not in allowed:
+                return Transition(None, False)
+            now = time.time()
+            update = {**(set_fields or {}), "state": int(to), "reason": reason, "updated_at": now,
+                      f"history.{history_key()}": _event(frm, to, reason, actor, now)}
+            if to != JobState.QUEUED:
+                update["queue_position"] = 0
+            if to == JobState.DEPLOYING:
+                update["active_since"] = now
+            if frm in states.ACTIVE and (to not in states.ACTIVE or to == JobState.RESTARTING):
+                # learners may still run: the dispatcher removes them (RESTARTING: then queues the
+                # next attempt) and clears this
+                update["cleanup_pending"] = True
+            changes: dict = {"$set": update}
+            if spent := _seconds_spent(current, frm, to, now):
+                changes["$inc"] = spent
+            doc = self._jobs.find_one_and_update({**match, "state": int(frm)}, changes,
+                                                 return_document=ReturnDocument.AFTER)
+            if doc is not None:
+                return Transition(doc, True)
+        log.warning("job %s: gave up moving to %s after %d lost races", job_id, to.name, _MAX_RACES)
+        return Transition(None, False)
+
+    def pending_cleanups(self) -> list[dict]:
+        """Jobs that left the ACTIVE states and whose learners may not be removed yet."""
+        return list(self._jobs.find({"cleanup_pending": True}, {"state": 1, "attempt": 1}))
+
+    def cleanup_done(self, job_id: str, attempt: int) -> None:
+        """The learners of `attempt` (and any earlier one) are gone."""
+        self._jobs.update_one({"_id": job_id, "attempt": attempt}, {"$set": {"cleanup_pending": False}})
+
+    def set_fields(self, job_id: str, fields: Mapping, *, state: JobState,
+                   attempt: int | None = None) -> dict | None:
+        """Update non-state fields (queue reason, learners) only while the job is still in `state`."""
+        match: dict = {"_id": job_id, "state": int(state)}
+        if attempt is not None:
+            match["attempt"] = attempt
+        return self._jobs.find_one_and_update(match, {"$set": {**fields, "updated_at": time.time()}},
+                                              return_document=ReturnDocument.AFTER)
+
+    def note_queued(self, notes: Iterable[tuple[str, int, str, int]]) -> None:
+        """(job, attempt, reason, position) of waiting jobs, each written only while the job still waits.
+
+        One `update` command per batch rather than a round trip per job: a
+        pass rewrites most of the queue's reasons, and a job the pass saw may
+        have been cancelled since, which the filter leaves alone.
+        """
+        now = time.time()
+        updates = [{"q": {"_id": job_id, "state": int(JobState.QUEUED), "attempt": attempt},
+                    "u": {"$set": {"reason": reason, "queue_position": position, "updated_at": now}}}
+                   for job_id, attempt, reason, position in notes]
+        for i in range(0, len(updates), _NOTE_BATCH):
+            reply = self._jobs.database.command("update", self._jobs.name, updates=updates[i:i + _NOTE_BATCH],
+                                                ordered=False)
+            if reply.get("writeErrors"):
+                log.warning("queue notes not stored: %s", reply["writeErrors"][:3])
+
+
+def _seconds_spent(current: Mapping, frm: JobState, to: JobState, now: float) -> dict[str, float]:
+    """GPU- and CPU-seconds of the stint that ends when a job leaves the ACTIVE states; {} otherwise."""
+    if frm not in states.ACTIVE or to in states.ACTIVE or current.get("active_since") is None:
+        return {}
+    held = max(0.0, now - float(current["active_since"]))
+    resources = current.get("resources") or {}
+    return {"gpu_seconds": held * float(resources.get("gpus", 0)),
+            "cpu_seconds": held * float(resources.get("cpus", 0.0))}
+
+
+def _event(frm: JobState, to: JobState, reason: str, actor: str, ts: float) -> dict:
+    return {"from": int(frm), "to": int(to), "reason": reason, "actor": actor, "ts": ts}
