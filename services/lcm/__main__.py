@@ -1,0 +1,50 @@
+"""`python -m services.lcm`: the Lifecycle Manager process.
+
+Reads LcmSettings from TF_* variables and serves until SIGTERM or SIGINT.
+Stopping the LCM never stops learners or job monitors: they run in their own
+sessions and the next LCM adopts them from its deployment records.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+from pydantic import ValidationError
+
+from services.common.errors import TrainforgeError
+from services.common.settings import LcmSettings
+from services.lcm.backends import make_backend
+from services.lcm.server import serve
+
+log = logging.getLogger("services.lcm")
+
+
+def main() -> int:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    try:
+        settings = LcmSettings()
+    except ValidationError as e:
+        log.error("invalid settings: %s", e)
+        return 2
+    try:
+        backend = make_backend(settings)
+        server, _ = serve(settings, backend)
+    except TrainforgeError as e:
+        log.error("cannot start the LCM: %s", e.message)
+        return 1
+    stop.wait()
+    log.info("stopping; learners keep running")
+    server.stop(5).wait()
+    backend.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

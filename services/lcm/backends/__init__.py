@@ -1,0 +1,24 @@
+"""Backends are chosen by settings, here and nowhere else.
+
+Only this function names the backend modules, so a backend whose client
+library is missing cannot break an LCM configured for another one.
+"""
+
+from __future__ import annotations
+
+from services.common.adapters.etcd import Coordinator
+from services.common.errors import InvalidArgument
+from services.common.settings import LcmSettings
+from services.lcm.backends.base import Backend, Capacity, JobDeployment, RunningJob
+
+__all__ = ["Backend", "Capacity", "JobDeployment", "RunningJob", "make_backend"]
+
+
+def make_backend(settings: LcmSettings, coordinator: Coordinator | None = None) -> Backend:
+    """The backend `settings.backend` names; InvalidArgument for one this build does not have."""
+    if settings.backend == "local":
+        from services.lcm.backends.local import LocalBackend
+
+        return LocalBackend(settings, coordinator)
+    raise InvalidArgument(f"backend {settings.backend} is not available in this build",
+                          details=[{"field": "backend", "message": "not available in this build; use local"}])

@@ -1,0 +1,57 @@
+"""The LCM's gRPC face: requests become backend calls, results become messages.
+
+Validation happens once, in `JobDeployment.from_request`; the backend then
+works with well-formed values only. Domain errors become status codes in
+`rpc.handler`, so the Trainer sees the backend's message (e.g. "needs 4
+GPU(s); the local backend has 2 of 8 free"), never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from protos import common_pb2, lcm_pb2, lcm_pb2_grpc
+from services.common.errors import InvalidArgument
+from services.common.rpc import handler
+from services.lcm.backends.base import Backend, JobDeployment, check_job_id
+
+log = logging.getLogger(__name__)
+Ctx = grpc.ServicerContext
+
+
+class LcmServicer(lcm_pb2_grpc.LifecycleManagerServicer):
+    def __init__(self, backend: Backend):
+        self._backend = backend
+
+    @handler
+    def DeployJob(self, request: lcm_pb2.DeployJobRequest, context: Ctx) -> lcm_pb2.DeployJobResponse:
+        job = JobDeployment.from_request(request)
+        return lcm_pb2.DeployJobResponse(handles=self._backend.deploy(job))
+
+    @handler
+    def KillJob(self, request: lcm_pb2.KillJobRequest, context: Ctx) -> lcm_pb2.KillJobResponse:
+        check_job_id(request.job_id)
+        log.info("killing job %s%s", request.job_id, f": {request.reason}" if request.reason else "")
+        return lcm_pb2.KillJobResponse(killed=self._backend.kill(request.job_id))
+
+    @handler
+    def HaltJob(self, request: lcm_pb2.LcmHaltJobRequest, context: Ctx) -> lcm_pb2.LcmHaltJobResponse:
+        check_job_id(request.job_id)
+        if request.attempt < 1:
+            raise InvalidArgument(f"attempt must be 1 or more, got {request.attempt}",
+                                  details=[{"field": "attempt", "message": "must be 1 or more"}])
+        log.info("halting job %s attempt %d", request.job_id, request.attempt)
+        self._backend.halt(request.job_id, request.attempt)
+        return lcm_pb2.LcmHaltJobResponse()
+
+    @handler
+    def GetCapacity(self, request: lcm_pb2.GetCapacityRequest, context: Ctx) -> lcm_pb2.Capacity:
+        cap = self._backend.capacity()
+        return lcm_pb2.Capacity(backend=cap.backend, max_learners=cap.max_learners,
+                                total=common_pb2.Resources(gpus=cap.gpus, cpus=cap.cpus, memory=cap.memory))
+
+    @handler
+    def Health(self, request: lcm_pb2.LcmHealthRequest, context: Ctx) -> lcm_pb2.LcmHealthResponse:
+        return lcm_pb2.LcmHealthResponse(status="ok")
