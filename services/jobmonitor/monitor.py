@@ -1,0 +1,392 @@
+"""The job monitor: one process per job attempt, turning learner statuses into job states.
+
+It exists so that the Trainer never has to watch etcd: the monitor claims the
+job (a lease-held `monitor` key, so a second monitor for the same job steps
+aside), follows `learners/` with a watch that survives etcd restarts and
+compaction, asks `aggregate` what the job's state is after every change, and
+reports each state the job moves through to the Trainer, in order (HALTED,
+off the main line, once every learner has checkpointed and exited). A report
+the Trainer cannot take yet is retried, never dropped, and nothing later
+overtakes it. The monitor exits once a terminal state has been delivered.
+
+The Trainer is reached through the `Reporter` interface so tests can count
+what would have been sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
+from services.common import rpc, states
+from services.common.adapters.etcd import Coordinator, Event, Lease
+from services.common.errors import (
+    Conflict,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    TrainforgeError,
+    Unauthenticated,
+    Unavailable,
+)
+from services.common.states import JobState, LearnerState
+from services.jobmonitor.aggregate import Verdict, aggregate, learner_views, of_attempt
+
+log = logging.getLogger(__name__)
+
+ACTOR = "monitor"
+LEASE_TTL = 10
+# Errors that say the Trainer will never take this report: retrying cannot help.
+_PERMANENT = (InvalidArgument, NotFound, Conflict, PermissionDenied, Unauthenticated)
+# Why the job entered a state the monitor walked through on its way to a later one.
+_STEP_REASONS = {
+    JobState.RUNNING: "every learner started",
+    JobState.STORING: "every learner exited 0; storing outputs",
+}
+_LOST = "lost: its controller stopped renewing its lease"
+
+
+class MonitorSpec(BaseModel):
+    """monitor.json, written by the LCM (docs/CONTRACTS.md)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    job_id: str = Field(min_length=1)
+    team: str = ""
+    attempt: int = Field(ge=0)
+    learners: int = Field(ge=1)
+    start_timeout: float = Field(300.0, gt=0)
+
+    @classmethod
+    def load(cls, path: str | Path) -> MonitorSpec:
+        try:
+            return cls.model_validate_json(Path(path).read_bytes())
+        except OSError as e:
+            raise InvalidArgument(f"cannot read monitor spec {path}: {e}") from None
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'spec'}: {err['msg']}"
+                                 for err in e.errors(include_url=False))
+            raise InvalidArgument(f"invalid monitor spec {path}: {problems}") from None
+
+
+class Reporter(Protocol):
+    def report(self, request: trainer_pb2.ReportJobStatusRequest) -> None:
+        """Deliver one report. Raise Unavailable when the Trainer cannot take it now (it is retried)."""
+
+
+class GrpcReporter:
+    """Reports to the Trainer's ReportJobStatus."""
+
+    def __init__(self, address: str, timeout: float = 10.0):
+        self._channel = rpc.channel(address)
+        self._stub = trainer_pb2_grpc.TrainerStub(self._channel)
+        self._timeout = timeout
+
+    def report(self, request: trainer_pb2.ReportJobStatusRequest) -> None:
+        rpc.call(self._stub.ReportJobStatus, request, self._timeout)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def outputs_uri(job_id: str) -> str:
+    return f"store://jobs/{job_id}/outputs/"
+
+
+class JobMonitor:
+    """Watches one attempt of one job until it is terminal; `run()` returns the exit status."""
+
+    def __init__(self, spec: MonitorSpec, coordinator: Coordinator, reporter: Reporter, *,
+                 retry_seconds: float = 1.0, lease_ttl: int = LEASE_TTL,
+                 clock: Callable[[], float] = time.monotonic):
+        self.spec = spec
+        self._coord = coordinator
+        self._reporter = reporter
+        self._retry = retry_seconds
+        self._lease_ttl = lease_ttl
+        self._clock = clock
+        self._keys = coordinator.keys
+        self._stop = threading.Event()
+        self._claim_lost = threading.Event()
+        self._events: queue.Queue[Event] = queue.Queue()
+        self._lease: Lease | None = None
+        self._lease_lock = threading.Lock()
+        # what the monitor knows of the learners
+        self._current: dict[int, dict] = {}
+        self._last_seen: dict[int, dict] = {}
+        self._synced = False
+        # what it has decided and sent
+        self._reached = JobState.DEPLOYING  # the last state queued for reporting
+        self._outbox: list[trainer_pb2.ReportJobStatusRequest] = []
+        self._next_try = 0.0
+        self._delivered: list[JobState] = []
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask `run()` to return soon without reporting anything more."""
+        self._stop.set()
+
+    def run(self) -> int:
+        job = self.spec.job_id
+        if not self._claim():
+            return 0
+        log.info("job %s attempt %d: monitoring %d learner(s)", job, self.spec.attempt, self.spec.learners)
+        threads = [threading.Thread(target=self._keep_claim, name="monitor-lease", daemon=True),
+                   threading.Thread(target=self._watch, name="monitor-watch", daemon=True)]
+        for t in threads:
+            t.start()
+        started = self._clock()
+        try:
+            while not self._stop.is_set():
+                if self._claim_lost.is_set():
+                    log.warning("job %s: another monitor took over; exiting", job)
+                    return 0
+                self._take_events(timeout=self._wait_time())
+                if self._synced:
+                    self._decide(self._clock() - started)
+                self._deliver()
+                if self._finished():
+                    log.info("job %s attempt %d: %s reported; exiting", job, self.spec.attempt,
+                             self._reached.name)
+                    return 0
+            return 0
+        finally:
+            self._stop.set()
+            for t in threads:
+                t.join(5)
+            self._release()
+
+    @property
+    def finished(self) -> bool:
+        """The attempt's last state (terminal, or HALTED) has been delivered: nothing is left to watch."""
+        return self._finished()
+
+    @property
+    def delivered(self) -> list[JobState]:
+        """States the Trainer has taken, in order (for diagnostics and tests)."""
+        return list(self._delivered)
+
+    # -- the claim on the job ----------------------------------------------------
+
+    def _record(self) -> dict:
+        return {"pid": os.getpid(), "host": socket.gethostname(), "attempt": self.spec.attempt}
+
+    def _try_claim(self) -> bool:
+        lease = self._coord.grant_lease(self._lease_ttl)
+        if self._coord.create(self._keys.monitor(self.spec.job_id), self._record(), lease=lease):
+            with self._lease_lock:
+                self._lease = lease
+            return True
+        lease.revoke()
+        return False
+
+    def _claim(self) -> bool:
+        """Hold the job's monitor key; False when a live monitor of this (or a later) attempt has it.
+
+        A monitor of an earlier attempt that was killed leaves its key until
+        its lease runs out; that one is waited for rather than obeyed.
+        """
+        key = self._keys.monitor(self.spec.job_id)
+        deadline = self._clock() + 3 * self._lease_ttl
+        while not self._stop.is_set():
+            try:
+                if self._try_claim():
+                    return True
+                holder, _ = self._coord.get(key)
+            except Unavailable as e:
+                log.warning("job %s: cannot claim the job yet: %s", self.spec.job_id, e.message)
+                self._stop.wait(self._retry)
+                continue
+            if holder is None:
+                continue
+            if self._dead_here(holder) and self._clock() <= deadline:
+                # a monitor of this job that was killed on this machine: its lease runs out soon
+                self._stop.wait(min(1.0, self._lease_ttl / 3))
+                continue
+            if int(holder.get("attempt", self.spec.attempt)) >= self.spec.attempt or self._clock() > deadline:
+                log.info("job %s: monitor already running (%s); exiting", self.spec.job_id, holder)
+                return False
+            self._stop.wait(min(1.0, self._lease_ttl / 3))
+        return False
+
+    @staticmethod
+    def _dead_here(holder: dict) -> bool:
+        """Whether the claim's holder was a process on this machine that no longer exists."""
+        if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+            return False
+        try:
+            os.kill(holder["pid"], 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    def _keep_claim(self) -> None:
+        period = max(self._lease_ttl / 3, 0.2)
+        while not self._stop.wait(period):
+            with self._lease_lock:
+                lease = self._lease
+            if lease is None:
+                continue
+            try:
+                alive = lease.refresh()
+            except Unavailable as e:
+                log.debug("job %s: lease refresh failed: %s", self.spec.job_id, e.message)
+                continue
+            if alive:
+                continue
+            log.warning("job %s: the monitor's lease expired; claiming the job again", self.spec.job_id)
+            try:
+                if not self._try_claim():
+                    self._claim_lost.set()
+                    return
+            except Unavailable as e:
+                log.debug("job %s: re-claim failed: %s", self.spec.job_id, e.message)
+
+    def _release(self) -> None:
+        with self._lease_lock:
+            lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.revoke()
+
+    # -- watching the learners ---------------------------------------------------
+
+    def _watch(self) -> None:
+        prefix = self._keys.learners(self.spec.job_id)
+        while not self._stop.is_set():
+            try:
+                for event in self._coord.watch_prefix(prefix, stop=self._stop):
+                    self._events.put(event)
+            except Exception:  # noqa: BLE001 - a broken watch must not blind the monitor: reopen it
+                log.exception("job %s: watch failed; reopening", self.spec.job_id)
+                self._stop.wait(self._retry)
+
+    def _take_events(self, timeout: float) -> None:
+        try:
+            event = self._events.get(timeout=timeout)
+        except queue.Empty:
+            return
+        while True:
+            self._apply(event)
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, event: Event) -> None:
+        if event.kind == "resync":
+            self._current = {}
+            for key, value in (event.snapshot or {}).items():
+                self._apply_put(key, value)
+            self._synced = True
+            return
+        if event.kind == "put":
+            self._apply_put(event.key, event.value or {})
+        elif event.kind == "delete":
+            parsed = self._keys.parse_learner_key(self.spec.job_id, event.key)
+            if parsed and parsed[1] == "status":
+                self._current.pop(parsed[0], None)
+
+    def _apply_put(self, key: str, value: dict) -> None:
+        parsed = self._keys.parse_learner_key(self.spec.job_id, key)
+        if not parsed or parsed[1] != "status":
+            return
+        rank = parsed[0]
+        self._current[rank] = value
+        if of_attempt(value, self.spec.attempt):
+            self._last_seen[rank] = value
+
+    # -- deciding and reporting --------------------------------------------------
+
+    def _wait_time(self) -> float:
+        if self._outbox:
+            return max(0.0, min(0.5, self._next_try - self._clock()))
+        return 0.5 if self._synced else 0.1
+
+    def verdict(self, waited: float) -> Verdict:
+        return aggregate(self._current, self.spec.learners, self.spec.attempt, self._last_seen,
+                         waited=waited, start_timeout=self.spec.start_timeout)
+
+    def _decide(self, waited: float) -> None:
+        if _final(self._reached):
+            return
+        verdict = self.verdict(waited)
+        if verdict.state == JobState.HALTED:
+            # off the main line: the Trainer moved the job to HALTING when the halt was asked for
+            request = trainer_pb2.ReportJobStatusRequest(
+                job_id=self.spec.job_id, attempt=self.spec.attempt, state=JobState.HALTED, reason=verdict.reason,
+                actor=ACTOR, learners=self._learner_statuses())
+            if verdict.checkpoint_step is not None:
+                request.checkpoint_step = verdict.checkpoint_step
+            self._outbox.append(request)
+            log.info("job %s attempt %d: %s", self.spec.job_id, self.spec.attempt, verdict.reason)
+            self._reached = JobState.HALTED
+            return
+        steps = states.path_along_main_line(self._reached, verdict.state)
+        if not steps:
+            return
+        learners = self._learner_statuses()
+        for step in steps:
+            reason = verdict.reason if step == verdict.state else _STEP_REASONS.get(step, verdict.reason)
+            uri = outputs_uri(self.spec.job_id) if step in (JobState.STORING, JobState.COMPLETED) else ""
+            self._outbox.append(trainer_pb2.ReportJobStatusRequest(
+                job_id=self.spec.job_id, attempt=self.spec.attempt, state=step, reason=reason, actor=ACTOR,
+                learners=learners, outputs_uri=uri))
+            log.info("job %s attempt %d: %s -> %s: %s", self.spec.job_id, self.spec.attempt,
+                     self._reached.name, step.name, reason.splitlines()[0] if reason else "")
+            self._reached = step
+
+    def _learner_statuses(self) -> list[common_pb2.LearnerStatus]:
+        out = []
+        for v in learner_views(self._current, self._last_seen, self.spec.learners, self.spec.attempt):
+            message = v.message
+            lost = not v.present and v.state not in (LearnerState.LEARNER_STATE_UNSPECIFIED,
+                                                      LearnerState.LEARNER_COMPLETED,
+                                                      LearnerState.LEARNER_FAILED, LearnerState.LEARNER_HALTED)
+            if lost:
+                message = f"{message}; {_LOST}" if message else _LOST
+            out.append(common_pb2.LearnerStatus(rank=v.rank, state=v.state, exit_code=v.exit_code or 0,
+                                                attempt=self.spec.attempt, message=message))
+        return out
+
+    def _deliver(self) -> None:
+        while self._outbox and not self._stop.is_set():
+            if self._clock() < self._next_try:
+                return
+            request = self._outbox[0]
+            state = JobState(request.state)
+            try:
+                self._reporter.report(request)
+            except _PERMANENT as e:
+                log.error("job %s: the Trainer refused %s: %s; not retrying", self.spec.job_id, state.name,
+                          e.message)
+            except Exception as e:  # noqa: BLE001 - any other failure: retry later
+                message = e.message if isinstance(e, TrainforgeError) else repr(e)
+                log.warning("job %s: reporting %s failed (%s); retrying in %gs", self.spec.job_id,
+                            state.name, message, self._retry)
+                self._next_try = self._clock() + self._retry
+                return
+            else:
+                self._delivered.append(state)
+            self._outbox.pop(0)
+
+    def _finished(self) -> bool:
+        return _final(self._reached) and not self._outbox
+
+
+def _final(state: JobState) -> bool:
+    """After these the attempt is over: its learners are gone, nothing more will be reported."""
+    return states.is_terminal(state) or state == JobState.HALTED
+
