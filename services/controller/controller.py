@@ -1,0 +1,372 @@
+"""One learner's life, from an empty working directory to a final status.
+
+PREPARING (code, data, checkpoint) -> RUNNING -> STORING (outputs, log
+archive) -> COMPLETED, or FAILED with the exit code, a message and the last
+lines. Whatever goes wrong - a download, the learner, an upload, the
+controller itself - ends in a FAILED status that says why, never in a bare
+traceback, because the job monitor can only report what it reads in etcd.
+
+Halting (docs/CONTRACTS.md, "Halt, resume, restart"): a thread watches the
+job's `halt` key; a halt for this attempt publishes LEARNER_HALTING and
+stops the learner like any stop request (SIGTERM, SIGKILL after the grace).
+However it then exits, its newest checkpoint is uploaded and verified, the
+`halted` key is written and the final status is LEARNER_HALTED with the
+step, so a resume continues from there. A halt that comes while preparing
+stops before the learner starts and still ends HALTED, naming the
+checkpoint a resume would restore; one that comes after the learner exited
+changes nothing. While the learner runs, its checkpoints are copied to the
+object store as they appear (services/controller/checkpoints.py), so a
+learner that is lost still leaves its last periodic checkpoint behind.
+
+The learner runs under a guard process (services/controller/guard.py) that
+kills the learner's whole process group when the controller dies, even by
+SIGKILL, so no learner runs on unwatched.
+
+Before the final status is written the log shipper is drained, so a user
+who reads "exit code 3" in the job's reason finds the same last lines in
+the log search. The final status is written without the lease so it
+outlives the controller.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from services.common.adapters.etcd import Coordinator
+from services.common.adapters.logstore import LogStore
+from services.common.adapters.objectstore import SCHEME, ObjectStore, put_dir, store_from_settings
+from services.common.errors import TrainforgeError
+from services.common.settings import ControllerSettings
+from services.common.states import LearnerState
+
+from .checkpoints import CheckpointSync, choose_step, copy_uri
+from .learner import LearnerProcess, MemoryWatchdog, describe_exit, exit_code_of, learner_env
+from .logship import LogArchive, LogShipper, LogSink
+from .spec import LearnerSpec
+from .status import StatusPublisher, status_doc
+from .workdir import Stopped, prepare
+
+log = logging.getLogger(__name__)
+
+# How often a running learner's checkpoint directory and the job's halt key are looked at.
+CHECKPOINT_POLL = 1.0
+HALT_POLL = 0.5
+# How long the end of a run may wait for the log store and for etcd.
+DRAIN_SECONDS = 30.0
+FINAL_STATUS_SECONDS = 30.0
+READERS_SECONDS = 10.0
+
+
+@dataclass
+class Outcome:
+    state: LearnerState
+    exit_code: int | None = None
+    message: str = ""
+    outputs_uri: str = ""
+    tail: list[str] = field(default_factory=list)
+    step: int | None = None
+    checkpoint_uri: str = ""
+
+
+class Controller:
+    """Runs one learner as described by its spec; `run()` returns the controller's exit code."""
+
+    def __init__(self, spec: LearnerSpec, settings: ControllerSettings, *, coordinator: Coordinator | None = None,
+                 store: ObjectStore | None = None, sink: LogSink | None = None, python: str = sys.executable,
+                 checkpoint_poll: float = CHECKPOINT_POLL, halt_poll: float = HALT_POLL):
+        self.spec, self.settings, self.python = spec, settings, python
+        self._owned: list = []  # clients this controller made, closed when it is done
+        if coordinator is None:
+            coordinator = Coordinator(settings.etcd_endpoints, settings.etcd_prefix)
+            self._owned.append(coordinator)
+        self._coord = coordinator
+        self._store = store
+        self._sink = sink
+        self._stop = threading.Event()
+        self._stop_reason = ""
+        self._halt = threading.Event()
+        self._halt_lock = threading.Lock()  # a halt and the learner's exit: whichever comes first decides
+        self._learner_exited = False
+        self._done = threading.Event()
+        self._killed = False
+        self._learner: LearnerProcess | None = None
+        self._checkpoints = CheckpointSync(self._object_store, self._coord, job_id=spec.job_id, rank=spec.rank,
+                                           attempt=spec.attempt, directory=spec.checkpoint_dir,
+                                           scratch=spec.workdir.parent, interval=checkpoint_poll,
+                                           world_size=spec.world_size)
+        self.status = StatusPublisher(self._coord, self._coord.keys.learner_status(spec.job_id, spec.rank),
+                                      spec.lease_ttl)
+        self._halt_poll = halt_poll
+
+    def _object_store(self) -> ObjectStore:
+        if self._store is None:
+            self._store = store_from_settings(self.settings)
+        return self._store
+
+    # -- halting ------------------------------------------------------------------
+
+    def _watch_halt(self) -> None:
+        """Poll the job's halt key (cheap, and indifferent to etcd restarts) until the learner has exited."""
+        while not self._done.wait(self._halt_poll) and self._check_halt():
+            pass
+
+    def _check_halt(self) -> bool:
+        """Look at the halt key once and obey a halt for this attempt; False once there is nothing left to watch."""
+        try:
+            doc, _ = self._coord.get(self._coord.keys.halt(self.spec.job_id))
+        except Exception as e:  # noqa: BLE001 - etcd down or a malformed value: look again later
+            log.debug("reading the halt key failed: %s", _text(e))
+            return True
+        if not (isinstance(doc, dict) and doc.get("attempt") == self.spec.attempt):
+            return True
+        with self._halt_lock:
+            if self._learner_exited:
+                return False  # too late: the learner is done and its outcome stands
+            self._halt.set()
+            self._publish(LearnerState.LEARNER_HALTING)
+        self.request_stop("halt requested")
+        return False
+
+    def _halted(self, archive: LogArchive, exit_code: int | None, how: str) -> Outcome:
+        """After the learner stopped for a halt: store its newest checkpoint, say so in etcd."""
+        spec = self.spec
+        problem = ""
+        try:
+            self._checkpoints.sync()
+        except (TrainforgeError, OSError) as e:
+            problem = f"; the newest checkpoint could not be stored ({_text(e)}), an older one is used"
+        if self._checkpoints.uploaded_step is None and spec.checkpoint_uri:
+            self._adopt_stored_checkpoint()
+        step, uri = self._checkpoints.uploaded_step, self._checkpoints.uploaded_uri
+        self._write_halted({"attempt": spec.attempt, "step": step, "checkpoint_uri": uri})
+        if step is None:
+            message = f"halted ({how}) without a checkpoint; a resume starts over{problem}"
+        else:
+            message = f"halted ({how}); checkpoint at step {step} stored at {uri}{problem}"
+        self._system_line(archive, message)
+        return Outcome(LearnerState.LEARNER_HALTED, exit_code, message, step=step, checkpoint_uri=uri)
+
+    def _write_halted(self, value: dict) -> None:
+        """The `halted` key, retried through a short etcd outage (the final status is retried the same way)."""
+        key = self._coord.keys.learner_halted(self.spec.job_id, self.spec.rank)
+        deadline, pause = time.monotonic() + FINAL_STATUS_SECONDS, 0.1
+        while True:
+            try:
+                self._coord.put(key, value)
+                return
+            except TrainforgeError as e:
+                if time.monotonic() + pause >= deadline:
+                    log.warning("could not write the halted key: %s", e.message)
+                    return
+                time.sleep(pause)
+                pause = min(pause * 2, 2.0)
+
+    def _adopt_stored_checkpoint(self) -> None:
+        """Halted before the learner restored anything: what a resume would restore is still the checkpoint."""
+        spec = self.spec
+        try:
+            step = choose_step(self._object_store(), spec.checkpoint_uri, spec.rank, spec.world_size)
+        except (TrainforgeError, OSError) as e:
+            log.warning("could not look up the stored checkpoints at %s: %s", spec.checkpoint_uri, _text(e))
+            return
+        if step is not None:
+            self._checkpoints.mark_restored(step, copy_uri(spec.checkpoint_uri, spec.rank, step))
+
+    def request_stop(self, reason: str) -> None:
+        """Stop the learner (SIGTERM, then SIGKILL after kill_grace); safe from a signal handler."""
+        if not self._stop.is_set():
+            self._stop_reason = reason
+            self._stop.set()
+
+    def _publish(self, state: LearnerState, **kw) -> None:
+        log.info("learner %s/%d attempt %d: %s", self.spec.job_id, self.spec.rank, self.spec.attempt, state.name)
+        self.status.publish(status_doc(state, self.spec.attempt, **kw))
+
+    # -- the run ------------------------------------------------------------------
+
+    def run(self) -> int:
+        spec = self.spec
+        self.status.start()
+        self._publish(LearnerState.LEARNER_PREPARING)
+        # The first look at the halt key is made here, so a controller started for an attempt that is
+        # already being halted (an LCM redoing a deploy, say) never starts its learner.
+        if self._check_halt():
+            threading.Thread(target=self._watch_halt, name="halt-watch", daemon=True).start()
+        sink = self._sink
+        if sink is None:
+            sink = LogStore(self.settings.logstore_url, self.settings.logstore_index)
+            self._owned.append(sink)
+        shipper = LogShipper(spec.archive_path, sink, max_lines=self.settings.log_batch_lines,
+                             max_seconds=self.settings.log_batch_seconds)
+        try:
+            archive = LogArchive(spec.archive_path, job=spec.job_id, team=spec.team, learner=spec.rank,
+                                 attempt=spec.attempt, on_append=shipper.notify)
+        except OSError as e:
+            return self._finish(Outcome(LearnerState.LEARNER_FAILED,
+                                        message=f"cannot create the log archive: {_text(e)}"), 0)
+        shipper.start()
+        rc = 0
+        try:
+            outcome = self._run_learner(archive)
+        except Exception as e:  # noqa: BLE001 - a controller bug still ends in a FAILED status
+            log.exception("controller error")
+            if self._learner is not None and self._learner.poll() is None:
+                self._learner.signal_group(signal.SIGKILL)  # no learner runs on unwatched
+            outcome = Outcome(LearnerState.LEARNER_FAILED, message=f"controller error: {type(e).__name__}: {e}")
+            rc = 1
+        outcome.tail = archive.tail()
+        if outcome.state == LearnerState.LEARNER_FAILED:
+            self._system_line(archive, outcome.message)
+        archive.close()
+
+        if not shipper.close(DRAIN_SECONDS):
+            log.warning("not every log line reached the log store (last error: %s); the archive keeps them",
+                        shipper.last_error or "timed out")
+        try:
+            self._upload_log_archive()
+        except Exception as e:  # noqa: BLE001 - the final status must be written whatever happened
+            log.error("uploading the log archive failed: %s", _text(e))
+            if outcome.state == LearnerState.LEARNER_COMPLETED:
+                outcome = Outcome(LearnerState.LEARNER_FAILED, exit_code=outcome.exit_code, tail=outcome.tail,
+                                  message=f"uploading the log archive failed: {_text(e)}")
+
+        return self._finish(outcome, rc)
+
+    def _finish(self, outcome: Outcome, rc: int) -> int:
+        spec = self.spec
+        self._done.set()
+        final = status_doc(outcome.state, spec.attempt, exit_code=outcome.exit_code, message=outcome.message,
+                           tail=outcome.tail, outputs_uri=outcome.outputs_uri, step=outcome.step,
+                           checkpoint_uri=outcome.checkpoint_uri)
+        log.info("learner %s/%d attempt %d: %s%s", spec.job_id, spec.rank, spec.attempt, outcome.state.name,
+                 f" ({outcome.message})" if outcome.message else "")
+        if not self.status.finish(final, FINAL_STATUS_SECONDS):
+            log.error("the final status could not be written to etcd; the monitor will see the lease expire")
+            rc = rc or 1
+        for client in self._owned:
+            try:
+                client.close()
+            except Exception as e:  # noqa: BLE001 - closing is best effort on the way out
+                log.debug("closing %s failed: %s", type(client).__name__, e)
+        return rc
+
+    def _run_learner(self, archive: LogArchive) -> Outcome:
+        spec = self.spec
+        try:
+            restored = prepare(spec, self._object_store(), self._stop.is_set)
+        except Stopped as e:
+            if self._halt.is_set():
+                return self._halted(archive, None, "before the learner started")
+            return Outcome(LearnerState.LEARNER_FAILED, message=f"{self._stop_reason}: {e} (learner not started)")
+        except (TrainforgeError, OSError) as e:
+            return Outcome(LearnerState.LEARNER_FAILED, message=f"preparing the learner failed: {_text(e)}")
+        if restored is not None:
+            self._checkpoints.mark_restored(restored, copy_uri(spec.checkpoint_uri, spec.rank, restored))
+            self._system_line(archive, f"restored the checkpoint at step {restored}")
+        elif spec.checkpoint_uri:
+            self._system_line(archive, f"no complete checkpoint found; starting from scratch (no step under "
+                                       f"{spec.checkpoint_uri} was stored by all {spec.world_size} learners)")
+        if self._stop.is_set():
+            if self._halt.is_set():
+                return self._halted(archive, None, "before the learner started")
+            return Outcome(LearnerState.LEARNER_FAILED, message=f"{self._stop_reason} (learner not started)")
+
+        learner = self._learner = LearnerProcess(spec.manifest.rendered_command(), spec.workdir,
+                                                 learner_env(spec, python=self.python), archive, python=self.python)
+        try:
+            learner.start()
+        except OSError as e:
+            return Outcome(LearnerState.LEARNER_FAILED, message=f"starting the learner failed: {_text(e)}")
+        log.info("learner started (pid %d): %s", learner.pid, learner.command)
+        with self._halt_lock:  # a halt published meanwhile is not overwritten
+            if not self._halt.is_set():
+                self._publish(LearnerState.LEARNER_RUNNING)
+        watchdog = MemoryWatchdog(learner, spec.manifest.resources.memory).start()
+        self._checkpoints.start()
+        returncode = self._wait(learner, archive)
+        with self._halt_lock:  # from here a halt no longer changes the outcome
+            self._learner_exited = True
+            halted = self._halt.is_set()
+        watchdog.stop()
+        self._checkpoints.stop()
+        if not learner.finish_output(READERS_SECONDS):
+            log.warning("the learner's output pipes did not close; its last lines may be missing")
+        exit_code = exit_code_of(returncode)
+        log.info("%s", describe_exit(returncode))
+
+        if halted:
+            how = ("killed after the grace period" if self._killed
+                   else describe_exit(returncode) if returncode >= 0 else "stopped after SIGTERM")
+            return self._halted(archive, exit_code, how)
+        self._final_checkpoint()
+        if watchdog.message:
+            return Outcome(LearnerState.LEARNER_FAILED, exit_code, watchdog.message)
+        if self._stop.is_set():
+            return Outcome(LearnerState.LEARNER_FAILED, exit_code, f"{self._stop_reason}; {describe_exit(returncode)}")
+        if returncode != 0:
+            return Outcome(LearnerState.LEARNER_FAILED, exit_code, describe_exit(returncode))
+
+        self._publish(LearnerState.LEARNER_STORING, exit_code=0)
+        try:
+            uploaded = put_dir(self._store, spec.outputs_prefix, spec.output_dir)
+        except (TrainforgeError, OSError) as e:
+            return Outcome(LearnerState.LEARNER_FAILED, 0, f"uploading outputs failed: {_text(e)}")
+        log.info("uploaded %d output files to %s%s", len(uploaded), SCHEME, spec.outputs_prefix)
+        return Outcome(LearnerState.LEARNER_COMPLETED, 0, outputs_uri=SCHEME + spec.outputs_prefix)
+
+    def _final_checkpoint(self) -> None:
+        """A learner that exited for any other reason may have left a newer checkpoint: keep it if possible."""
+        try:
+            self._checkpoints.sync()
+        except (TrainforgeError, OSError) as e:
+            log.warning("the learner's last checkpoint could not be stored: %s", _text(e))
+
+    def _wait(self, learner: LearnerProcess, archive: LogArchive) -> int:
+        """Wait for the learner, forwarding a stop request as SIGTERM and then SIGKILL."""
+        kill_at: float | None = None
+        killed = False
+        while (returncode := learner.wait(0.2)) is None:
+            if self._stop.is_set() and kill_at is None:
+                grace = self.settings.kill_grace
+                self._system_line(archive, f"{self._stop_reason}: sending SIGTERM, SIGKILL after {grace:g}s")
+                learner.signal_group(signal.SIGTERM)
+                kill_at = time.monotonic() + grace
+            elif kill_at is not None and not killed and time.monotonic() >= kill_at:
+                self._system_line(archive, "the learner outlived its grace period: sending SIGKILL")
+                learner.signal_group(signal.SIGKILL)
+                killed = True
+        # The shell running the command dies of the SIGTERM at once (dash does not exec a command),
+        # while the program it started may still be saving its checkpoint: wait for the whole group.
+        while kill_at is not None and not killed and learner.group_alive():
+            if time.monotonic() >= kill_at:
+                self._system_line(archive, "the learner outlived its grace period: sending SIGKILL")
+                learner.signal_group(signal.SIGKILL)
+                killed = True
+            else:
+                time.sleep(0.05)
+        self._killed = killed
+        return returncode
+
+    def _upload_log_archive(self) -> None:
+        if self.spec.archive_path.is_file():
+            self._object_store().put_file(self.spec.log_key, self.spec.archive_path)
+
+    @staticmethod
+    def _system_line(archive: LogArchive, message: str) -> None:
+        try:
+            archive.append("system", message)
+        except (OSError, ValueError) as e:
+            log.warning("could not archive the line %r: %s", message, e)
+
+
+def _text(e: BaseException) -> str:
+    if isinstance(e, TrainforgeError):
+        return e.message
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    return str(e)

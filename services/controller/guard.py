@@ -1,0 +1,71 @@
+"""The learner's process-group leader: the learner's whole group dies with the controller.
+
+Run by the controller (services/controller/learner.py) as
+`python -I -S guard.py <fd> /bin/sh -c <command>`, in a new session, so the
+guard leads the learner's process group. It starts the command in that
+group, waits for it and exits the same way (the same code, or killed by the
+same signal), so to the controller it looks exactly like the command.
+
+Its one job of its own: `<fd>` is the read end of a pipe whose only write
+end the controller holds. When the controller dies, even by SIGKILL, the
+kernel closes that end, the read returns end-of-file and the guard
+SIGKILLs its whole process group: the shell, the user's program and
+whatever that started (torchrun workers, data loaders). A parent-death
+signal (PR_SET_PDEATHSIG) would not do this: it reaches only the one process
+it is set on (the shell, which forks the command rather than exec'ing it),
+it is cleared by fork, and it fires when the *thread* that started the child
+exits. The pipe has none of these limits, and a controller that died before
+the guard even started is seen at once (the read returns end-of-file).
+
+Signals the controller sends to the group (SIGTERM on a halt) are meant for
+the learner: the guard catches them and goes on waiting, so its exit still
+tells how the command ended. Only the standard library is used, and the
+interpreter runs isolated (-I -S), so nothing of the user's environment is
+imported here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+# The controller's signals for the learner; caught (not ignored, which the command would inherit).
+_FORWARDED = (signal.SIGTERM, signal.SIGINT)
+# Python ignores these at start-up; the command gets them back as the kernel's default.
+_RESET = (signal.SIGPIPE, signal.SIGXFSZ, *_FORWARDED)
+
+
+def _kill_group_when_closed(fd: int) -> None:
+    while os.read(fd, 4096):
+        pass  # the controller never writes; end-of-file means it is gone
+    os.killpg(0, signal.SIGKILL)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or not argv[1].isdigit():
+        print("usage: guard.py <lifeline fd> <program> [args...]", file=sys.stderr)
+        return 127
+    fd, command = int(argv[1]), argv[2:]
+    for sig in _FORWARDED:
+        signal.signal(sig, lambda *_: None)
+    os.set_inheritable(fd, False)  # the lifeline is the guard's, not the learner's
+    try:
+        pid = os.posix_spawn(command[0], command, os.environ, setsigdef=_RESET, setsigmask=())
+    except OSError as e:
+        print(f"cannot start {command[0]}: {e}", file=sys.stderr)
+        return 127
+    threading.Thread(target=_kill_group_when_closed, args=(fd,), daemon=True).start()
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:  # die of the same signal, so the controller sees what the command saw
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        return 128 - code
+    return code
+
+
+if __name__ == "__main__":
+    os._exit(main(sys.argv))

@@ -1,0 +1,248 @@
+"""The learner process: its environment, its output pipes and its memory limit.
+
+The learner runs in its own process group so that a signal reaches every
+process it started (torchrun workers, data loaders, shells) and nothing it
+leaves behind outlives it. Its environment is built from scratch rather than
+inherited: the controller's own TF_* settings hold store credentials a
+user's code must not see.
+
+Output is read by one thread per pipe, line by line, and handed to the
+`LogArchive`, which only appends to a local file, so a slow log store can
+never fill the pipe and stall training.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+from frameworks.torch.launch import ddp_env
+
+from .logship import LogArchive
+from .spec import LearnerSpec
+
+log = logging.getLogger(__name__)
+
+# A line longer than this is split; keeps one reader's memory bounded.
+MAX_LINE_BYTES = 64 * 1024
+
+# Inherited from the controller; everything else is set explicitly. TF_STACK_ID
+# is how `trainforge down` finds every process of an embedded stack, learners too.
+_INHERITED = ("HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL", "TERM", "TF_STACK_ID")
+_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def learner_env(spec: LearnerSpec, base: dict[str, str] | None = None,
+                python: str = sys.executable) -> dict[str, str]:
+    """The learner's environment (docs/CONTRACTS.md, "Learner environment").
+
+    The manifest's `env` may override the inherited and default variables
+    but not the platform's own: the DDP rendezvous, TF_*, PATH and
+    CUDA_VISIBLE_DEVICES.
+    """
+    base = dict(os.environ if base is None else base)
+    env = {k: v for k, v in base.items() if k in _INHERITED or k.startswith("LC_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env["OMP_NUM_THREADS"] = str(max(1, math.floor(spec.manifest.resources.cpus)))
+    env.update({k: v for k, v in spec.manifest.env.items() if not k.startswith("TF_")})
+    # One learner per process group and per device set: its local rank is 0 of 1
+    # (frameworks/torch/launch.py explains why).
+    env.update(ddp_env(spec.rank, spec.world_size, spec.master_addr, spec.master_port))
+    env.update({
+        "TF_JOB_ID": spec.job_id,
+        "TF_RANK": str(spec.rank),
+        "TF_ATTEMPT": str(spec.attempt),
+        "TF_WORKDIR": str(spec.workdir),
+        "TF_CHECKPOINT_DIR": str(spec.checkpoint_dir),
+        "TF_OUTPUT_DIR": str(spec.output_dir),
+        "TF_CHECKPOINT_INTERVAL": f"{spec.manifest.checkpoint.interval:g}",
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in spec.gpu_ids),
+        "PATH": os.pathsep.join([os.path.dirname(python), base.get("PATH") or _DEFAULT_PATH]),
+    })
+    return env
+
+
+def exit_code_of(returncode: int) -> int:
+    """Popen's returncode as a shell reports it: killed by signal N -> 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"learner was killed by {name} (exit code {exit_code_of(returncode)})"
+    return f"learner exited with code {returncode}"
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5Ki'; binary units as in the manifest's memory field."""
+    if n < 1024:
+        return f"{n:.0f}B"
+    for unit in ("Ki", "Mi", "Gi"):
+        n /= 1024
+        if n < 1024:
+            return f"{n:.1f}{unit}"
+    return f"{n / 1024:.1f}Ti"
+
+
+# The learner's process-group leader; see its docstring for why the learner needs one.
+GUARD = Path(__file__).with_name("guard.py")
+
+
+def guarded_argv(command: str, lifeline: int, python: str = sys.executable) -> list[str]:
+    """argv of a learner: `/bin/sh -c command` under the guard (the platform's interpreter, isolated),
+    which watches the pipe end `lifeline`."""
+    return [python, "-I", "-S", str(GUARD), str(lifeline), "/bin/sh", "-c", command]
+
+
+class LearnerProcess:
+    """`/bin/sh -c command` in the working directory, its output going to a LogArchive.
+
+    The command runs under the guard (services/controller/guard.py), which
+    leads its process group and takes the group down when this process dies:
+    `pid` is the guard's, the group's id, and the guard exits the way the
+    command did.
+    """
+
+    def __init__(self, command: str, cwd: Path, env: dict[str, str], archive: LogArchive, *,
+                 python: str = sys.executable):
+        self.command, self.cwd, self.env, self.archive = command, Path(cwd), env, archive
+        self.python = python
+        self.proc: subprocess.Popen | None = None
+        self._readers: list[threading.Thread] = []
+        self._lifeline: int | None = None  # the write end the guard watches; closed only when we are done
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise RuntimeError("the learner has not been started")
+        return self.proc.pid
+
+    def start(self) -> None:
+        read_end, write_end = os.pipe()  # both close-on-exec: only the guard gets the read end
+        try:
+            self.proc = subprocess.Popen(
+                guarded_argv(self.command, read_end, self.python), cwd=self.cwd, env=self.env,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                close_fds=True, pass_fds=(read_end,))
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        self._lifeline = write_end
+        for stream, pipe in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr)):
+            t = threading.Thread(target=self._pump, args=(stream, pipe), name=f"learner-{stream}", daemon=True)
+            t.start()
+            self._readers.append(t)
+
+    def _pump(self, stream: str, pipe: IO[bytes]) -> None:
+        warned = False
+        with pipe:
+            for raw in iter(lambda: pipe.readline(MAX_LINE_BYTES), b""):
+                text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                try:
+                    self.archive.append(stream, text)
+                except (OSError, ValueError) as e:
+                    # Keep draining the pipe even when the archive cannot take lines.
+                    if not warned:
+                        log.error("cannot append learner %s to the log archive: %s", stream, e)
+                        warned = True
+
+    def poll(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        try:
+            return self.proc.wait(timeout) if self.proc else None
+        except subprocess.TimeoutExpired:
+            return None
+
+    def signal_group(self, sig: int) -> bool:
+        """Send sig to the learner's process group; False when none of it is left."""
+        try:
+            os.killpg(self.pid, sig)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+    def group_alive(self) -> bool:
+        """Whether any process of the learner's group (the command and what it started) is left."""
+        try:
+            os.killpg(self.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+    def finish_output(self, timeout: float) -> bool:
+        """After the learner exited: stop what it left running and read its last lines."""
+        self.signal_group(signal.SIGKILL)
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
+        for t in self._readers:
+            t.join(timeout)
+        return not any(t.is_alive() for t in self._readers)
+
+    def tree_rss(self) -> int:
+        """Resident memory of everything the command started, in bytes (the guard is the platform's)."""
+        try:
+            procs = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            return 0
+        total = 0
+        for p in procs:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+
+
+class MemoryWatchdog:
+    """Kills the learner's process group when its tree's RSS exceeds the limit."""
+
+    def __init__(self, learner: LearnerProcess, limit: int, interval: float = 1.0,
+                 on_exceeded: Callable[[str], None] | None = None):
+        self.learner, self.limit, self.interval = learner, limit, interval
+        self._on_exceeded = on_exceeded
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="memory-watchdog", daemon=True)
+        self.message = ""
+        self.peak = 0
+
+    def start(self) -> MemoryWatchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(self.interval + 5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and self.learner.poll() is None:
+            rss = self.learner.tree_rss()
+            self.peak = max(self.peak, rss)
+            if rss > self.limit:
+                self.message = f"memory limit exceeded: {human_bytes(rss)} > {human_bytes(self.limit)}"
+                log.warning("%s; killing the learner", self.message)
+                self.learner.signal_group(signal.SIGKILL)
+                if self._on_exceeded is not None:
+                    self._on_exceeded(self.message)
+                return
+            self._stop.wait(self.interval)

@@ -1,0 +1,249 @@
+"""Learner logs: a local append-only archive first, the search index second.
+
+A learner that writes to a full pipe stops, so the reader threads must never
+wait on anything slow. They hand each line to `LogArchive`, which numbers it,
+stamps it and appends it as one JSON line to a local file: a write and a
+flush, nothing else. `LogShipper` tails that file from its own thread and
+sends batches to the log store; while the store is down it retries the same
+batch with backoff and reads nothing new, so memory stays at one batch and
+no line is lost or sent out of order. The file doubles as the durable
+archive uploaded to the object store when the learner ends, from which the
+index can be rebuilt. The shape is Determined's `_log_shipper.py` (bounded
+batch, deadline, drain on shutdown) with the bounded queue replaced by a
+file, so a long log-store outage costs disk, not memory or lines.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from services.common.adapters.logstore import LogLine
+
+log = logging.getLogger(__name__)
+
+STREAMS = ("stdout", "stderr", "system")
+
+
+class LogSink(Protocol):
+    """Where batches go; `write` raises when the batch was not (fully) stored."""
+
+    def write(self, lines: list[LogLine]) -> None: ...
+
+
+def utc_timestamp() -> str:
+    """ISO-8601 UTC with milliseconds, e.g. 2026-01-01T00:00:00.001Z."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _complete_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        if f.tell() == 0:
+            return True
+        f.seek(-1, 2)
+        return f.read(1) == b"\n"
+
+
+class LogArchive:
+    """The learner's log lines, numbered 1, 2, 3… across streams, in a local JSONL file.
+
+    `append` is safe to call from several threads; it never waits on the
+    network. `on_append` is called after each line (the shipper's wake-up).
+    """
+
+    def __init__(self, path: Path, *, job: str, team: str, learner: int, attempt: int,
+                 on_append: Callable[[], None] | None = None, tail_lines: int = 20):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._job, self._team, self._learner, self._attempt = job, team, learner, attempt
+        self._on_append = on_append
+        self._lock = threading.Lock()
+        # A controller run again for the same attempt continues the numbering,
+        # so its lines never overwrite the earlier run's in the index.
+        self._seq = _complete_lines(self.path)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the archive
+        if not _ends_with_newline(self.path):
+            self._file.write("\n")  # end a line cut off by a crash; the shipper skips it
+        self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+
+    @property
+    def lines_written(self) -> int:
+        return self._seq
+
+    def append(self, stream: str, text: str) -> LogLine:
+        if stream not in STREAMS:
+            raise ValueError(f"stream must be one of {', '.join(STREAMS)}, got {stream!r}")
+        with self._lock:
+            line = LogLine(self._job, self._team, self._learner, self._attempt, stream, self._seq + 1,
+                           utc_timestamp(), text)
+            self._file.write(json.dumps(line.to_doc(), ensure_ascii=False) + "\n")
+            self._file.flush()
+            # Numbered only once it is on disk, so a failed write leaves no gap.
+            self._seq += 1
+            if stream != "system":
+                self._tail.append(text)
+        if self._on_append is not None:
+            self._on_append()
+        return line
+
+    def tail(self) -> list[str]:
+        """The last stdout/stderr lines (not the controller's own system lines)."""
+        with self._lock:
+            return list(self._tail)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.close()
+
+
+class LogShipper:
+    """Tails a `LogArchive` file and ships it to a `LogSink` in ordered batches.
+
+    A batch is sent when it holds `max_lines` lines or its oldest line has
+    waited `max_seconds`. A failed send is retried, same batch, with
+    exponential backoff between `backoff_initial` and `backoff_max`.
+    `close(timeout)` ships everything up to the end of the file, then stops.
+    """
+
+    def __init__(self, path: Path, sink: LogSink, *, max_lines: int = 500, max_seconds: float = 0.5,
+                 backoff_initial: float = 0.2, backoff_max: float = 5.0, poll: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic):
+        if max_lines < 1 or max_seconds <= 0:
+            raise ValueError("max_lines must be >= 1 and max_seconds > 0")
+        self.path = Path(path)
+        self._sink = sink
+        self._max_lines, self._max_seconds = max_lines, max_seconds
+        self._backoff_initial, self._backoff_max = backoff_initial, backoff_max
+        self._poll, self._clock = poll, clock
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._deadline = float("inf")
+        self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
+        self._drained = False
+        self.shipped = 0
+        self.failures = 0
+        self.last_error: str = ""
+
+    def start(self) -> LogShipper:
+        self._thread.start()
+        return self
+
+    def notify(self) -> None:
+        """New lines were appended; never blocks."""
+        self._wake.set()
+
+    def close(self, timeout: float) -> bool:
+        """Ship the rest of the file within `timeout` seconds; True when all of it arrived."""
+        self._deadline = self._clock() + timeout
+        self._closing.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(max(0.0, timeout) + 1.0)
+        return self._drained and not self._thread.is_alive()
+
+    # -- the shipping thread ----------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._ship_until_closed()
+        except Exception:  # noqa: BLE001 - the shipper must not take the controller down
+            log.exception("log shipper stopped unexpectedly")
+
+    def _open(self) -> BinaryIO | None:
+        while True:
+            try:
+                return open(self.path, "rb")  # noqa: SIM115 - closed in _ship_until_closed
+            except FileNotFoundError:
+                if self._closing.is_set():
+                    return None
+                self._wake.wait(self._poll)
+                self._wake.clear()
+
+    def _ship_until_closed(self) -> None:
+        f = self._open()
+        if f is None:
+            self._drained = True
+            return
+        with f:
+            pending: list[LogLine] = []
+            oldest = 0.0
+            backoff = self._backoff_initial
+            while True:
+                self._wake.clear()
+                # Looked at before reading: close() comes after the last append, so
+                # an end of file reached after that is the end of the learner's log.
+                closing = self._closing.is_set()
+                at_eof = False
+                while len(pending) < self._max_lines:
+                    start = f.tell()
+                    raw = f.readline()
+                    if not raw.endswith(b"\n"):
+                        # Nothing new, or a line still being written: read it whole later.
+                        f.seek(start)
+                        at_eof = True
+                        break
+                    line = self._parse(raw)
+                    if line is None:
+                        continue
+                    if not pending:
+                        oldest = self._clock()
+                    pending.append(line)
+                if pending and (len(pending) >= self._max_lines or closing
+                                or self._clock() - oldest >= self._max_seconds):
+                    if self._send(pending):
+                        self.shipped += len(pending)
+                        pending = []
+                        backoff = self._backoff_initial
+                        continue
+                    if closing and self._clock() >= self._deadline:
+                        log.warning("log shipper gave up at its deadline with unshipped lines: %s", self.last_error)
+                        return
+                    self._sleep(min(backoff, max(0.0, self._deadline - self._clock())))
+                    backoff = min(backoff * 2, self._backoff_max)
+                    continue
+                if closing and at_eof and not pending:
+                    self._drained = True
+                    return
+                wait = self._poll if not pending else max(0.0, oldest + self._max_seconds - self._clock())
+                self._wake.wait(wait)
+
+    def _send(self, batch: list[LogLine]) -> bool:
+        try:
+            self._sink.write(batch)
+            return True
+        except Exception as e:  # noqa: BLE001 - any sink failure means "retry the batch"
+            self.failures += 1
+            if self.failures == 1 or self.last_error != str(e):
+                log.warning("log store write of %d lines failed (will retry): %s", len(batch), e)
+            self.last_error = str(e)
+            return False
+
+    def _sleep(self, seconds: float) -> None:
+        if self._closing.is_set():
+            time.sleep(seconds)  # the caller keeps this within the deadline
+        else:
+            self._closing.wait(seconds)  # a close() starts the drain at once
+
+    def _parse(self, raw: bytes) -> LogLine | None:
+        try:
+            return LogLine(**json.loads(raw))
+        except (ValueError, TypeError) as e:
+            log.warning("skipping an unreadable archive line (%s): %r", e, raw[:200])
+            return None

@@ -1,0 +1,140 @@
+"""Filling the learner's working directory from the object store before it starts.
+
+Everything that lands here comes from users (the code archive, data sets,
+a checkpoint), so nothing may escape the working directory: archive members
+with absolute paths, '..', links pointing outside or device files are
+refused with the member named, and every download target is checked to
+resolve inside the directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import tarfile
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+
+from services.common.adapters.objectstore import ObjectStore, key_from_uri
+from services.common.errors import InvalidArgument, NotFound
+
+from .checkpoints import restore
+from .spec import LearnerSpec
+
+log = logging.getLogger(__name__)
+
+
+class Stopped(Exception):
+    """The controller was asked to stop while preparing."""
+
+
+def _unsafe(name: str) -> bool:
+    p = PurePosixPath(name)
+    return not name or p.is_absolute() or ".." in p.parts or "\\" in name
+
+
+def check_member(m: tarfile.TarInfo) -> None:
+    """Raise InvalidArgument when extracting `m` could write outside the target directory."""
+    if _unsafe(m.name):
+        raise InvalidArgument(f"code archive member {m.name!r} has an absolute path or '..'; refusing to extract")
+    if m.issym():
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(m.name), m.linkname))
+        if PurePosixPath(m.linkname).is_absolute() or target == ".." or target.startswith("../"):
+            raise InvalidArgument(f"code archive member {m.name!r} links outside the archive ({m.linkname!r})")
+    elif m.islnk():
+        if _unsafe(m.linkname):
+            raise InvalidArgument(f"code archive member {m.name!r} links outside the archive ({m.linkname!r})")
+    elif not (m.isfile() or m.isdir()):
+        raise InvalidArgument(f"code archive member {m.name!r} is a device or pipe; refusing to extract")
+
+
+def extract_code(archive: Path, dest: Path) -> int:
+    """Extract a (gzipped) tar archive into dest after checking every member; returns the member count."""
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            members = tar.getmembers()
+            for m in members:
+                check_member(m)
+            tar.extractall(dest, members=members, filter="data")
+    except tarfile.TarError as e:
+        raise InvalidArgument(f"code archive is not a readable tar archive: {e}") from None
+    return len(members)
+
+
+def _inside(root: Path, target: Path) -> Path:
+    resolved = target.resolve()
+    if not resolved.is_relative_to(root.resolve()):
+        raise InvalidArgument(f"{target} resolves outside the working directory")
+    return target
+
+
+def fetch(store: ObjectStore, uri: str, dest: Path, root: Path, *, into_folder: bool = False) -> int:
+    """Download a store URI: one object to a file, or every object under a prefix into a folder.
+
+    With `into_folder`, a single object lands inside dest under its own name.
+    Returns the number of files written.
+    """
+    key = key_from_uri(uri)
+    if store.exists(key):
+        target = dest / PurePosixPath(key).name if into_folder else dest
+        store.get_file(key, _inside(root, target))
+        return 1
+    prefix = key + "/"
+    count = 0
+    for info in store.list(prefix):
+        # A store may match the prefix loosely (S3 lists "data/mnist2/..." for "data/mnist").
+        if not info.key.startswith(prefix):
+            continue
+        rel = info.key[len(prefix):]
+        if _unsafe(rel):
+            continue
+        store.get_file(info.key, _inside(root, Path(dest) / rel))
+        count += 1
+    if count == 0:
+        raise NotFound(f"{uri} holds no objects")
+    return count
+
+
+def prepare(spec: LearnerSpec, store: ObjectStore,
+            stop_requested: Callable[[], bool] = lambda: False) -> int | None:
+    """Code, data, checkpoint and the empty checkpoint/output folders, in that order.
+
+    Returns the step of the checkpoint restored (None: none was asked for or
+    none is complete). Raises `Stopped` between steps when `stop_requested()`
+    turns true, and a TrainforgeError (or OSError) naming what could not be
+    prepared.
+    """
+    workdir = spec.workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    def step(what: str) -> None:
+        if stop_requested():
+            raise Stopped(f"stopped while {what}")
+        log.info("%s", what)
+
+    if spec.code_uri:
+        step(f"downloading code from {spec.code_uri}")
+        archive = workdir.parent / f".code-{spec.rank}-{spec.attempt}.tar.gz"
+        try:
+            try:
+                store.get_file(key_from_uri(spec.code_uri), archive)
+            except NotFound:
+                raise NotFound(f"code archive {spec.code_uri} does not exist") from None
+            n = extract_code(archive, workdir)
+            log.info("extracted %d archive members into %s", n, workdir)
+        finally:
+            archive.unlink(missing_ok=True)
+    for i, ds in enumerate(spec.manifest.data):
+        step(f"downloading data {ds.source} into {ds.path}")
+        try:
+            fetch(store, ds.source, workdir / ds.path, workdir, into_folder=ds.path.endswith("/"))
+        except (NotFound, InvalidArgument) as e:
+            raise type(e)(f"data[{i}] ({ds.source}): {e.message}") from None
+    spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    restored = None
+    if spec.checkpoint_uri:
+        step(f"restoring the newest checkpoint of every learner from {spec.checkpoint_uri}")
+        _inside(workdir, spec.checkpoint_dir)
+        restored = restore(store, spec.checkpoint_uri, spec.rank, spec.world_size, spec.checkpoint_dir)
+    spec.output_dir.mkdir(parents=True, exist_ok=True)
+    return restored
