@@ -1,0 +1,229 @@
+"""The small side of the platform that runs inside a training script.
+
+The controller tells a learner everything through its environment (see
+docs/CONTRACTS.md, "Learner environment"); this module reads it so training
+scripts do not hard-code paths or rendezvous details, and still run unchanged
+on a laptop where none of it is set. It deliberately imports nothing from
+`services/` (it runs in the user's process), and imports torch only where a
+function needs it.
+
+Halting is cooperative: the controller sends SIGTERM, `install_halt_handler`
+turns it into a flag, and the training loop asks `should_halt()` at a step
+boundary, saves a checkpoint and exits 0. Checkpoints are written to a
+temporary file and renamed, and `checkpoint.json` (naming the step) is
+written after the checkpoint file, so the files the controller uploads (and
+a resumed learner loads) always form one complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+CHECKPOINT_FILE = "checkpoint.pt"
+# Written after CHECKPOINT_FILE, so its presence marks a complete checkpoint: {"step": n, "saved_at": unix}.
+CHECKPOINT_META = "checkpoint.json"
+
+_halt_requested = threading.Event()
+# When the last checkpoint was saved (or this module loaded), for checkpoint_due().
+_last_save = time.monotonic()
+
+
+def _dir_from_env(var: str, fallback: str) -> Path:
+    path = Path(os.environ.get(var) or fallback)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def checkpoint_dir(default: str = "checkpoints") -> Path:
+    """Where checkpoints go (TF_CHECKPOINT_DIR, else `default` under the cwd); created if missing."""
+    return _dir_from_env("TF_CHECKPOINT_DIR", default)
+
+
+def output_dir(default: str = "outputs") -> Path:
+    """Where results go (TF_OUTPUT_DIR, else `default` under the cwd); created if missing.
+
+    Pass the manifest's `outputs` folder as `default` so a script writes to
+    the same place on a laptop as on the platform.
+    """
+    return _dir_from_env("TF_OUTPUT_DIR", default)
+
+
+def _int_env(var: str, default: int) -> int:
+    raw = os.environ.get(var, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {var}={raw!r} is not an integer") from None
+
+
+def rank() -> int:
+    """This learner's global rank (RANK; 0 when not distributed)."""
+    return _int_env("RANK", 0)
+
+
+def world_size() -> int:
+    """Number of learners in the job (WORLD_SIZE; 1 when not distributed)."""
+    return _int_env("WORLD_SIZE", 1)
+
+
+def init_distributed(backend: str = "gloo") -> bool:
+    """Join the job's process group when there is more than one learner.
+
+    Returns True when a process group is (now) initialised. The rendezvous
+    comes from MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE (env://).
+    """
+    if world_size() <= 1:
+        return False
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, init_method="env://", rank=rank(), world_size=world_size())
+    return True
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make renames in directory durable (a crash right after a save must not undo it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # not every platform opens directories; the rename is still atomic
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_temp(directory: Path, name: str, write: Any) -> Path:
+    """write(file) into a fsynced temporary file next to `name` (a dot name: the platform skips those)."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(tmp)
+
+
+def _atomic_write(directory: Path, name: str, write: Any) -> Path:
+    """write(file) into a temporary file, fsync, then rename over `name`: readers see old or new, never half."""
+    final = directory / name
+    tmp = _write_temp(directory, name, write)
+    try:
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(directory)
+    return final
+
+
+def last_step() -> int | None:
+    """The step of the latest complete checkpoint in the checkpoint directory, or None."""
+    try:
+        meta = json.loads((checkpoint_dir() / CHECKPOINT_META).read_text())
+        return int(meta["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save_checkpoint(state: dict[str, Any], step: int) -> Path:
+    """Atomically replace the checkpoint with `state` at `step`; returns its path.
+
+    The step counter never goes back: a step smaller than the last saved
+    one is refused (ValueError). The order of the writes is the contract
+    with whoever copies the directory meanwhile (the platform uploads it
+    while training goes on, docs/CONTRACTS.md): the state is serialised to a
+    temporary file first, then `checkpoint.json` is removed, the new file
+    renamed into place, and `checkpoint.json` written last naming the new
+    step. A complete checkpoint is therefore exactly one whose
+    `checkpoint.json` exists, and a copier that finds the same
+    `checkpoint.json` file before and after copying knows no file was
+    replaced in between. A failure while serialising leaves the previous
+    checkpoint untouched.
+    """
+    import torch
+
+    global _last_save
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative integer, got {step!r}")
+    previous = last_step()
+    if previous is not None and step < previous:
+        raise ValueError(f"step {step} is before the last checkpoint's step {previous}; steps never go back")
+    directory = checkpoint_dir()
+    final, meta_path = directory / CHECKPOINT_FILE, directory / CHECKPOINT_META
+    tmp = _write_temp(directory, CHECKPOINT_FILE, lambda f: torch.save({"step": step, "state": state}, f))
+    try:
+        meta_path.unlink(missing_ok=True)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    meta = json.dumps({"step": step, "saved_at": time.time()}).encode()
+    _atomic_write(directory, CHECKPOINT_META, lambda f: f.write(meta))  # fsyncs the directory: both renames
+    _last_save = time.monotonic()
+    return final
+
+
+def checkpoint_interval() -> float:
+    """Seconds between periodic checkpoints (TF_CHECKPOINT_INTERVAL, from the manifest); 0: none."""
+    raw = os.environ.get("TF_CHECKPOINT_INTERVAL", "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable TF_CHECKPOINT_INTERVAL={raw!r} is not a number") from None
+    return max(0.0, value)
+
+
+def checkpoint_due() -> bool:
+    """True when the checkpoint interval has passed since the last save (or since start); never blocks.
+
+    With several learners, agree on it (e.g. an all-reduce of the flag) so
+    every rank saves at the same step.
+    """
+    interval = checkpoint_interval()
+    return interval > 0 and time.monotonic() - _last_save >= interval
+
+
+def load_checkpoint(weights_only: bool = True) -> tuple[dict[str, Any], int] | None:
+    """(state, step) of the latest checkpoint, or None when there is none.
+
+    Tensors are loaded onto the CPU; move them where they belong. With
+    `weights_only` (the default) only tensors and plain containers are
+    unpickled, since a checkpoint may come from the object store.
+    """
+    import torch
+
+    path = checkpoint_dir() / CHECKPOINT_FILE
+    if not path.is_file():
+        return None
+    payload = torch.load(path, map_location="cpu", weights_only=weights_only)
+    return payload["state"], int(payload["step"])
+
+
+def install_halt_handler(signum: int = signal.SIGTERM) -> None:
+    """Turn `signum` into a halt request that `should_halt()` reports.
+
+    Call once from the main thread, before training starts.
+    """
+    signal.signal(signum, lambda _sig, _frame: _halt_requested.set())
+
+
+def should_halt() -> bool:
+    """True once the halt signal arrived; never blocks."""
+    return _halt_requested.is_set()

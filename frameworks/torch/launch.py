@@ -1,0 +1,88 @@
+"""How a torch learner is told where it sits in a DDP job.
+
+Pure functions, so the exact environment and argv a backend hands a learner
+can be asserted in a unit test and read in one place. The controller uses
+`ddp_env` when it starts one learner process per rank (env:// rendezvous);
+a backend that starts one process per node and lets torchrun fork the ranks
+uses `torchrun_argv`.
+
+The local ranks default to "one learner per node" (0 of 1): every learner
+sees only its own GPUs through CUDA_VISIBLE_DEVICES, so its device is always
+index 0 whatever its global rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def _check_addr_port(master_addr: str, master_port: int) -> None:
+    if not master_addr or not master_addr.strip():
+        raise ValueError("master_addr must be a host name or address, not empty")
+    if isinstance(master_port, bool) or not isinstance(master_port, int) or not 1 <= master_port <= 65535:
+        raise ValueError(f"master_port must be an integer in 1..65535, got {master_port!r}")
+
+
+def _check_index(name: str, value: int, size_name: str, size: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    if value >= size:
+        raise ValueError(f"{name} {value} must be less than {size_name} {size}")
+
+
+def _check_size(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def ddp_env(rank: int, world_size: int, master_addr: str, master_port: int,
+            local_rank: int | None = None, local_world_size: int | None = None) -> dict[str, str]:
+    """The env:// rendezvous variables torch.distributed.init_process_group reads."""
+    _check_size("world_size", world_size)
+    _check_index("rank", rank, "world_size", world_size)
+    _check_addr_port(master_addr, master_port)
+    local_world_size = 1 if local_world_size is None else local_world_size
+    local_rank = 0 if local_rank is None else local_rank
+    _check_size("local_world_size", local_world_size)
+    if local_world_size > world_size:
+        raise ValueError(f"local_world_size {local_world_size} must not exceed world_size {world_size}")
+    _check_index("local_rank", local_rank, "local_world_size", local_world_size)
+    return {
+        "MASTER_ADDR": master_addr.strip(),
+        "MASTER_PORT": str(master_port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_world_size),
+    }
+
+
+def torchrun_argv(script: str, script_args: Sequence[str] = (), *, nnodes: int = 1, nproc_per_node: int = 1,
+                  node_rank: int = 0, master_addr: str = "127.0.0.1", master_port: int = 29500,
+                  max_restarts: int = 0, module: bool = False, python: str = "python") -> list[str]:
+    """argv that runs `script` under torchrun with a static rendezvous.
+
+    `python` is resolved through PATH by default: the controller puts the
+    platform interpreter's bin directory first. With `module`, `script` is a
+    module name run as `python -m`.
+    """
+    if not script or not script.strip():
+        raise ValueError("script must name a file or module to run")
+    _check_size("nnodes", nnodes)
+    _check_size("nproc_per_node", nproc_per_node)
+    _check_index("node_rank", node_rank, "nnodes", nnodes)
+    _check_addr_port(master_addr, master_port)
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
+    argv = [
+        python, "-m", "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        f"--node-rank={node_rank}",
+        f"--master-addr={master_addr.strip()}",
+        f"--master-port={master_port}",
+        f"--max-restarts={max_restarts}",
+    ]
+    if module:
+        argv.append("--module")
+    return [*argv, script, *script_args]
