@@ -1,0 +1,388 @@
+"""The `trainforge` command: the embedded stack and jobs, for people and for scripts.
+
+People get tables, colours and a spinner (rich); `--json` (before or after
+the command) gives one machine-readable document per command instead, with
+no markup. A failure is one line on stderr and exit status 1; a followed job
+exits 0 only when it completed, so `trainforge submit --follow` can gate CI.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from trainforge import cli_admin, clikit, config, stack
+from trainforge.clikit import emit_json as _emit_json
+from trainforge.clikit import json_flag as _json_flag
+from trainforge.clikit import out as _out
+from trainforge.clikit import use_json as _use_json
+from trainforge.clikit import when as _when
+from trainforge.sdk import Client
+
+_STATE_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan",
+                "storing": "cyan", "deploying": "blue", "queued": "magenta", "pending": "magenta",
+                "halting": "yellow", "halted": "yellow", "restarting": "yellow", "preparing": "blue"}
+_OK = {"started", "running", "stopped"}
+
+
+def _state_text(state: str) -> Text:
+    return Text(state, style=_STATE_STYLE.get(state, ""))
+
+
+@click.group(cls=clikit.Group, context_settings={"help_option_names": ["-h", "--help"]})
+@_json_flag
+@click.pass_context
+def main(ctx: click.Context, as_json: bool) -> None:
+    """Submit and follow training jobs on trainforge.
+
+    State (the embedded stack, the API key) lives in $TF_STATE_DIR or ~/.trainforge;
+    TRAINFORGE_API_URL and TRAINFORGE_API_KEY point the CLI at another platform.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["json"] = as_json
+
+
+# -- the embedded stack -------------------------------------------------------------------
+
+
+def _component_row(s: stack.ComponentStatus) -> Text:
+    mark = Text("✓ ", style="green") if s.status in _OK else Text("✗ ", style="red")
+    pid = f"pid {s.pid}" if s.pid else ""
+    return Text.assemble(mark, (f"{s.name:<10}", "bold"), f" {pid:<11} {s.address:<28} ", s.status,
+                         (f"  {s.detail}" if s.detail else "", "dim"))
+
+
+@main.command()
+@_json_flag
+@click.option("--timeout", default=150.0, show_default=True, help="seconds to wait for the stack to be healthy")
+@click.pass_context
+def up(ctx: click.Context, as_json: bool, timeout: float) -> None:
+    """Start the embedded stack (idempotent) and create team `local` with an API key."""
+    as_json = _use_json(ctx, as_json)
+    state = config.state_dir()
+    console = _out()
+    if as_json:
+        info = stack.up(state, timeout=timeout)
+        _emit_json(info.to_json())
+        return
+    with console.status("starting the embedded stack") as spinner:
+        def report(s: stack.ComponentStatus) -> None:
+            if s.status == "starting":
+                spinner.update(f"waiting for {s.name} (pid {s.pid}) to be healthy")
+            else:
+                console.print(_component_row(s))
+
+        info = stack.up(state, report=report, timeout=timeout)
+    console.print(f"API {info.api_url}  team [bold]{info.team}[/]  stack {info.stack_id}")
+    key_note = "a new API key was" if info.key_created else "the API key is"
+    console.print(f"{key_note} stored in {state / config.CONFIG_FILE}; logs in {state / 'logs'}")
+
+
+@main.command()
+@_json_flag
+@click.option("--grace", default=20.0, show_default=True, help="seconds between SIGTERM and SIGKILL")
+@click.pass_context
+def down(ctx: click.Context, as_json: bool, grace: float) -> None:
+    """Stop everything `trainforge up` started, learners included."""
+    as_json = _use_json(ctx, as_json)
+    state = config.state_dir()
+    console = _out()
+    if as_json:
+        _emit_json({"state_dir": str(state), "components": [s.to_json() for s in stack.down(state, grace=grace)]})
+        return
+    with console.status("stopping the embedded stack"):
+        statuses = stack.down(state, report=lambda s: console.print(_component_row(s)), grace=grace)
+    if not statuses:
+        console.print(f"no stack in {state}")
+
+
+# -- jobs ------------------------------------------------------------------------------------
+
+
+def _outputs_location(job: dict) -> str:
+    uri = job.get("outputs_uri") or ""
+    if not uri:
+        return ""
+    local = config.state_dir() / "objects" / uri.removeprefix("store://")
+    return f"{uri} ({local})" if local.exists() else uri
+
+
+def _print_job(console: Console, job: dict) -> None:
+    console.print(Text.assemble((job["id"], "bold"), f"  {job['name']}  ", _state_text(job["state"])))
+    if job.get("reason"):
+        console.print(Text(f"reason: {job['reason']}"))
+    if job.get("queue_position"):
+        console.print(f"queue position: {job['queue_position']}")
+    console.print(f"attempt: {job['attempt']}  submitted: {_when(job['created_at'])}  "
+                  f"updated: {_when(job['updated_at'])}")
+    if job.get("restarts"):
+        console.print(f"restarts: {job['restarts']} of {job['manifest'].get('restart', {}).get('max_restarts', '?')}")
+    if job.get("checkpoint_step") is not None:
+        console.print(f"checkpoint: step {job['checkpoint_step']}")
+    if job.get("outputs_uri"):
+        console.print(Text(f"outputs: {_outputs_location(job)}"))
+    if job.get("learners"):
+        table = Table(title="learners", title_justify="left", show_edge=False)
+        for col in ("rank", "state", "exit code", "attempt", "message"):
+            table.add_column(col)
+        for ln in job["learners"]:
+            code = "" if ln.get("exit_code") is None else str(ln["exit_code"])
+            table.add_row(str(ln["rank"]), _state_text(ln["state"]), code, str(ln["attempt"]),
+                          Text(ln.get("message") or ""))
+        console.print(table)
+    if job.get("history"):
+        table = Table(title="history", title_justify="left", show_edge=False)
+        for col in ("time", "from", "to", "reason", "actor"):
+            table.add_column(col)
+        for ev in job["history"]:
+            table.add_row(_when(ev["timestamp"]), ev["from"], _state_text(ev["to"]), Text(ev.get("reason") or ""),
+                          ev.get("actor") or "")
+        console.print(table)
+
+
+def _print_jobs(console: Console, jobs: list[dict]) -> None:
+    if not jobs:
+        console.print("no jobs")
+        return
+    table = Table(show_edge=False)
+    for col in ("id", "name", "state", "submitted", "reason"):
+        table.add_column(col)
+    for job in jobs:
+        reason = job.get("reason") or ""
+        if job.get("queue_position"):
+            reason = f"#{job['queue_position']} in queue: {reason}"
+        table.add_row(job["id"], job["name"], _state_text(job["state"]), _when(job["created_at"]), Text(reason))
+    console.print(table)
+
+
+def _print_line(console: Console, line: dict) -> None:
+    tag = f"[{line['learner']}]" if line.get("attempt", 1) <= 1 else f"[{line['learner']}/{line['attempt']}]"
+    style = "red" if line.get("stream") == "stderr" else ("dim" if line.get("stream") == "system" else "")
+    console.print(Text.assemble((tag, "dim"), " ", (line["line"], style)))
+
+
+_interval = click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(0.01, 60),
+                         help="seconds between polls while following")
+
+
+def _follow(client: Client, console: Console, job_id: str, interval: float) -> dict:
+    """Stream a job's logs and state changes until it ended; return the final job."""
+    with console.status(f"{job_id}: waiting") as spinner:
+        def on_state(state: str) -> None:
+            job = client.get(job_id)
+            note = f" — {job['reason']}" if job.get("reason") else ""
+            if job.get("queue_position"):
+                note += f" (#{job['queue_position']} in queue)"
+            console.print(Text.assemble((f"{job_id} ", "dim"), _state_text(job["state"]), note))
+            spinner.update(f"{job_id}: {state}")
+
+        for line in client.follow_logs(job_id, on_state=on_state, poll_interval=interval):
+            _print_line(console, line)
+    return client.get(job_id)
+
+
+@main.command()
+@click.argument("manifest", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--follow", "-f", is_flag=True, help="stream states and logs until the job ends")
+@click.option("--code", "code_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="upload this folder instead of the manifest's `code:`")
+@click.option("--idempotency-key", help="retrying with the same key does not submit twice")
+@_interval
+@_json_flag
+@click.pass_context
+def submit(ctx: click.Context, manifest: Path, follow: bool, code_dir: Path | None, idempotency_key: str | None,
+           interval: float, as_json: bool) -> None:
+    """Submit the job described by MANIFEST (its `code:` folder is packed and uploaded)."""
+    as_json = _use_json(ctx, as_json)
+    client = clikit.client(ctx)
+    job = client.submit(manifest, code_dir=code_dir, idempotency_key=idempotency_key)
+    console = _out()
+    if not follow:
+        if as_json:
+            _emit_json(job)
+        else:
+            console.print(Text.assemble("submitted ", (job["id"], "bold"), f" ({job['name']}): ",
+                                        _state_text(job["state"])))
+        return
+    if as_json:
+        final = client.wait(job["id"], poll_interval=interval)
+        _emit_json(final)
+    else:
+        console.print(Text.assemble("submitted ", (job["id"], "bold"), f" ({job['name']})"))
+        final = _follow(client, console, job["id"], interval)
+        console.print(Text.assemble((final["id"], "bold"), " ended ", _state_text(final["state"]),
+                                    f": {final['reason']}" if final.get("reason") else ""))
+        if final.get("outputs_uri"):
+            console.print(Text(f"outputs: {_outputs_location(final)}"))
+    ctx.exit(0 if final["state"] == "completed" else 1)
+
+
+@main.command()
+@click.argument("job_id", required=False)
+@click.option("--state", "states", multiple=True, help="only jobs in this state (repeatable)")
+@click.option("--limit", default=50, show_default=True, help="most jobs listed")
+@_json_flag
+@click.pass_context
+def status(ctx: click.Context, job_id: str | None, states: tuple[str, ...], limit: int, as_json: bool) -> None:
+    """One job in detail (state, reason, learners, history), or a table of the team's jobs."""
+    as_json = _use_json(ctx, as_json)
+    client = clikit.client(ctx)
+    console = _out()
+    if job_id:
+        job = client.get(job_id)
+        if as_json:
+            _emit_json(job)
+        else:
+            _print_job(console, job)
+        return
+    jobs = client.list(state=list(states) or None, limit=limit)
+    if as_json:
+        _emit_json(jobs)
+    else:
+        _print_jobs(console, jobs)
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--follow", "-f", is_flag=True, help="keep streaming until the job ends")
+@click.option("--learner", type=int, help="only this learner's lines")
+@click.option("--query", "-q", help="only lines matching this full-text query")
+@_interval
+@_json_flag
+@click.pass_context
+def logs(ctx: click.Context, job_id: str, follow: bool, learner: int | None, query: str | None, interval: float,
+         as_json: bool) -> None:
+    """Print a job's logs from the log store, in order; they stay searchable after the job ended."""
+    as_json = _use_json(ctx, as_json)
+    client = clikit.client(ctx)
+    console = _out()
+    if follow:
+        for line in client.follow_logs(job_id, learner=learner, query=query, poll_interval=interval):
+            if as_json:
+                click.echo(json.dumps(line))
+            else:
+                _print_line(console, line)
+        return
+    lines: list[dict] = []
+    cursor, job_state = None, ""
+    while True:
+        page = client.logs_page(job_id, learner=learner, after=cursor, query=query)
+        job_state = page["job_state"]
+        if not page["lines"]:
+            break
+        lines.extend(page["lines"])
+        if not as_json:
+            for line in page["lines"]:
+                _print_line(console, line)
+        cursor = page["next"]
+    if as_json:
+        _emit_json({"lines": lines, "next": cursor or "", "job_state": job_state})
+    elif not lines:
+        console.print(f"no log lines for {job_id} ({job_state})")
+
+
+@main.command()
+@click.argument("job_id")
+@_json_flag
+@click.pass_context
+def cancel(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """Cancel a job and stop its learners."""
+    as_json = _use_json(ctx, as_json)
+    job = clikit.client(ctx).cancel(job_id)
+    if as_json:
+        _emit_json(job)
+    else:
+        _out().print(Text.assemble((job["id"], "bold"), " ", _state_text(job["state"])))
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--wait/--no-wait", default=True, show_default=True, help="wait until every checkpoint is stored")
+@click.option("--timeout", type=float, default=600, show_default=True, help="seconds to wait")
+@_json_flag
+@click.pass_context
+def halt(ctx: click.Context, job_id: str, wait: bool, timeout: float, as_json: bool) -> None:
+    """Checkpoint a running job and stop it; its quota is freed. `trainforge resume` continues it."""
+    as_json = _use_json(ctx, as_json)
+    client = clikit.client(ctx)
+    job = client.halt(job_id)
+    if wait and job["state"] != "halted":
+        with _out().status(f"{job_id}: halting (learners are checkpointing)", spinner="dots"):
+            job = client.wait(job_id, timeout=timeout, poll_interval=0.5)
+    if as_json:
+        _emit_json(job)
+        return
+    _out().print(Text.assemble((job["id"], "bold"), " ", _state_text(job["state"]),
+                               f": {job['reason']}" if job.get("reason") else ""))
+    if job["state"] not in ("halted", "halting"):
+        ctx.exit(1)
+
+
+@main.command()
+@click.argument("job_id")
+@_json_flag
+@click.pass_context
+def resume(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """Queue a halted job again; it continues from its last checkpoint."""
+    as_json = _use_json(ctx, as_json)
+    job = clikit.client(ctx).resume(job_id)
+    if as_json:
+        _emit_json(job)
+    else:
+        _out().print(Text.assemble((job["id"], "bold"), " ", _state_text(job["state"]),
+                                   f": {job['reason']}" if job.get("reason") else ""))
+
+
+# -- the caller and the team ---------------------------------------------------------------
+
+
+@main.command()
+@_json_flag
+@click.pass_context
+def whoami(ctx: click.Context, as_json: bool) -> None:
+    """The team, key id and role of the configured key."""
+    as_json = _use_json(ctx, as_json)
+    me = clikit.client(ctx).whoami()
+    if as_json:
+        _emit_json(me)
+    else:
+        _out().print(f"team {me['team']}  key {me['key_id']}  role {me['role']}")
+
+
+@main.command()
+@_json_flag
+@click.pass_context
+def token(ctx: click.Context, as_json: bool) -> None:
+    """Exchange the configured API key for a short-lived token (JWT), e.g. for the dashboard."""
+    as_json = _use_json(ctx, as_json)
+    issued = clikit.client(ctx).token()
+    if as_json:
+        _emit_json(issued)
+    else:
+        click.echo(issued["token"])
+
+
+@main.command()
+@_json_flag
+@click.pass_context
+def usage(ctx: click.Context, as_json: bool) -> None:
+    """The team's quota, what its running jobs hold, and its queue."""
+    as_json = _use_json(ctx, as_json)
+    report = clikit.client(ctx).usage()
+    if as_json:
+        _emit_json(report)
+    else:
+        cli_admin.print_usage(_out(), [report])
+
+
+main.add_command(cli_admin.admin)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""What every `trainforge` command shares: output (tables or JSON), errors, and the API client.
+
+People get tables, colours and a spinner (rich); `--json` (before or after
+the command) gives one machine-readable document per command instead, with
+no markup. A failure is one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import click
+from rich.console import Console
+
+from trainforge import config, stack
+from trainforge.sdk import ApiError, Client, ClientError
+
+
+def out() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+def when(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+class Group(click.Group):
+    """Turns the SDK's and the stack's errors into one line and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (ClientError, stack.StackError) as e:
+            message = " ".join(str(e).split())
+            if (ctx.find_root().obj or {}).get("json"):
+                body: dict[str, Any] = {"message": message}
+                if isinstance(e, ApiError):
+                    body.update(status=e.status, code=e.code, details=e.details)
+                click.echo(json.dumps({"error": body}))
+            click.echo(f"error: {message}", err=True)
+            ctx.exit(1)
+
+
+def json_flag(f):  # noqa: ANN001, ANN201
+    return click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")(f)
+
+
+def use_json(ctx: click.Context, as_json: bool) -> bool:
+    ctx.ensure_object(dict)
+    root = ctx.find_root()
+    root.ensure_object(dict)
+    if as_json:
+        root.obj["json"] = True
+    return bool(root.obj.get("json"))
+
+
+def client(ctx: click.Context, *, admin: bool = False) -> Client:
+    """A client with the configured key; with admin=True the platform admin key when one is configured."""
+    cfg = config.load(config.state_dir())
+    key = (cfg.admin_key or cfg.api_key) if admin else cfg.api_key
+    if not key:
+        hint = "run `trainforge admin bootstrap --save` or set TRAINFORGE_ADMIN_KEY" if admin else \
+            "run `trainforge up` or set TRAINFORGE_API_KEY"
+        raise ClientError(f"no API key configured; {hint}")
+    c = Client(cfg.api_url, key)
+    ctx.call_on_close(c.close)
+    return c

@@ -1,0 +1,369 @@
+"""The Python SDK: everything a user does with trainforge, over the REST API.
+
+`Client` is a thin, synchronous layer over httpx that turns every failure
+into one exception type, `ApiError`, whose message is fit to show a user
+as it is (the server's message already names the bad fields). Submitting
+packs the manifest's `code:` folder in memory, so nothing is left behind on
+disk; following a job is plain polling, which works through any proxy.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
+# Times one request is retried after a 429 (too many requests) before the error is raised.
+RATE_LIMIT_RETRIES = 5
+# Where a job stays until someone acts: the end, or halted (until resumed).
+RESTING_STATES = TERMINAL_STATES | {"halted"}
+
+_EXCLUDED_DIRS = frozenset({"__pycache__", ".git"})
+_EXCLUDED_SUFFIXES = (".pyc", ".pyo")
+
+
+class ClientError(Exception):
+    """Anything that went wrong on the way to or from the API."""
+
+
+class ApiError(ClientError):
+    """The API refused a request, or could not be reached (status 0)."""
+
+    def __init__(self, status: int, code: str, message: str, details: list[dict] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details or []
+
+    def __str__(self) -> str:
+        text = self.message
+        missing = [d for d in self.details if d.get("field") and d["field"] not in text]
+        if missing:
+            text += " (" + "; ".join(f"{d['field']}: {d.get('message', '')}" for d in missing) + ")"
+        if self.status:
+            text += f" [HTTP {self.status} {self.code.replace('_', ' ')}]"
+        return text
+
+
+class WaitTimeout(ClientError):
+    """`Client.wait` gave up before the job ended."""
+
+
+def pack_code(directory: str | Path) -> bytes:
+    """A folder as a gzip tar in memory, paths relative to it, without caches and VCS data."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise ClientError(f"code: {root} is not a folder")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for path in sorted(root.rglob("*")):
+            rel = path.relative_to(root)
+            if _EXCLUDED_DIRS.intersection(rel.parts) or path.name.endswith(_EXCLUDED_SUFFIXES):
+                continue
+            if path.is_file() or path.is_symlink():
+                tar.add(path, arcname=rel.as_posix(), recursive=False)
+    return buf.getvalue()
+
+
+def _code_dir_of(manifest_text: str, base: Path) -> Path | None:
+    """The manifest's `code:` folder, resolved against the manifest's own folder.
+
+    A manifest that does not parse is sent as it is, so the server reports its problems.
+    """
+    try:
+        data = yaml.safe_load(manifest_text)
+    except yaml.YAMLError:
+        return None
+    code = data.get("code") if isinstance(data, dict) else None
+    if not code or not isinstance(code, str):
+        return None
+    path = Path(code).expanduser()
+    return path if path.is_absolute() else base / path
+
+
+class Client:
+    """A session with the trainforge API as one API key (one team)."""
+
+    def __init__(self, api_url: str, api_key: str, timeout: float = 30.0, *,
+                 transport: httpx.BaseTransport | None = None):
+        if not api_url:
+            raise ClientError("no API URL configured; run `trainforge up` or set TRAINFORGE_API_URL")
+        self.api_url = api_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=self.api_url, headers=headers, timeout=timeout, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- plumbing -----------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        # A 429 is answered before the route runs, so waiting out its Retry-After and
+        # asking again is safe for every method; a client that keeps hitting it gets the error.
+        for _ in range(RATE_LIMIT_RETRIES):
+            resp = self._send(method, path, **kwargs)
+            if resp.status_code != 429:
+                break
+            try:
+                wait = float(resp.headers.get("Retry-After", "1"))
+            except ValueError:
+                wait = 1.0
+            time.sleep(min(max(wait, 0.05), 10.0))
+        if resp.is_success:
+            return resp.json()
+        raise _error_from(resp)
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kwargs)
+        except httpx.TimeoutException as e:
+            raise ApiError(0, "timeout", f"the trainforge API at {self.api_url} did not answer in time ({e})") from None
+        except httpx.HTTPError as e:
+            raise ApiError(0, "unavailable", f"cannot reach the trainforge API at {self.api_url} ({e}); "
+                                             "is the stack running? try `trainforge up`") from None
+
+    # -- jobs -----------------------------------------------------------------
+
+    def submit(self, manifest: str | Path | dict, code_dir: str | Path | None = None,
+               idempotency_key: str | None = None) -> dict:
+        """Submit a job from a manifest file (or dict); its `code:` folder is packed and uploaded.
+
+        code_dir overrides the manifest's `code:`. A relative `code:` is taken relative to the
+        manifest file, or to the current directory for a dict.
+        """
+        if isinstance(manifest, dict):
+            text, base = json.dumps(manifest), Path.cwd()
+        else:
+            path = Path(manifest)
+            try:
+                text = path.read_text()
+            except OSError as e:
+                raise ClientError(f"cannot read manifest {path}: {e.strerror or e}") from None
+            base = path.resolve().parent
+        folder = Path(code_dir) if code_dir is not None else _code_dir_of(text, base)
+        files = None
+        if folder is not None:
+            if not folder.is_dir():
+                raise ClientError(f"code: folder {folder} does not exist")
+            files = {"code": ("code.tar.gz", pack_code(folder), "application/gzip")}
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return self._request("POST", "/v1/jobs", data={"manifest": text}, files=files, headers=headers)
+
+    def get(self, job_id: str) -> dict:
+        return self._request("GET", f"/v1/jobs/{job_id}")
+
+    def list(self, state: str | list[str] | None = None, limit: int = 50) -> list[dict]:
+        params: dict[str, Any] = {"limit": limit}
+        if state:
+            params["state"] = [state] if isinstance(state, str) else list(state)
+        return self._request("GET", "/v1/jobs", params=params)["jobs"]
+
+    def cancel(self, job_id: str) -> dict:
+        return self._request("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def halt(self, job_id: str) -> dict:
+        """Ask a running job to checkpoint and stop; it is halting, then halted (see `wait`)."""
+        return self._request("POST", f"/v1/jobs/{job_id}/halt")
+
+    def resume(self, job_id: str) -> dict:
+        """Queue a halted job again; it continues from its checkpoint as its next attempt."""
+        return self._request("POST", f"/v1/jobs/{job_id}/resume")
+
+    def health(self) -> dict:
+        """The API's /healthz body; raises ApiError when a component is down."""
+        return self._request("GET", "/healthz")
+
+    # -- identity, the team's keys and usage ----------------------------------------
+
+    def whoami(self) -> dict:
+        """{team, key_id, role, via} of this client's key or token."""
+        return self._request("GET", "/v1/auth/me")
+
+    def token(self) -> dict:
+        """Exchange this client's API key for a short-lived JWT: {token, token_type, expires_at, expires_in}."""
+        return self._request("POST", "/v1/auth/token")
+
+    def usage(self) -> dict:
+        """The team's quota, what its active jobs hold, its queue and what it consumed."""
+        return self._request("GET", "/v1/team/usage")
+
+    def keys(self) -> list[dict]:
+        """The team's API keys, never their secrets (team admins)."""
+        return self._request("GET", "/v1/team/keys")["keys"]
+
+    def create_key(self, name: str, role: str = "member", expires_at: dt.datetime | str | None = None) -> dict:
+        """A new key of the team (team admins); its plaintext is in "key", shown only this once."""
+        return self._request("POST", "/v1/team/keys", json=_key_body(name, role, expires_at))
+
+    def revoke_key(self, key_id: str) -> dict:
+        """Revoke one of the team's keys (team admins); effective from the next request."""
+        return self._request("DELETE", f"/v1/team/keys/{key_id}")
+
+    @property
+    def admin(self) -> Admin:
+        """Platform-admin operations (every team, quotas, usage, keys, the audit log)."""
+        return Admin(self)
+
+    # -- logs -----------------------------------------------------------------
+
+    def logs_page(self, job_id: str, *, learner: int | None = None, after: str | None = None,
+                  limit: int | None = None, query: str | None = None) -> dict:
+        """One page: {"lines", "next", "job_state"}."""
+        params: dict[str, Any] = {}
+        if learner is not None:
+            params["learner"] = learner
+        if after:
+            params["after"] = after
+        if limit is not None:
+            params["limit"] = limit
+        if query:
+            params["q"] = query
+        return self._request("GET", f"/v1/jobs/{job_id}/logs", params=params)
+
+    def logs(self, job_id: str, learner: int | None = None, after: str | None = None,
+             limit: int | None = None, query: str | None = None) -> tuple[list[dict], str]:
+        """(lines, next): pass next back as `after` for the lines that follow."""
+        page = self.logs_page(job_id, learner=learner, after=after, limit=limit, query=query)
+        return page["lines"], page["next"]
+
+    def follow_logs(self, job_id: str, learner: int | None = None, after: str | None = None, *,
+                    query: str | None = None, poll_interval: float = 1.0,
+                    on_state: Callable[[str], None] | None = None) -> Iterator[dict]:
+        """Yield a job's lines as they arrive until the job ended and no lines remain.
+
+        on_state(state) is called whenever the job's state differs from the last page's.
+        """
+        cursor, last_state, drained = after, None, False
+        while True:
+            page = self.logs_page(job_id, learner=learner, after=cursor, query=query)
+            cursor = page["next"] or cursor
+            if page["job_state"] != last_state:
+                last_state = page["job_state"]
+                if on_state is not None:
+                    on_state(last_state)
+            yield from page["lines"]
+            if page["lines"]:
+                continue
+            if last_state in RESTING_STATES:
+                if drained:
+                    return
+                # Lines a learner shipped just before the end may still be on their way.
+                drained = True
+            time.sleep(poll_interval)
+
+    # -- waiting --------------------------------------------------------------
+
+    def wait(self, job_id: str, timeout: float | None = None, on_change: Callable[[dict], None] | None = None,
+             poll_interval: float = 1.0) -> dict:
+        """Poll until the job ends or is halted and return it; on_change(job) on every change of state,
+        reason, queue position or learner states. Raises WaitTimeout after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen = None
+        while True:
+            job = self.get(job_id)
+            now = (job["state"], job["reason"], job["queue_position"],
+                   tuple(ln["state"] for ln in job.get("learners", [])))
+            if now != seen:
+                seen = now
+                if on_change is not None:
+                    on_change(job)
+            if job["state"] in RESTING_STATES:
+                return job
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimeout(f"job {job_id} is still {job['state']} after {timeout}s")
+                time.sleep(min(poll_interval, left))
+            else:
+                time.sleep(poll_interval)
+
+
+class Admin:
+    """/v1/admin over a Client; every call needs a platform_admin key."""
+
+    def __init__(self, client: Client):
+        self._c = client
+
+    def teams(self) -> list[dict]:
+        return self._c._request("GET", "/v1/admin/teams")["teams"]
+
+    def team(self, name: str) -> dict:
+        return self._c._request("GET", f"/v1/admin/teams/{name}")
+
+    def create_team(self, name: str) -> dict:
+        return self._c._request("POST", "/v1/admin/teams", json={"name": name})
+
+    def disable_team(self, name: str) -> dict:
+        """The team's keys and tokens are answered 401 from the next request on."""
+        return self._c._request("POST", f"/v1/admin/teams/{name}/disable")
+
+    def enable_team(self, name: str) -> dict:
+        return self._c._request("POST", f"/v1/admin/teams/{name}/enable")
+
+    def set_quota(self, team: str, *, gpus: int | None = None, cpus: float | None = None,
+                  memory: int | str | None = None, jobs: int | None = None,
+                  gpus_by_type: dict[str, int] | None = None) -> dict:
+        """Replace the team's quota whole: a limit left out is no limit. memory: bytes or e.g. "64Gi"."""
+        body: dict[str, Any] = {"gpus": gpus, "cpus": cpus, "memory": memory, "jobs": jobs,
+                                "gpus_by_type": dict(gpus_by_type or {})}
+        return self._c._request("PUT", f"/v1/admin/teams/{team}/quota", json=body)
+
+    def usage(self, team: str | None = None) -> dict | list[dict]:
+        """One team's usage, or every team's (a list) when team is None."""
+        if team is not None:
+            return self._c._request("GET", f"/v1/admin/teams/{team}/usage")
+        return self._c._request("GET", "/v1/admin/usage")["teams"]
+
+    def keys(self, team: str) -> list[dict]:
+        return self._c._request("GET", f"/v1/admin/teams/{team}/keys")["keys"]
+
+    def create_key(self, team: str, name: str, role: str = "member",
+                   expires_at: dt.datetime | str | None = None) -> dict:
+        return self._c._request("POST", f"/v1/admin/teams/{team}/keys", json=_key_body(name, role, expires_at))
+
+    def revoke_key(self, key_id: str) -> dict:
+        return self._c._request("DELETE", f"/v1/admin/keys/{key_id}")
+
+    def audit(self, team: str | None = None, since: dt.datetime | str | float | None = None,
+              limit: int = 100) -> list[dict]:
+        """Audit entries, newest first; since: a datetime, ISO-8601 text or unix seconds."""
+        params: dict[str, Any] = {"limit": limit}
+        if team:
+            params["team"] = team
+        if since is not None:
+            params["since"] = since.isoformat() if isinstance(since, dt.datetime) else since
+        return self._c._request("GET", "/v1/admin/audit", params=params)["entries"]
+
+
+def _key_body(name: str, role: str, expires_at: dt.datetime | str | None) -> dict:
+    body: dict[str, Any] = {"name": name, "role": role}
+    if expires_at is not None:
+        body["expires_at"] = expires_at.isoformat() if isinstance(expires_at, dt.datetime) else expires_at
+    return body
+
+
+def _error_from(resp: httpx.Response) -> ApiError:
+    try:
+        body = resp.json()
+        err = body["error"]
+        return ApiError(resp.status_code, str(err.get("code", "error")), str(err.get("message", "")),
+                        list(err.get("details") or []))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        text = resp.text.strip().replace("\n", " ")[:200]
+        return ApiError(resp.status_code, "http_error", f"HTTP {resp.status_code}: {text or resp.reason_phrase}")
