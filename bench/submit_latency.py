@@ -1,0 +1,93 @@
+"""Submit latency of the embedded stack against the same command run bare.
+
+Starts a private embedded stack (`trainforge up` in a temporary state dir),
+submits N sequential one-learner jobs whose command is a trivial python,
+and prints p50/p99 of submit→RUNNING and submit→COMPLETED (from the job's
+status history, stamped by the Trainer) next to the wall time of running the
+same command directly, as ratios. Usage:
+
+    .venv/bin/python bench/submit_latency.py [-n 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from trainforge.sdk import Client
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMAND = "python -c \"print('hello from a trivial job')\""
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+def cli(env: dict, *args: str) -> None:
+    subprocess.run([sys.executable, "-m", "trainforge.cli", *args], env=env, check=True, cwd=ROOT,
+                   stdout=subprocess.DEVNULL, timeout=300)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-n", type=int, default=20, help="jobs (and bare runs) to time")
+    args = ap.parse_args()
+
+    bare = []
+    for _ in range(args.n):
+        t0 = time.perf_counter()
+        subprocess.run(COMMAND, shell=True, check=True, stdout=subprocess.DEVNULL)  # noqa: S602 - fixed command
+        bare.append(time.perf_counter() - t0)
+
+    state = Path(tempfile.mkdtemp(prefix="tf-bench-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "TRAINFORGE_"))}
+    env["TF_STATE_DIR"] = str(state)
+    cli(env, "up")
+    try:
+        cfg = json.loads((state / "config.json").read_text())
+        client = Client(cfg["api_url"], cfg["api_key"])
+        manifest = {"name": "bench", "framework": "custom", "resources": {"cpus": 0.5, "memory": "256Mi"},
+                    "command": COMMAND}
+        to_running, to_completed = [], []
+        for _ in range(args.n):
+            t0 = time.time()
+            job = client.submit(manifest)
+            while job["state"] not in ("completed", "failed", "cancelled"):
+                time.sleep(0.02)
+                job = client.get(job["id"])
+            if job["state"] != "completed":
+                print(f"job {job['id']} ended {job['state']}: {job['reason']}", file=sys.stderr)
+                return 1
+            ts = {h["to"]: h["timestamp"] for h in job["history"]}
+            to_running.append(ts["running"] - t0)
+            to_completed.append(ts["completed"] - t0)
+    finally:
+        cli(env, "down")
+
+    b50, b99 = pct(bare, 50), pct(bare, 99)
+    print(f"machine: {platform.machine()}, {psutil.cpu_count()} cores, "
+          f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}")
+    print(f"{args.n} sequential one-learner jobs, command: {COMMAND}")
+    print(f"{'':22}{'p50 s':>9}{'p99 s':>9}{'p50/bare':>10}{'p99/bare':>10}")
+    print(f"{'bare command':22}{b50:9.3f}{b99:9.3f}{1:10.1f}{1:10.1f}")
+    for name, vals in (("submit -> RUNNING", to_running), ("submit -> COMPLETED", to_completed)):
+        p50, p99 = pct(vals, 50), pct(vals, 99)
+        print(f"{name:22}{p50:9.3f}{p99:9.3f}{p50 / b50:10.1f}{p99 / b99:10.1f}")
+    print(f"mean submit -> COMPLETED {statistics.mean(to_completed):.3f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
