@@ -1,0 +1,144 @@
+"""The LCM over gRPC with the local backend and real etcd: in-process, then as `python -m services.lcm`.
+
+Controllers are the fake interpreter of test_lcm_local.py, so these tests do
+not depend on services/controller.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import grpc
+import psutil
+import pytest
+
+from protos import lcm_pb2, lcm_pb2_grpc
+from services.common import rpc
+from services.common.errors import Conflict, InvalidArgument, ResourceExhausted
+from services.common.manifest import Manifest
+from services.lcm.server import serve
+from tests.integration.test_lcm_local import backends, fake, gone, lcm_settings  # noqa: F401 - fixtures
+from tests.servers import free_port, port_open, wait_for
+
+MANIFEST = Manifest(name="mnist-ddp", learners=2, command="python train.py --lr {{lr}}", params={"lr": 0.1},
+                    resources={"cpus": 1, "memory": "1Gi"})
+
+
+def deploy_request(job: str, attempt: int = 1, manifest: Manifest = MANIFEST, **kw) -> lcm_pb2.DeployJobRequest:
+    return lcm_pb2.DeployJobRequest(job_id=job, team="team-a", attempt=attempt,
+                                    manifest_json=manifest.model_dump_json(), code_uri="", **kw)
+
+
+@pytest.fixture
+def lcm(backends, lcm_settings):  # noqa: F811
+    sizes = dict(local_gpus=1, local_cpus=4, local_memory=2**33, local_max_learners=8)
+    server, port = serve(lcm_settings(**sizes), backends(**sizes))
+    channel = rpc.channel(f"127.0.0.1:{port}")
+    stub = lcm_pb2_grpc.LifecycleManagerStub(channel)
+    yield stub
+    channel.close()
+    server.stop(0).wait()
+
+
+def test_deploy_kill_and_capacity_over_grpc(lcm, fake, coordinator, unique):  # noqa: F811
+    job = f"j-{unique}"
+    handles = list(rpc.call(lcm.DeployJob, deploy_request(job)).handles)
+    assert [h.split(":")[0] for h in handles] == ["monitor", "controller-0", "controller-1"]
+    fake.wait_runs(3)
+    assert list(rpc.call(lcm.DeployJob, deploy_request(job)).handles) == handles, "deploy is not idempotent"
+    assert len(fake.runs()) == 3
+    pids = [int(h.split(":")[1]) for h in handles]
+    assert all(psutil.pid_exists(p) for p in pids)
+    assert coordinator.get(coordinator.keys.attempt(job))[0]["attempt"] == 1
+
+    cap = rpc.call(lcm.GetCapacity, lcm_pb2.GetCapacityRequest())
+    assert (cap.backend, cap.total.gpus, cap.total.cpus, cap.total.memory, cap.max_learners) == (
+        "local", 1, 4.0, 2**33, 8)
+    assert rpc.call(lcm.Health, lcm_pb2.LcmHealthRequest()).status == "ok"
+
+    assert rpc.call(lcm.KillJob, lcm_pb2.KillJobRequest(job_id=job, reason="cancelled")).killed == 3
+    assert all(gone(p) for p in pids)
+    assert coordinator.list(coordinator.keys.job(job))[0] == {}
+    assert rpc.call(lcm.KillJob, lcm_pb2.KillJobRequest(job_id=job)).killed == 0
+
+
+def test_bad_requests_name_the_field(lcm, fake):  # noqa: F811
+    with pytest.raises(InvalidArgument) as e:
+        rpc.call(lcm.DeployJob, lcm_pb2.DeployJobRequest(job_id="j1", team="t", attempt=1,
+                                                         manifest_json=json.dumps({"name": "x", "learners": 0})))
+    fields = {d["field"] for d in e.value.details}
+    assert {"learners", "command"} <= fields
+    with pytest.raises(InvalidArgument, match="job_id '../etc' is not valid"):
+        rpc.call(lcm.DeployJob, deploy_request("../etc"))
+    with pytest.raises(InvalidArgument, match="attempt must be 1 or more"):
+        rpc.call(lcm.DeployJob, deploy_request("j1", attempt=0))
+    with pytest.raises(InvalidArgument, match="job_id"):
+        rpc.call(lcm.KillJob, lcm_pb2.KillJobRequest(job_id=""))
+    assert fake.runs() == []
+
+
+def test_backend_refusals_reach_the_caller_as_domain_errors(lcm, fake, unique):  # noqa: F811
+    gpu_job = MANIFEST.model_copy(update={"resources": MANIFEST.resources.model_copy(update={"gpus": 1})})
+    with pytest.raises(ResourceExhausted, match=r"needs 2 GPU\(s\); the local backend has 1 of 1 free"):
+        rpc.call(lcm.DeployJob, deploy_request(f"j-{unique}", manifest=gpu_job))
+    rpc.call(lcm.DeployJob, deploy_request(f"j-{unique}", attempt=2))
+    with pytest.raises(Conflict, match="older than the deployed attempt 2"):
+        rpc.call(lcm.DeployJob, deploy_request(f"j-{unique}", attempt=1))
+    rpc.call(lcm.KillJob, lcm_pb2.KillJobRequest(job_id=f"j-{unique}"))
+
+
+# -- the LCM as a process ---------------------------------------------------------
+
+
+def spawn_lcm(tmp_path, etcd_server, coordinator, fake, port: int) -> subprocess.Popen:  # noqa: F811
+    env = {**os.environ, "TF_STATE_DIR": str(tmp_path / "state"), "TF_ETCD_ENDPOINTS": etcd_server.address,
+           "TF_ETCD_PREFIX": coordinator.keys.prefix, "TF_LCM_ADDRESS": f"127.0.0.1:{port}",
+           "TF_PYTHON": str(fake.python), "TF_LOCAL_GPUS": "0"}
+    log = (tmp_path / f"lcm-{port}.log").open("ab")
+    proc = subprocess.Popen([sys.executable, "-m", "services.lcm"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    log.close()
+    wait_for(lambda: port_open(port) or proc.poll() is not None, 30, "the LCM to listen")
+    assert proc.poll() is None, (tmp_path / f"lcm-{port}.log").read_text()
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_learners_outlive_an_lcm_restart_and_the_next_lcm_adopts_them(
+        tmp_path, etcd_server, coordinator, fake, unique):  # noqa: F811
+    port = free_port()
+    job = f"j-{unique}"
+    first = spawn_lcm(tmp_path, etcd_server, coordinator, fake, port)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = lcm_pb2_grpc.LifecycleManagerStub(channel)
+            handles = list(rpc.call(stub.DeployJob, deploy_request(job)).handles)
+        fake.wait_runs(3)
+    finally:
+        assert stop(first) == 0
+    pids = [int(h.split(":")[1]) for h in handles]
+    assert not any(gone(p) for p in pids), "stopping the LCM stopped its learners"
+
+    second = spawn_lcm(tmp_path, etcd_server, coordinator, fake, port)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = lcm_pb2_grpc.LifecycleManagerStub(channel)
+            assert list(rpc.call(stub.DeployJob, deploy_request(job)).handles) == handles
+            assert len(fake.runs()) == 3
+            assert rpc.call(stub.KillJob, lcm_pb2.KillJobRequest(job_id=job)).killed == 3
+        wait_for(lambda: all(gone(p) for p in pids), 10, "the adopted processes to be killed")
+    finally:
+        assert stop(second) == 0

@@ -1,0 +1,139 @@
+"""The dispatcher with a plain-Python LCM: reservations, refusals and stubborn cleanups."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from services.common.errors import Unavailable
+from services.common.manifest import parse_manifest
+from services.common.states import JobState
+from services.trainer.admission import Capacity, Usage
+from services.trainer.dispatcher import Dispatcher
+from services.trainer.store import JobStore, history_entries
+from tests.servers import wait_for
+
+GI = 2**30
+
+
+class ScriptedLcm:
+    """An `Lcm` whose KillJob fails a given number of times first."""
+
+    def __init__(self, capacity: Capacity, kill_failures: int = 0, deploy_failures: int = 0):
+        self.capacity = capacity
+        self.kill_failures = kill_failures
+        self.deploy_failures = deploy_failures
+        self.deploy_tries = 0
+        self.deploys: list[tuple[str, int]] = []
+        self.kill_tries: list[str] = []
+        self.halts: list[tuple[str, int]] = []
+        self.checkpoint_uris: dict[tuple[str, int], str] = {}
+        self._lock = threading.Lock()
+
+    def deploy_job(self, job_id, team, attempt, manifest_json, code_uri, checkpoint_uri=""):  # noqa: ANN001
+        with self._lock:
+            self.deploy_tries += 1
+            if self.deploy_tries <= self.deploy_failures:
+                raise Unavailable("connection refused: the LCM is restarting")
+            self.deploys.append((job_id, attempt))
+            self.checkpoint_uris[(job_id, attempt)] = checkpoint_uri
+        return [f"pid:{job_id}"]
+
+    def halt_job(self, job_id, attempt):  # noqa: ANN001
+        with self._lock:
+            self.halts.append((job_id, attempt))
+
+    def kill_job(self, job_id, reason=""):  # noqa: ANN001
+        with self._lock:
+            self.kill_tries.append(job_id)
+            if len(self.kill_tries) <= self.kill_failures:
+                raise Unavailable("LCM restarting")
+        return 1
+
+    def get_capacity(self) -> Capacity:
+        return self.capacity
+
+
+@pytest.fixture
+def store(mongo_db, unique) -> JobStore:
+    return JobStore(mongo_db, collection=f"jobs_{unique}")
+
+
+def queue(store: JobStore, job_id: str, *, cpus: float, priority: str = "normal") -> None:
+    manifest = parse_manifest({"name": job_id, "command": "x", "priority": priority,
+                               "resources": {"cpus": cpus, "memory": "1Gi"}})
+    store.insert(job_id, "t", manifest)
+    store.transition(job_id, JobState.QUEUED, "admitted", "trainer")
+
+
+def test_a_pass_reserves_what_fits_and_words_the_rest(store):
+    lcm = ScriptedLcm(Capacity(Usage(gpus=0, cpus=4, memory=8 * GI, learners=4)))
+    dispatcher = Dispatcher(store, lcm)
+    queue(store, "big", cpus=3)
+    queue(store, "urgent", cpus=2, priority="high")
+    queue(store, "small", cpus=2)
+    queue(store, "never", cpus=5)
+    try:
+        result = dispatcher.run_once()
+        assert result.dispatch == ["urgent", "small"]
+        wait_for(lambda: sorted(lcm.deploys) == [("small", 1), ("urgent", 1)], 10, "both deploys")
+        big = store.find("big")
+        assert (big["state"], big["reason"], big["queue_position"]) == \
+            (JobState.QUEUED, "needs 3 CPUs; capacity 4, in use 4", 1)
+        never = store.find("never")
+        assert (never["state"], never["reason"]) == (JobState.FAILED, "needs 5 CPUs but the backend has 4")
+        assert history_entries(store.find("urgent"))[-1]["actor"] == "trainer"
+        # a second pass changes nothing: the reservations hold the room
+        assert dispatcher.run_once().dispatch == []
+    finally:
+        dispatcher.stop()
+
+
+def running(store: JobStore, job_id: str) -> None:
+    queue(store, job_id, cpus=1)
+    for to in (JobState.DEPLOYING, JobState.RUNNING):
+        store.transition(job_id, to, "test", "trainer")
+
+
+def test_killjob_is_retried_until_the_lcm_answers(store):
+    lcm = ScriptedLcm(Capacity(Usage(cpus=4, memory=8 * GI, learners=4)), kill_failures=2)
+    dispatcher = Dispatcher(store, lcm, kill_backoff=0.01)
+    running(store, "j")
+    assert store.transition("j", JobState.CANCELLED, "cancelled", "user")["cleanup_pending"]
+    try:
+        dispatcher.job_finished("j", "cancelled")
+        wait_for(lambda: not store.find("j")["cleanup_pending"], 10, "the cleanup to be recorded")
+    finally:
+        dispatcher.stop()
+    assert lcm.kill_tries == ["j", "j", "j"]
+
+
+def test_a_cleanup_that_ran_out_of_tries_is_picked_up_by_a_later_pass(store):
+    lcm = ScriptedLcm(Capacity(Usage(cpus=4, memory=8 * GI, learners=4)), kill_failures=3)
+    dispatcher = Dispatcher(store, lcm, kill_attempts=2, kill_backoff=0.01)
+    running(store, "j")
+    store.transition("j", JobState.FAILED, "learner 0 exited with code 1", "monitor")
+    try:
+        dispatcher.job_finished("j")
+        wait_for(lambda: len(lcm.kill_tries) == 2, 10, "the first two KillJobs")
+        assert store.find("j")["cleanup_pending"]
+        # the scan of pending cleanups (once a second, after the retry backoff) tries again
+        wait_for(lambda: (dispatcher.run_once(), not store.find("j")["cleanup_pending"])[1], 15,
+                 "a pass to finish the cleanup", interval=0.2)
+    finally:
+        dispatcher.stop()
+    assert len(lcm.kill_tries) == 4
+
+
+def test_a_deploy_waits_for_an_lcm_that_is_restarting(store):
+    lcm = ScriptedLcm(Capacity(Usage(cpus=4, memory=8 * GI, learners=4)), deploy_failures=3)
+    dispatcher = Dispatcher(store, lcm, kill_backoff=0.01)
+    queue(store, "j", cpus=1)
+    try:
+        dispatcher.run_once()
+        wait_for(lambda: lcm.deploys == [("j", 1)], 10, "the deploy to get through")
+    finally:
+        dispatcher.stop()
+    assert lcm.deploy_tries == 4
+    assert store.find("j")["state"] == JobState.DEPLOYING

@@ -1,0 +1,153 @@
+"""Halt, resume and restart-after-failure as the Trainer decides them (docs/CONTRACTS.md).
+
+A real job store (the MongoDB-wire server) and dispatcher; the LCM is a
+scripted stand-in that records what it is asked, and the job monitor's
+reports are made directly, so each rule is checked on its own.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.common.errors import Conflict
+from services.common.states import JobState
+from services.trainer.admission import Capacity, Usage
+from services.trainer.dispatcher import Dispatcher
+from services.trainer.quotas import QuotaStore
+from services.trainer.service import JobService
+from services.trainer.store import JobStore, history_entries
+from tests.integration.test_trainer_dispatcher import ScriptedLcm
+from tests.servers import wait_for
+
+GI = 2**30
+TEAM = "vision"
+
+
+@pytest.fixture
+def trainer(mongo_db, unique):
+    store = JobStore(mongo_db, collection=f"jobs_{unique}")
+    store.ensure_indexes()
+    lcm = ScriptedLcm(Capacity(Usage(cpus=8, memory=32 * GI, learners=8)))
+    dispatcher = Dispatcher(store, lcm, quotas=QuotaStore(mongo_db, f"quotas_{unique}"), interval=0.2,
+                            spacing=0.0, kill_backoff=0.01)
+    service = JobService(store, dispatcher, QuotaStore(mongo_db, f"quotas_{unique}"))
+    dispatcher.start()
+    yield service, store, lcm
+    dispatcher.stop()
+
+
+def submit(service: JobService, **manifest) -> str:
+    body = {"name": "train", "command": "python train.py", "learners": 2, **manifest}
+    return service.submit(TEAM, json.dumps(body))["_id"]
+
+
+def state_of(store: JobStore, job_id: str) -> JobState:
+    return JobState(store.find(job_id)["state"])
+
+
+def running(service: JobService, store: JobStore, job_id: str, attempt: int = 1) -> None:
+    wait_for(lambda: store.find(job_id)["attempt"] == attempt and state_of(store, job_id) == JobState.DEPLOYING,
+             10, f"attempt {attempt} to deploy")
+    service.report(job_id, attempt, JobState.RUNNING, "all 2 learners started", "monitor")
+    assert state_of(store, job_id) == JobState.RUNNING
+
+
+def test_halt_checkpoints_frees_the_job_and_resume_continues_from_the_checkpoint(trainer):
+    service, store, lcm = trainer
+    job = submit(service)
+    running(service, store, job)
+
+    halting = service.halt(TEAM, job, "user:k1")
+    assert JobState(halting["state"]) == JobState.HALTING
+    assert "halt requested by user:k1" in halting["reason"]
+    wait_for(lambda: lcm.halts == [(job, 1)], 10, "the LCM's halt request")
+    assert JobState(service.halt(TEAM, job, "user:k1")["state"]) == JobState.HALTING  # again: a no-op
+
+    halted = service.report(job, 1, JobState.HALTED, "all 2 learners halted at step 120", "monitor",
+                            checkpoint_step=120)
+    assert (JobState(halted["state"]), halted["checkpoint_step"]) == (JobState.HALTED, 120)
+    wait_for(lambda: not store.find(job)["cleanup_pending"], 10, "the learners to be removed")
+    assert lcm.kill_tries == [job]
+    assert service.team_usage(TEAM).active_jobs == 0  # nothing held while halted
+
+    resumed = service.resume(TEAM, job, "user:k1")
+    assert (JobState(resumed["state"]), resumed["attempt"]) == (JobState.QUEUED, 2)
+    assert "continues from its checkpoint at step 120" in resumed["reason"]
+    assert service.resume(TEAM, job, "user:k1")["attempt"] == 2  # a retried resume changes nothing
+    running(service, store, job, attempt=2)
+    assert lcm.checkpoint_uris[(job, 2)] == f"store://jobs/{job}/checkpoints/"
+    assert lcm.checkpoint_uris[(job, 1)] == ""
+    # a late report of the halted attempt is ignored
+    assert JobState(service.report(job, 1, JobState.FAILED, "late", "monitor")["state"]) == JobState.RUNNING
+    path = [(JobState(e["from"]).name, JobState(e["to"]).name) for e in history_entries(store.find(job))]
+    assert path[-5:] == [("RUNNING", "HALTING"), ("HALTING", "HALTED"), ("HALTED", "QUEUED"),
+                         ("QUEUED", "DEPLOYING"), ("DEPLOYING", "RUNNING")]
+
+
+def test_what_cannot_be_halted_or_resumed_says_why(trainer):
+    service, store, lcm = trainer
+    job = submit(service, resources={"cpus": 4})  # 2 x 4 CPUs: all the backend has
+    waiting = submit(service)
+    wait_for(lambda: "in use 8" in store.find(waiting)["reason"], 10, "the second job to wait")
+    with pytest.raises(Conflict, match="waiting in the queue"):
+        service.halt(TEAM, waiting, "user")
+    with pytest.raises(Conflict, match="only a halted job can be resumed"):
+        service.resume(TEAM, job, "user")
+    running(service, store, job)
+    service.report(job, 1, JobState.STORING, "exited 0", "monitor")
+    with pytest.raises(Conflict, match="already storing"):
+        service.halt(TEAM, job, "user")
+
+
+def test_a_failure_while_halting_keeps_what_was_stored(trainer):
+    service, store, lcm = trainer
+    job = submit(service, restart={"max_restarts": 3, "backoff": "1s"})
+    running(service, store, job)
+    service.halt(TEAM, job, "user")
+    doc = service.report(job, 1, JobState.FAILED, "learner 1 lost: its controller stopped renewing its lease",
+                         "monitor")
+    assert JobState(doc["state"]) == JobState.HALTED
+    assert "learner 1 lost" in doc["reason"] and "last stored checkpoint" in doc["reason"]
+    assert doc.get("restarts", 0) == 0
+
+
+def test_a_failed_attempt_restarts_with_growing_backoff_then_fails(trainer):
+    service, store, lcm = trainer
+    job = submit(service, restart={"max_restarts": 2, "backoff": "0.3s"})
+    running(service, store, job)
+
+    doc = service.report(job, 1, JobState.FAILED, "learner 1 exited with code -9", "monitor")
+    assert JobState(doc["state"]) == JobState.RESTARTING
+    assert doc["reason"].startswith("restart 1 of 2 in 0.3s after: learner 1 exited with code -9")
+    wait_for(lambda: state_of(store, job) == JobState.QUEUED, 10, "the next attempt to be queued")
+    queued = store.find(job)
+    assert (queued["attempt"], queued["restarts"]) == (2, 1)
+    assert queued["not_before"] > queued["history"][sorted(queued["history"])[-1]]["ts"]
+    assert lcm.kill_tries == [job]  # the failed attempt was removed before the next was queued
+    running(service, store, job, attempt=2)
+    assert lcm.checkpoint_uris[(job, 2)] == f"store://jobs/{job}/checkpoints/"
+
+    doc = service.report(job, 2, JobState.FAILED, "learner 0 lost", "monitor")
+    assert doc["reason"].startswith("restart 2 of 2 in 0.6s after: learner 0 lost")
+    running(service, store, job, attempt=3)
+
+    doc = service.report(job, 3, JobState.FAILED, "learner 0 exited with code 1", "monitor")
+    assert JobState(doc["state"]) == JobState.FAILED
+    assert "no restarts left: 2 of 2 used" in doc["reason"]
+    assert doc["restarts"] == 2
+    terminal = [e for e in history_entries(store.find(job)) if JobState(e["to"]) == JobState.FAILED]
+    assert len(terminal) == 1
+
+
+def test_the_backoff_holds_the_job_back_with_a_reason(trainer):
+    service, store, lcm = trainer
+    job = submit(service, restart={"max_restarts": 1, "backoff": "30s"})
+    running(service, store, job)
+    service.report(job, 1, JobState.FAILED, "learner 0 lost", "monitor")
+    wait_for(lambda: "waiting out the backoff" in store.find(job)["reason"], 10, "the backoff reason")
+    doc = store.find(job)
+    assert (JobState(doc["state"]), doc["attempt"]) == (JobState.QUEUED, 2)
+    assert (job, 2) not in lcm.deploys
+    assert JobState(service.cancel(TEAM, job, "user")["state"]) == JobState.CANCELLED

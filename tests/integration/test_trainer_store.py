@@ -1,0 +1,157 @@
+"""The job store against the real MongoDB-wire server: atomic, idempotent, recorded, scoped."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from services.common.errors import Conflict, NotFound
+from services.common.manifest import parse_manifest
+from services.common.states import JobState
+from services.trainer.store import JobStore, history_entries
+
+MANIFEST = parse_manifest({"name": "mnist", "command": "python train.py", "learners": 2,
+                           "resources": {"gpus": 1, "cpus": 2, "memory": "4Gi"}, "priority": "high"})
+
+
+@pytest.fixture
+def store(mongo_db, unique) -> JobStore:
+    # a collection of its own: the test server's logical databases share one file
+    s = JobStore(mongo_db, collection=f"jobs_{unique}")
+    s.ensure_indexes()
+    return s
+
+
+def queued(store: JobStore, job_id: str = "j1", team: str = "t") -> dict:
+    store.insert(job_id, team, MANIFEST, code_uri="store://jobs/j1/code.tar.gz", submitted_by="k1")
+    return store.transition(job_id, JobState.QUEUED, "admitted", "trainer")
+
+
+def race(n: int, fn) -> list:
+    barrier = threading.Barrier(n)
+    results: list = [None] * n
+
+    def run(i: int) -> None:
+        barrier.wait()
+        results[i] = fn(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return results
+
+
+def test_insert_stores_a_pending_job_with_its_first_history_entry(store):
+    store.insert("j1", "t", MANIFEST, code_uri="store://c", submitted_by="k1")
+    doc = store.get("t", "j1")
+    assert doc["state"] == JobState.PENDING and type(doc["state"]) is int
+    assert (doc["attempt"], doc["priority"], doc["queue_position"]) == (1, 2, 0)
+    assert doc["resources"] == {"gpus": 2, "cpus": 4.0, "memory": 8 * 2**30, "learners": 2}
+    assert doc["manifest"]["resources"]["memory"] == 4 * 2**30
+    assert (doc["team"], doc["name"], doc["code_uri"]) == ("t", "mnist", "store://c")
+    assert doc["submitted_by"] == "k1"
+    assert [(e["from"], e["to"], e["actor"]) for e in history_entries(doc)] == [(0, JobState.PENDING, "k1")]
+
+
+def test_insert_refuses_a_taken_id(store):
+    store.insert("j1", "t", MANIFEST)
+    with pytest.raises(Conflict, match="already taken"):
+        store.insert("j1", "other", MANIFEST)
+
+
+def test_transition_records_history_with_reason_and_actor(store):
+    queued(store)
+    doc = store.transition("j1", JobState.DEPLOYING, "resources reserved", "trainer", attempt=1)
+    doc = store.transition("j1", JobState.CANCELLED, "cancelled by user:alice", "user:alice")
+    assert doc["state"] == JobState.CANCELLED and doc["reason"] == "cancelled by user:alice"
+    steps = [(e["from"], e["to"], e["reason"], e["actor"]) for e in history_entries(doc)]
+    assert steps == [
+        (JobState.JOB_STATE_UNSPECIFIED, JobState.PENDING, "submitted", "k1"),
+        (JobState.PENDING, JobState.QUEUED, "admitted", "trainer"),
+        (JobState.QUEUED, JobState.DEPLOYING, "resources reserved", "trainer"),
+        (JobState.DEPLOYING, JobState.CANCELLED, "cancelled by user:alice", "user:alice"),
+    ]
+    stamps = [e["ts"] for e in history_entries(doc)]
+    assert stamps == sorted(stamps)
+
+
+def test_exactly_one_of_many_racing_writers_wins(store):
+    queued(store)
+    results = race(20, lambda i: store.apply_transition("j1", JobState.DEPLOYING, f"writer {i}", "trainer"))
+    assert sum(r.changed for r in results) == 1
+    assert all(r.doc is not None and r.doc["state"] == JobState.DEPLOYING for r in results)
+    doc = store.find("j1")
+    assert [e["to"] for e in history_entries(doc)].count(JobState.DEPLOYING) == 1
+
+
+def test_racing_different_transitions_keep_history_a_chain(store):
+    queued(store)
+    targets = [JobState.DEPLOYING, JobState.CANCELLED, JobState.FAILED, JobState.RUNNING]
+    race(20, lambda i: store.transition("j1", targets[i % 4], f"writer {i}", "trainer"))
+    entries = history_entries(store.find("j1"))
+    assert all(prev["to"] == nxt["from"] for prev, nxt in zip(entries, entries[1:], strict=False))
+    assert entries[-1]["to"] == store.find("j1")["state"]
+
+
+def test_repeating_a_transition_changes_nothing(store):
+    queued(store)
+    first = store.transition("j1", JobState.DEPLOYING, "reserved", "trainer")
+    again = store.apply_transition("j1", JobState.DEPLOYING, "reserved again", "someone")
+    assert not again.changed
+    assert again.doc == first
+
+
+def test_an_illegal_transition_is_refused_and_leaves_no_trace(store):
+    before = queued(store)
+    assert store.transition("j1", JobState.COMPLETED, "too soon", "monitor") is None
+    assert store.find("j1") == before
+    store.transition("j1", JobState.CANCELLED, "stop", "user")
+    assert store.transition("j1", JobState.QUEUED, "back", "trainer") is None
+    assert store.find("j1")["state"] == JobState.CANCELLED
+
+
+def test_transition_of_another_attempt_or_a_missing_job_is_refused(store):
+    queued(store)
+    assert store.transition("j1", JobState.DEPLOYING, "old", "trainer", attempt=2) is None
+    assert store.find("j1")["state"] == JobState.QUEUED
+    assert store.transition("nope", JobState.CANCELLED, "x", "user") is None
+
+
+def test_transition_sets_fields_with_the_state_and_clears_the_queue_position(store):
+    queued(store)
+    store.set_fields("j1", {"reason": "needs 2 GPUs; capacity 2, in use 2", "queue_position": 3},
+                     state=JobState.QUEUED)
+    assert store.find("j1")["queue_position"] == 3
+    doc = store.transition("j1", JobState.DEPLOYING, "reserved", "trainer",
+                           set_fields={"learners": {"0": {"rank": 0, "state": 1}}})
+    assert (doc["queue_position"], doc["learners"]) == (0, {"0": {"rank": 0, "state": 1}})
+
+
+def test_set_fields_only_while_in_the_named_state(store):
+    queued(store)
+    store.transition("j1", JobState.CANCELLED, "stop", "user")
+    assert store.set_fields("j1", {"reason": "late queue update"}, state=JobState.QUEUED) is None
+    assert store.find("j1")["reason"] == "stop"
+
+
+def test_another_teams_job_is_not_found_like_a_missing_one(store):
+    queued(store, "j1", team="t")
+    with pytest.raises(NotFound) as other:
+        store.get("other", "j1")
+    with pytest.raises(NotFound) as missing:
+        store.get("other", "j2")
+    assert str(other.value).replace("j1", "ID") == str(missing.value).replace("j2", "ID")
+
+
+def test_list_is_newest_first_scoped_and_filtered(store):
+    for job_id in ("a", "b", "c"):
+        queued(store, job_id)
+    queued(store, "x", team="other")
+    store.transition("b", JobState.CANCELLED, "stop", "user")
+    assert [d["_id"] for d in store.list("t")] == ["c", "b", "a"]
+    assert [d["_id"] for d in store.list("t", limit=2)] == ["c", "b"]
+    assert [d["_id"] for d in store.list("t", states_filter=[JobState.QUEUED])] == ["c", "a"]
+    assert sorted(d["_id"] for d in store.in_states([JobState.QUEUED])) == ["a", "c", "x"]

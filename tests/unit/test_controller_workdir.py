@@ -1,0 +1,178 @@
+"""Preparing a learner's working directory from a local object store: code, data, checkpoint."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+
+from services.common.adapters.objectstore import LocalStore
+from services.common.errors import InvalidArgument, NotFound
+from services.controller.spec import LearnerSpec
+from services.controller.workdir import Stopped, extract_code, fetch, prepare
+
+
+def tar_bytes(entries: list[tarfile.TarInfo | tuple[str, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for e in entries:
+            if isinstance(e, tarfile.TarInfo):
+                tar.addfile(e)
+            else:
+                name, data = e
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info
+
+
+def special(name: str, kind: bytes) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    return info
+
+
+def test_extracts_files_folders_and_inner_links(tmp_path):
+    archive = tmp_path / "code.tar.gz"
+    archive.write_bytes(tar_bytes([("train.py", b"print(1)\n"), ("pkg/util.py", b"X = 1\n"),
+                                   link("pkg/alias.py", "util.py")]))
+    dest = tmp_path / "w"
+    assert extract_code(archive, dest) == 3
+    assert (dest / "train.py").read_text() == "print(1)\n"
+    assert (dest / "pkg" / "alias.py").read_text() == "X = 1\n"
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    (("/etc/evil", b"x"), "'/etc/evil' has an absolute path or '..'"),
+    (("../evil", b"x"), "'../evil' has an absolute path or '..'"),
+    (("a/../../evil", b"x"), "has an absolute path or '..'"),
+    (link("out", "/etc/passwd"), "'out' links outside the archive"),
+    (link("a/out", "../../x"), "'a/out' links outside the archive"),
+    (link("hard", "../x", tarfile.LNKTYPE), "'hard' links outside the archive"),
+    (special("dev", tarfile.CHRTYPE), "'dev' is a device or pipe"),
+    (special("fifo", tarfile.FIFOTYPE), "'fifo' is a device or pipe"),
+])
+def test_refuses_members_that_escape(tmp_path, entry, message):
+    archive = tmp_path / "code.tar.gz"
+    archive.write_bytes(tar_bytes([("ok.py", b""), entry]))
+    with pytest.raises(InvalidArgument, match=message):
+        extract_code(archive, tmp_path / "w")
+    assert not (tmp_path / "w" / "ok.py").exists(), "nothing is extracted from a refused archive"
+
+
+def test_not_a_tar_archive(tmp_path):
+    archive = tmp_path / "code.tar.gz"
+    archive.write_bytes(b"definitely not gzip")
+    with pytest.raises(InvalidArgument, match="not a readable tar archive"):
+        extract_code(archive, tmp_path / "w")
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = LocalStore(tmp_path / "objects")
+    s.put_bytes("datasets/mnist/train.bin", b"train")
+    s.put_bytes("datasets/mnist/sub/test.bin", b"test")
+    s.put_bytes("datasets/mnist2/other.bin", b"other")
+    s.put_bytes("datasets/labels.csv", b"a,b\n")
+    return s
+
+
+def test_fetch_a_prefix_into_a_folder(store, tmp_path):
+    root = tmp_path / "w"
+    assert fetch(store, "store://datasets/mnist", root / "data", root) == 2
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) == [
+        "data/sub/test.bin", "data/train.bin"]
+
+
+def test_fetch_one_object_to_a_file_or_into_a_folder(store, tmp_path):
+    root = tmp_path / "w"
+    assert fetch(store, "store://datasets/labels.csv", root / "labels.csv", root) == 1
+    assert fetch(store, "store://datasets/labels.csv", root / "meta", root, into_folder=True) == 1
+    assert (root / "labels.csv").read_bytes() == (root / "meta" / "labels.csv").read_bytes() == b"a,b\n"
+
+
+def test_fetch_nothing_is_an_error(store, tmp_path):
+    with pytest.raises(NotFound, match="store://datasets/none holds no objects"):
+        fetch(store, "store://datasets/none", tmp_path / "w" / "d", tmp_path / "w")
+
+
+def test_fetch_refuses_targets_behind_a_link_out_of_the_workdir(store, tmp_path):
+    root = tmp_path / "w"
+    root.mkdir()
+    (root / "data").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(InvalidArgument, match="resolves outside the working directory"):
+        fetch(store, "store://datasets/mnist", root / "data", root)
+
+
+def spec_for(tmp_path, **manifest_fields) -> dict:
+    manifest = {"name": "m", "command": "true", "outputs": "results/"} | manifest_fields
+    return {"job_id": "j1", "team": "t", "attempt": 1, "rank": 0, "world_size": 1, "manifest": manifest,
+            "workdir": str(tmp_path / "attempt" / "learner-0")}
+
+
+def test_prepare_fills_the_working_directory(store, tmp_path):
+    store.put_bytes("jobs/j1/code.tar.gz", tar_bytes([("train.py", b"print('hi')\n")]))
+    for step in (7, 9):
+        store.put_bytes(f"jobs/j1/checkpoints/0/{step:012d}/checkpoint.pt", f"ckpt{step}".encode())
+        store.put_bytes(f"jobs/j1/checkpoints/0/{step:012d}/checkpoint.json", f'{{"step": {step}}}'.encode())
+    spec = LearnerSpec.model_validate(
+        spec_for(tmp_path, data=[{"source": "store://datasets/mnist", "path": "data"},
+                                 {"source": "store://datasets/labels.csv", "path": "meta/"}])
+        | {"code_uri": "store://jobs/j1/code.tar.gz", "checkpoint_uri": "store://jobs/j1/checkpoints/"})
+    assert prepare(spec, store) == 9
+    w = spec.workdir
+    assert (w / "train.py").read_text() == "print('hi')\n"
+    assert (w / "data" / "train.bin").read_bytes() == b"train"
+    assert (w / "meta" / "labels.csv").is_file()
+    assert (spec.checkpoint_dir / "checkpoint.pt").read_bytes() == b"ckpt9"
+    assert spec.output_dir.is_dir() and spec.output_dir == w / "results"
+    assert not list(w.parent.glob(".code-*")), "the downloaded archive is removed"
+
+
+def test_a_restore_takes_the_newest_step_every_rank_stored_completely(store, tmp_path):
+    def stored(rank: int, step: int, complete: bool = True) -> None:
+        prefix = f"jobs/j1/checkpoints/{rank}/{step:012d}/"
+        store.put_bytes(prefix + "checkpoint.pt", f"r{rank}s{step}".encode())
+        if complete:
+            store.put_bytes(prefix + "checkpoint.json", f'{{"step": {step}}}'.encode())
+
+    for rank in (0, 1):
+        stored(rank, 10)
+        stored(rank, 20)
+    stored(0, 30)              # rank 1 has not stored 30 yet
+    stored(1, 30, complete=False)  # ... its copy is incomplete
+    spec = LearnerSpec.model_validate(spec_for(tmp_path) | {"world_size": 2, "rank": 1,
+                                                            "checkpoint_uri": "store://jobs/j1/checkpoints/"})
+    assert prepare(spec, store) == 20
+    assert (spec.checkpoint_dir / "checkpoint.pt").read_bytes() == b"r1s20"
+
+
+def test_no_complete_checkpoint_starts_from_scratch(store, tmp_path):
+    spec = LearnerSpec.model_validate(spec_for(tmp_path) | {"checkpoint_uri": "store://jobs/j1/checkpoints/"})
+    assert prepare(spec, store) is None
+    assert spec.checkpoint_dir.is_dir() and not list(spec.checkpoint_dir.iterdir())
+
+
+def test_prepare_names_the_missing_code_archive(store, tmp_path):
+    spec = LearnerSpec.model_validate(spec_for(tmp_path) | {"code_uri": "store://jobs/j1/code.tar.gz"})
+    with pytest.raises(NotFound, match="code archive store://jobs/j1/code.tar.gz does not exist"):
+        prepare(spec, store)
+
+
+def test_prepare_names_the_data_source(store, tmp_path):
+    spec = LearnerSpec.model_validate(spec_for(tmp_path, data=[{"source": "store://nope", "path": "d"}]))
+    with pytest.raises(NotFound, match=r"data\[0\] \(store://nope\): store://nope holds no objects"):
+        prepare(spec, store)
+
+
+def test_prepare_stops_between_steps(store, tmp_path):
+    spec = LearnerSpec.model_validate(spec_for(tmp_path, data=[{"source": "store://datasets/mnist", "path": "d"}]))
+    with pytest.raises(Stopped, match="stopped while downloading data"):
+        prepare(spec, store, stop_requested=lambda: True)

@@ -1,0 +1,88 @@
+"""The LCM's pure parts: request validation, GPU detection, the children's environment, backend choice."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from protos import lcm_pb2
+from services.common.errors import InvalidArgument
+from services.common.manifest import Manifest
+from services.common.settings import LcmSettings
+from services.lcm.backends import make_backend
+from services.lcm.backends.base import JobDeployment, check_job_id
+from services.lcm.backends.local import child_env, detect_gpus
+
+MANIFEST = Manifest(name="mnist", learners=3, command="python train.py")
+
+
+def request(**kw) -> lcm_pb2.DeployJobRequest:
+    values = dict(job_id="j-0123abcd", team="team-a", attempt=2, manifest_json=MANIFEST.model_dump_json(),
+                  code_uri="store://jobs/j-0123abcd/code.tar.gz", checkpoint_uri="store://ckpt")
+    return lcm_pb2.DeployJobRequest(**{**values, **kw})
+
+
+def test_a_deploy_request_becomes_a_validated_deployment():
+    job = JobDeployment.from_request(request())
+    assert job == JobDeployment("j-0123abcd", "team-a", 2, MANIFEST, "store://jobs/j-0123abcd/code.tar.gz",
+                                "store://ckpt")
+    assert job.learners == 3
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"job_id": ""}, "job_id"), ({"job_id": "../x"}, "job_id"), ({"job_id": "a/b"}, "job_id"),
+    ({"job_id": "a" * 64}, "job_id"), ({"team": ""}, "team"), ({"attempt": 0}, "attempt"),
+    ({"manifest_json": ""}, "manifest_json"), ({"manifest_json": '{"name": "x"}'}, "command"),
+])
+def test_bad_deploy_requests_name_the_field(change, field):
+    with pytest.raises(InvalidArgument) as e:
+        JobDeployment.from_request(request(**change))
+    assert field in {d["field"] for d in e.value.details}
+
+
+def test_job_ids_the_trainer_makes_are_accepted():
+    assert check_job_id("j-5f3a9c01b2de") == "j-5f3a9c01b2de"
+    assert check_job_id("mnist.run_2") == "mnist.run_2"
+    with pytest.raises(InvalidArgument):
+        check_job_id("..")
+
+
+def fake_nvidia_smi(tmp_path: Path, body: str) -> None:
+    script = tmp_path / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+
+
+def test_gpus_are_counted_from_nvidia_smi(tmp_path, monkeypatch):
+    fake_nvidia_smi(tmp_path, 'echo "GPU 0: NVIDIA H100 (UUID: GPU-1)"\necho "GPU 1: NVIDIA H100 (UUID: GPU-2)"')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert detect_gpus() == 2
+
+
+def test_no_gpus_without_a_working_nvidia_smi(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert detect_gpus() == 0
+    fake_nvidia_smi(tmp_path, 'echo "NVIDIA-SMI has failed" >&2\nexit 9')
+    assert detect_gpus() == 0
+
+
+def test_children_get_the_lcms_settings_and_can_import_the_project(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/opt/extra")
+    monkeypatch.setenv("TF_STACK_ID", "stack-1")
+    settings = LcmSettings(state_dir=tmp_path, etcd_endpoints="10.0.0.1:2379", etcd_prefix="/x", dev_mode=True,
+                           lease_ttl=12)
+    env = child_env(settings)
+    root = str(Path(__file__).resolve().parents[2])
+    assert env["PYTHONPATH"].split(os.pathsep) == [root, "/opt/extra"]
+    assert (env["TF_ETCD_ENDPOINTS"], env["TF_ETCD_PREFIX"], env["TF_STATE_DIR"]) == ("10.0.0.1:2379", "/x",
+                                                                                       str(tmp_path))
+    assert (env["TF_DEV_MODE"], env["TF_LEASE_TTL"], env["TF_STACK_ID"]) == ("true", "12", "stack-1")
+    assert "TF_BACKEND" not in env or env["TF_BACKEND"] == os.environ.get("TF_BACKEND")
+
+
+@pytest.mark.parametrize("name", ["kubernetes", "docker"])
+def test_backends_not_in_this_build_are_refused_clearly(name, tmp_path):
+    with pytest.raises(InvalidArgument, match=f"^backend {name} is not available in this build$"):
+        make_backend(LcmSettings(backend=name, state_dir=tmp_path))

@@ -1,0 +1,70 @@
+"""Manifest validation: every problem reported, each naming its field."""
+
+import pytest
+
+from services.common.errors import InvalidArgument
+from services.common.manifest import Priority, parse_duration, parse_manifest, parse_memory
+
+
+def test_valid_manifest_is_normalised():
+    m = parse_manifest("""
+name: mnist-ddp
+learners: 2
+resources: {gpus: 1, cpus: 2, memory: 4Gi}
+command: python train.py --lr {{lr}}
+params: {lr: 0.01}
+restart: {max_restarts: 3, backoff: 10s}
+priority: high
+""")
+    assert m.resources.memory == 4 * 2**30
+    assert m.restart.backoff == 10.0
+    assert m.priority is Priority.HIGH
+    assert m.rendered_command() == "python train.py --lr 0.01"
+    assert m.total_resources().gpus == 2
+    again = parse_manifest(m.model_dump_json())
+    assert again == m
+
+
+def test_every_bad_field_is_listed_by_name():
+    with pytest.raises(InvalidArgument) as exc:
+        parse_manifest("""
+name: Bad_Name
+learners: 0
+resources: {memory: lots, gpus: -1}
+outputs: ../escape
+priority: urgent
+bogus: 1
+""")
+    fields = {d["field"] for d in exc.value.details}
+    assert fields == {"name", "learners", "resources.memory", "resources.gpus", "outputs", "priority", "bogus",
+                      "command"}
+    assert "resources.memory" in exc.value.message
+
+
+def test_undefined_placeholder_is_rejected():
+    with pytest.raises(InvalidArgument, match=r"params does not define: lr"):
+        parse_manifest("name: a\ncommand: python t.py --lr {{lr}}\n")
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "just a string", "{unclosed"])
+def test_non_mapping_or_broken_yaml(text):
+    with pytest.raises(InvalidArgument) as exc:
+        parse_manifest(text)
+    assert exc.value.details[0]["field"] == "manifest"
+
+
+@pytest.mark.parametrize(("value", "expected"), [("512Mi", 512 * 2**20), ("2G", 2 * 10**9), (1024, 1024),
+                                                 ("1.5Gi", int(1.5 * 2**30))])
+def test_memory_sizes(value, expected):
+    assert parse_memory(value) == expected
+
+
+@pytest.mark.parametrize("value", ["lots", "-1Gi", 0, True])
+def test_bad_memory_sizes(value):
+    with pytest.raises(ValueError):
+        parse_memory(value)
+
+
+@pytest.mark.parametrize(("value", "expected"), [("10s", 10), ("2m", 120), ("500ms", 0.5), (3, 3.0)])
+def test_durations(value, expected):
+    assert parse_duration(value) == expected

@@ -1,0 +1,191 @@
+"""The SDK against the real API app (in-memory Trainer, real identity and log stores) over HTTP."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from services.api.app import create_app
+from services.api.identity import IdentityStore, Role
+from services.api.trainer_memory import InMemoryTrainer
+from services.common.adapters.logstore import LogLine
+from services.common.adapters.objectstore import LocalStore
+from services.common.settings import ApiSettings
+from services.common.states import JobState
+from tests.servers import free_port, serve_app, wait_for
+from trainforge.sdk import ApiError, Client, ClientError, WaitTimeout, pack_code
+
+TO_COMPLETED = (JobState.DEPLOYING, JobState.RUNNING, JobState.STORING, JobState.COMPLETED)
+
+
+@pytest.fixture
+def platform(mongo_db, logstore, tmp_path):
+    identity = IdentityStore(mongo_db)
+    identity.create_team("alpha")
+    key = identity.issue_key("alpha", "sdk", Role.MEMBER)
+    trainer = InMemoryTrainer()
+    objects = LocalStore(tmp_path / "objects")
+    app = create_app(ApiSettings(dev_mode=True), trainer=trainer, identity=identity, logs=logstore, objects=objects)
+    with serve_app(app) as url, Client(url, key, timeout=10) as client:
+        yield SimpleNamespace(client=client, url=url, key=key, trainer=trainer, objects=objects, logs=logstore)
+
+
+def write_project(root):
+    (root / "src" / "__pycache__").mkdir(parents=True)
+    (root / "src" / ".git").mkdir()
+    (root / "src" / "train.py").write_text("print('train')\n")
+    (root / "src" / "lib").mkdir()
+    (root / "src" / "lib" / "util.py").write_text("X = 1\n")
+    (root / "src" / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\0")
+    (root / "src" / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    manifest = root / "job.yaml"
+    manifest.write_text("name: proj\nframework: custom\ncommand: python train.py\ncode: src\n")
+    return manifest
+
+
+def members(data: bytes) -> list[str]:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        return sorted(m.name for m in tar.getmembers())
+
+
+def ship(logs, job_id, learner, seqs):
+    logs.write([LogLine(job_id, "alpha", learner, 1, "stdout", s, f"2030-01-01T00:00:{s:02d}.{learner:03d}Z",
+                        f"learner {learner} line {s}") for s in seqs], refresh=True)
+
+
+def test_pack_code_leaves_out_caches_and_vcs(tmp_path):
+    write_project(tmp_path)
+    assert members(pack_code(tmp_path / "src")) == ["lib/util.py", "train.py"]
+    with pytest.raises(ClientError):
+        pack_code(tmp_path / "missing")
+
+
+def test_submit_packs_the_code_folder_next_to_the_manifest(platform, tmp_path, monkeypatch):
+    manifest = write_project(tmp_path / "project")
+    monkeypatch.chdir(tmp_path)  # `code: src` is relative to the manifest, not to the cwd
+    job = platform.client.submit(manifest)
+    assert job["state"] == "queued" and job["name"] == "proj"
+    stored = platform.objects.get_bytes(f"jobs/{job['id']}/code.tar.gz")
+    assert members(stored) == ["lib/util.py", "train.py"]
+    assert platform.client.get(job["id"])["id"] == job["id"]
+
+
+def test_submit_a_dict_without_code_and_with_an_idempotency_key(platform):
+    manifest = {"name": "tiny", "framework": "custom", "command": "true"}
+    first = platform.client.submit(manifest, idempotency_key="once")
+    again = platform.client.submit(manifest, idempotency_key="once")
+    assert first["id"] == again["id"] and len(platform.trainer.submissions) == 1
+    assert platform.trainer.submissions[0]["code_uri"] == ""
+
+
+def test_errors_carry_status_code_and_fields(platform, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: Bad_Name\nlearners: 0\n")
+    with pytest.raises(ApiError) as e:
+        platform.client.submit(bad)
+    err = e.value
+    assert (err.status, err.code) == (422, "invalid_argument")
+    assert {d["field"] for d in err.details} == {"name", "learners", "command"}
+    assert "name" in str(err) and "learners" in str(err) and "command" in str(err) and "\n" not in str(err)
+    with pytest.raises(ApiError) as e:
+        platform.client.get("j-000000000000")
+    assert e.value.status == 404 and "not found" in str(e.value)
+    with pytest.raises(ClientError, match="does not exist"):
+        platform.client.submit({"name": "x", "command": "true"}, code_dir=tmp_path / "nope")
+    with pytest.raises(ClientError, match="cannot read manifest"):
+        platform.client.submit(tmp_path / "absent.yaml")
+
+
+def test_wrong_key_and_unreachable_api(platform):
+    with Client(platform.url, "tf_00000000_" + "x" * 43) as c, pytest.raises(ApiError) as e:
+        c.list()
+    assert e.value.status == 401
+    with Client(f"http://127.0.0.1:{free_port()}", platform.key, timeout=2) as c, pytest.raises(ApiError) as e:
+        c.list()
+    assert e.value.status == 0 and "cannot reach" in str(e.value) and "trainforge up" in str(e.value)
+
+
+def test_list_get_cancel(platform):
+    a = platform.client.submit({"name": "a", "command": "true"})
+    b = platform.client.submit({"name": "b", "command": "true"})
+    assert [j["id"] for j in platform.client.list()] == [b["id"], a["id"]]
+    assert platform.client.cancel(a["id"])["state"] == "cancelled"
+    assert [j["id"] for j in platform.client.list(state="cancelled")] == [a["id"]]
+    assert {j["id"] for j in platform.client.list(state=["cancelled", "queued"])} == {a["id"], b["id"]}
+
+
+def test_logs_page_with_the_cursor(platform):
+    job = platform.client.submit({"name": "logs", "command": "true"})
+    ship(platform.logs, job["id"], 0, range(1, 6))
+    lines, nxt = platform.client.logs(job["id"], limit=3)
+    assert [ln["seq"] for ln in lines] == [1, 2, 3] and nxt == "0:1=3"
+    lines, nxt = platform.client.logs(job["id"], after=nxt)
+    assert [ln["seq"] for ln in lines] == [4, 5] and nxt == "0:1=5"
+    assert platform.client.logs(job["id"], after=nxt) == ([], "0:1=5")
+
+
+def test_follow_logs_streams_until_the_job_ended(platform):
+    job = platform.client.submit({"name": "follow", "learners": 2, "command": "true"})
+    ship(platform.logs, job["id"], 0, range(1, 4))
+    states: list[str] = []
+    got: list[tuple[int, int]] = []
+
+    def finish():
+        wait_for(lambda: len(got) >= 3, 10, "the first lines to be read")
+        ship(platform.logs, job["id"], 1, range(1, 3))
+        for state in TO_COMPLETED:
+            platform.trainer.report(job["id"], state, f"now {state.name.lower()}")
+
+    t = threading.Thread(target=finish)
+    t.start()
+    for line in platform.client.follow_logs(job["id"], poll_interval=0.05, on_state=states.append):
+        got.append((line["learner"], line["seq"]))
+    t.join(10)
+    assert sorted(got) == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2)]
+    assert states[0] == "queued" and states[-1] == "completed"
+
+
+def test_wait_reports_every_change_and_times_out(platform):
+    job = platform.client.submit({"name": "wait", "command": "true"})
+    seen: list[str] = []
+    with pytest.raises(WaitTimeout, match="still queued"):
+        platform.client.wait(job["id"], timeout=0.2, poll_interval=0.05)
+
+    def advance():
+        for state in TO_COMPLETED:
+            wait_for(lambda: seen, 10, "the first poll")
+            platform.trainer.report(job["id"], state, f"now {state.name.lower()}")
+
+    t = threading.Thread(target=advance)
+    t.start()
+    final = platform.client.wait(job["id"], timeout=20, poll_interval=0.02, on_change=lambda j: seen.append(j["state"]))
+    t.join(10)
+    assert final["state"] == "completed"
+    assert seen[0] == "queued" and seen[-1] == "completed"
+    assert seen == sorted(set(seen), key=seen.index)  # each change once, in order
+
+
+def test_a_429_is_waited_out_and_retried_then_reported():
+    import httpx
+
+    answers = iter([429, 429, 200])
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        status = next(answers, 429)
+        if status == 429:
+            return httpx.Response(429, headers={"Retry-After": "0"},
+                                  json={"code": "resource_exhausted", "message": "too many requests", "details": []})
+        return httpx.Response(200, json={"id": "j-1", "state": "running"})
+
+    client = Client("http://api.invalid", "k", transport=httpx.MockTransport(handler))
+    assert client.get("j-1")["state"] == "running"
+    assert len(seen) == 3
+    with pytest.raises(ApiError) as err:
+        client.get("j-1")
+    assert err.value.status == 429
