@@ -8,13 +8,12 @@ sessions and the next LCM adopts them from its deployment records.
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 
 from pydantic import ValidationError
 
 from services.common.errors import TrainforgeError
+from services.common.process import start_service
 from services.common.settings import LcmSettings
 from services.lcm.backends import make_backend
 from services.lcm.server import serve
@@ -23,11 +22,7 @@ log = logging.getLogger("services.lcm")
 
 
 def main() -> int:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stop.set())
+    stop = start_service()
     try:
         settings = LcmSettings()
     except ValidationError as e:

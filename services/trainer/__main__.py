@@ -7,11 +7,10 @@ then stops taking requests and lets in-flight LCM calls finish.
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 
 from services.common.errors import TrainforgeError
+from services.common.process import start_service
 from services.common.settings import TrainerSettings
 from services.trainer.server import serve
 
@@ -19,11 +18,7 @@ log = logging.getLogger("services.trainer")
 
 
 def main() -> int:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stop.set())
+    stop = start_service()
     settings = TrainerSettings()
     try:
         trainer = serve(settings)

@@ -94,7 +94,22 @@ def get_dir(store: ObjectStore, prefix: str, directory: Path) -> list[ObjectInfo
     return out
 
 
-class LocalStore:
+class _PutBytesViaFile:
+    """put_bytes as put_file of a temporary file, so bytes get the same verified path as files."""
+
+    def put_file(self, key: str, path: Path) -> ObjectInfo:
+        raise NotImplementedError
+
+    def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
+        with tempfile.NamedTemporaryFile(delete=False) as f:
+            f.write(data)
+        try:
+            return self.put_file(key, Path(f.name))
+        finally:
+            os.unlink(f.name)
+
+
+class LocalStore(_PutBytesViaFile):
     """Objects as files under a root directory (the embedded default)."""
 
     def __init__(self, root: Path):
@@ -126,14 +141,6 @@ class LocalStore:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         return want
-
-    def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
-        with tempfile.NamedTemporaryFile(delete=False) as f:
-            f.write(data)
-        try:
-            return self.put_file(key, Path(f.name))
-        finally:
-            os.unlink(f.name)
 
     def get_file(self, key: str, path: Path) -> ObjectInfo:
         src = self._path(key)
@@ -169,7 +176,7 @@ class LocalStore:
         return len(items)
 
 
-class S3Store:
+class S3Store(_PutBytesViaFile):
     """Objects in an S3 bucket under a key prefix.
 
     Uploads are verified three ways before `put_file` returns: the stored size,
@@ -298,14 +305,6 @@ class S3Store:
                              f"{head.get('ChecksumSHA256')!r}, expected {expected_checksum!r} "
                              f"(a server without SHA-256 checksums needs checksums=False)")
         return want
-
-    def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
-        with tempfile.NamedTemporaryFile(delete=False) as f:
-            f.write(data)
-        try:
-            return self.put_file(key, Path(f.name))
-        finally:
-            os.unlink(f.name)
 
     @staticmethod
     def _expect(head: dict) -> tuple[int, str]:
