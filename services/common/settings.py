@@ -82,9 +82,9 @@ class LcmSettings(StoreSettings):
 class ControllerSettings(StoreSettings):
     log_batch_lines: int = Field(500, ge=1, le=10000, description="most lines per shipped batch")
     log_batch_seconds: float = Field(0.5, gt=0, le=30, description="longest a line waits before it is shipped")
-    lease_ttl: int = Field(10, ge=2, le=300, description="seconds the learner's status lease lives")
     kill_grace: float = Field(10.0, ge=0, le=600, description="seconds between SIGTERM and SIGKILL")
 
 
 class MonitorSettings(StoreSettings):
     report_retry_seconds: float = Field(1.0, gt=0, le=60, description="wait between retries of a Trainer report")
+    lease_ttl: int = Field(10, ge=2, le=300, description="seconds the monitor's claim on its job lives")

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from services.common.adapters.etcd import Coordinator
 from services.common.errors import TrainforgeError
 from services.common.keys import MONITOR_DONE
+from services.common.process import LOG_FORMAT
 from services.common.settings import MonitorSettings
 from services.jobmonitor.monitor import GrpcReporter, JobMonitor, MonitorSpec
 
@@ -33,8 +34,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Aggregate one job attempt's learner states for the Trainer.")
     parser.add_argument("--spec", required=True, help="path of monitor.json written by the LCM")
     args = parser.parse_args(argv)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=LOG_FORMAT)
     try:
         settings = MonitorSettings()
         spec = MonitorSpec.load(args.spec)
@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     coordinator = Coordinator(settings.etcd_endpoints, settings.etcd_prefix)
     reporter = GrpcReporter(settings.trainer_address)
-    monitor = JobMonitor(spec, coordinator, reporter, retry_seconds=settings.report_retry_seconds)
+    monitor = JobMonitor(spec, coordinator, reporter, retry_seconds=settings.report_retry_seconds,
+                         lease_ttl=settings.lease_ttl)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: monitor.stop())
     try:

@@ -332,12 +332,13 @@ def start_trainer(port: int) -> tuple[grpc.Server, FakeTrainer]:
     return server, trainer
 
 
-def spawn_monitor(tmp_path, coordinator, etcd_server, job: str, trainer_port: int) -> subprocess.Popen:
+def spawn_monitor(tmp_path, coordinator, etcd_server, job: str, trainer_port: int, **settings: str
+                  ) -> subprocess.Popen:
     spec = tmp_path / "monitor.json"
     spec.write_text(json.dumps({"job_id": job, "team": "team-a", "attempt": 1, "learners": 2,
                                 "start_timeout": 60}))
     env = {**os.environ, "TF_ETCD_ENDPOINTS": etcd_server.address, "TF_ETCD_PREFIX": coordinator.keys.prefix,
-           "TF_TRAINER_ADDRESS": f"127.0.0.1:{trainer_port}", "TF_REPORT_RETRY_SECONDS": "0.1"}
+           "TF_TRAINER_ADDRESS": f"127.0.0.1:{trainer_port}", "TF_REPORT_RETRY_SECONDS": "0.1", **settings}
     log = (tmp_path / "monitor.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "services.jobmonitor", "--spec", str(spec)], env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -377,6 +378,23 @@ def test_the_monitor_process_stops_on_sigterm_and_releases_the_job(tmp_path, coo
         assert proc.wait(20) == 0
         assert not monitor_claimed(coordinator, job)
         assert trainer.reports == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        server.stop(0).wait()
+
+
+def test_the_monitor_process_claims_the_job_for_tf_lease_ttl(tmp_path, coordinator, etcd_server, job):
+    """The LCM's TF_LEASE_TTL sets the monitor's claim lease: a killed monitor's claim ends within it."""
+    server, _ = start_trainer(port := free_port())
+    proc = spawn_monitor(tmp_path, coordinator, etcd_server, job, port, TF_LEASE_TTL="2")
+    try:
+        wait_for(lambda: monitor_claimed(coordinator, job), 20, "the monitor process to claim the job")
+        proc.kill()
+        proc.wait()
+        # the default lease (10 s) would hold the claim well past this deadline
+        wait_for(lambda: not monitor_claimed(coordinator, job), 6, "the killed monitor's 2 s claim to expire")
     finally:
         if proc.poll() is None:
             proc.kill()

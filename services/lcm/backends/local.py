@@ -92,7 +92,7 @@ def child_env(settings: LcmSettings) -> dict[str, str]:
     env = dict(os.environ)
     for name in StoreSettings.model_fields:
         env[f"TF_{name.upper()}"] = _env_value(getattr(settings, name))
-    env["TF_LEASE_TTL"] = str(settings.lease_ttl)
+    env["TF_LEASE_TTL"] = str(settings.lease_ttl)  # the monitors' claim; controllers get it in their spec
     paths = [str(_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(_ROOT)]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
