@@ -64,7 +64,11 @@ def main() -> int:
         for _ in range(args.n):
             t0 = time.time()
             job = client.submit(manifest)
+            deadline = time.monotonic() + 120  # a job stuck in the stack ends the benchmark, not hangs it
             while job["state"] not in ("completed", "failed", "cancelled"):
+                if time.monotonic() > deadline:
+                    print(f"job {job['id']} still {job['state']} after 120 s", file=sys.stderr)
+                    return 1
                 time.sleep(0.02)
                 job = client.get(job["id"])
             if job["state"] != "completed":

@@ -89,7 +89,7 @@ def test_a_halted_and_resumed_job_ends_with_the_uninterrupted_model(stack, refer
     assert halted["state"] == "halted", halted
     assert halted["checkpoint_step"] is not None and halted["checkpoint_step"] > 0
     wait_for(lambda: not learner_pids(stack_id, job_id), 30, "the learners to be gone")
-    assert all(ln["state"] == "halted" for ln in halted["learners"]), halted["learners"]
+    assert [ln["state"] for ln in halted["learners"]] == ["halted", "halted"], halted["learners"]
 
     resumed = cli_json(env, "resume", job_id)
     assert (resumed["state"], resumed["attempt"]) == ("queued", 2)

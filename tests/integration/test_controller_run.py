@@ -118,7 +118,7 @@ def watch_states(coordinator, run_job: str) -> tuple[list[int], threading.Event]
                 seen.append(ev.value["state"])
 
     threading.Thread(target=watch, daemon=True).start()
-    ready.wait(10)
+    assert ready.wait(10), "the watch did not start"
     return seen, stop
 
 

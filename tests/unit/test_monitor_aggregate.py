@@ -197,7 +197,7 @@ def test_every_learner_that_vanishes_unfinished_is_lost():
         elif L.LEARNER_HALTED in combo:
             assert v.state == JobState.HALTED, combo
         else:
-            assert v.state in (JobState.COMPLETED, JobState.RUNNING), combo
+            assert v.state == JobState.COMPLETED, combo
 
 
 def test_learner_views_fall_back_to_the_last_doc_seen():
