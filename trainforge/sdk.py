@@ -116,9 +116,9 @@ class Client:
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         # A 429 is answered before the route runs, so waiting out its Retry-After and
         # asking again is safe for every method; a client that keeps hitting it gets the error.
-        for _ in range(RATE_LIMIT_RETRIES):
+        for attempt in range(1, RATE_LIMIT_RETRIES + 1):
             resp = self._send(method, path, **kwargs)
-            if resp.status_code != 429:
+            if resp.status_code != 429 or attempt == RATE_LIMIT_RETRIES:
                 break
             try:
                 wait = float(resp.headers.get("Retry-After", "1"))

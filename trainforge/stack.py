@@ -383,9 +383,21 @@ def _argv(name: str, state: Path, ports: dict[str, int]) -> list[str]:
     return _python_module(f"services.{name}")
 
 
+def _base_env() -> dict[str, str]:
+    """This process's environment for a platform process: no TRAINFORGE_* (the CLI's own settings),
+    and a PYTHONPATH that finds the services."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINFORGE_")}
+    pythonpath = _python_path()
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    else:
+        env.pop("PYTHONPATH", None)
+    return env
+
+
 def stack_env(state: Path, stack_id: str, ports: dict[str, int]) -> dict[str, str]:
     """The environment every process of the stack gets (and passes on to what it starts)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINFORGE_")}
+    env = _base_env()
     env.update({
         "TF_STATE_DIR": str(state),
         "TF_DEV_MODE": "1",
@@ -400,11 +412,6 @@ def stack_env(state: Path, stack_id: str, ports: dict[str, int]) -> dict[str, st
         "TF_API_PORT": str(ports["api"]),
         "PYTHONUNBUFFERED": "1",
     })
-    pythonpath = _python_path()
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    else:
-        env.pop("PYTHONPATH", None)
     return env
 
 
@@ -517,15 +524,8 @@ def _ensure_key(state: Path, api_url: str, env: dict[str, str]) -> bool:
     cfg = config.load_file(state)
     created = False
     if not (cfg.api_key and _key_works(api_url, cfg.api_key)):
-        proc = subprocess.run(_python_module("services.api.admin", "bootstrap", "--team", TEAM, "--json"),
-                              env=env, capture_output=True, text=True, timeout=120, check=False)
-        if proc.returncode != 0:
-            raise StackError(f"could not create the first API key: {proc.stderr.strip() or proc.stdout.strip()}")
-        try:
-            issued = json.loads(proc.stdout.strip().splitlines()[-1])
-            cfg.api_key, cfg.team = issued["key"], issued["team"]
-        except (ValueError, KeyError, IndexError):
-            raise StackError(f"unexpected output of the key bootstrap: {proc.stdout[:200]!r}") from None
+        issued = _run_bootstrap(["--team", TEAM], env)
+        cfg.api_key, cfg.team = issued["key"], issued["team"]
         created = True
     cfg.api_url = api_url
     config.save(state, cfg)
@@ -546,25 +546,38 @@ def bootstrap_admin(state_dir: str | Path, team: str, name: str = "bootstrap") -
     if meta.get("stack_id") and isinstance(ports, dict) and all(isinstance(ports.get(p), int) for p in PORTS):
         env = stack_env(state, str(meta["stack_id"]), ports)
     else:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINFORGE_")}
-        pythonpath = _python_path()
-        if pythonpath:
-            env["PYTHONPATH"] = pythonpath
-    argv = _python_module("services.api.admin", "bootstrap", "--platform-admin", "--team", team, "--name", name,
-                          "--json")
+        env = _base_env()
+    issued = _run_bootstrap(["--platform-admin", "--team", team, "--name", name], env)
+    return {"team": issued["team"], "key": issued["key"], "key_id": issued["key_id"],
+            "role": issued.get("role", "platform_admin")}
+
+
+_BOOTSTRAP_TIMEOUT = 120.0
+
+
+def _run_bootstrap(args: list[str], env: dict[str, str]) -> dict:
+    """Run `python -m services.api.admin bootstrap ARGS --json` and return the key it printed (its
+    last line: team, key, key_id, role); StackError when it cannot run, fails or prints anything else."""
+    what = "services.api.admin bootstrap " + " ".join(args)
     try:
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise StackError(f"could not run the admin bootstrap: {e}") from None
+        proc = subprocess.run(_python_module("services.api.admin", "bootstrap", *args, "--json"), env=env,
+                              capture_output=True, text=True, timeout=_BOOTSTRAP_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        raise StackError(f"could not create an API key: `{what}` did not finish within "
+                         f"{_BOOTSTRAP_TIMEOUT:g}s") from None
+    except OSError as e:
+        raise StackError(f"could not create an API key: cannot run `{what}`: {e}") from None
     if proc.returncode != 0:
         detail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-        raise StackError(f"could not create a platform admin key: {detail[-1] if detail else proc.returncode}")
+        raise StackError(f"could not create an API key: `{what}` failed: "
+                         f"{detail[-1] if detail else f'exit status {proc.returncode}'}")
     try:
         issued = json.loads(proc.stdout.strip().splitlines()[-1])
-        return {"team": issued["team"], "key": issued["key"], "key_id": issued["key_id"],
-                "role": issued.get("role", "platform_admin")}
-    except (ValueError, KeyError, IndexError):
-        raise StackError(f"unexpected output of the admin bootstrap: {proc.stdout[:200]!r}") from None
+    except (ValueError, IndexError):
+        issued = None
+    if not (isinstance(issued, dict) and all(isinstance(issued.get(k), str) for k in ("team", "key", "key_id"))):
+        raise StackError(f"could not create an API key: unexpected output of `{what}`: {proc.stdout[:200]!r}")
+    return issued
 
 
 # -- down -----------------------------------------------------------------------------------

@@ -2,9 +2,9 @@
 
 The routes under /v1/team and /v1/admin are thin; the rules that are more
 than "which role does the route need" live here: a key's role is never
-higher than its issuer's, a platform admin cannot disable their own team
-(and lock themselves out), and quotas and usage are only about teams that
-exist.
+higher than its issuer's, nor than the role of whoever revokes it, a
+platform admin cannot disable their own team (and lock themselves out), and
+quotas and usage are only about teams that exist.
 """
 
 from __future__ import annotations
@@ -29,6 +29,17 @@ def issue_key(identity: IdentityStore, caller: Tenant, team: str, body: KeyIn) -
                               details=[{"field": "expires_at", "message": "must be in the future"}])
     key, record = identity.create_key(team, body.name, role, expires_at=expires, created_by=caller.key_id)
     return {**record, "key": key}
+
+
+def revoke_key(identity: IdentityStore, caller: Tenant, team: str, key_id: str) -> dict:
+    """Revoke one of `team`'s keys; another team's key is NotFound like a missing one, and a key
+    of a higher role than the caller's is PermissionDenied."""
+    target = next((k for k in identity.list_keys(team) if k["key_id"] == key_id), None)
+    if target is not None:
+        role = Role(target["role"])
+        if not caller.role.at_least(role):
+            raise PermissionDenied(f"a {caller.role.value} key cannot revoke a {role.value} key")
+    return identity.revoke_key(key_id, team=team)
 
 
 def create_team(identity: IdentityStore, name: str) -> dict:

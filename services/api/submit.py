@@ -10,7 +10,6 @@ second one.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import secrets
 import shutil
@@ -107,7 +106,8 @@ def _earlier(trainer: TrainerApi, team: str, job_id: str, manifest_json: str) ->
         job = trainer.get_job(team, job_id)
     except NotFound:
         return None
-    if job["manifest"] != json.loads(manifest_json):
+    # compared as models (as the Trainer does), so a job stored before a manifest field was added still matches
+    if parse_manifest(job["manifest"]) != parse_manifest(manifest_json):
         raise Conflict("Idempotency-Key was already used with a different manifest",
                        details=[{"field": "Idempotency-Key", "message": f"already used for job {job_id}"}])
     return job
@@ -132,6 +132,6 @@ def _store_code(objects: ObjectStore, job_id: str, code: BinaryIO, size: int | N
 
 def _forget_code(objects: ObjectStore, job_id: str) -> None:
     try:
-        objects.delete_prefix(f"jobs/{job_id}/code.tar.gz")
+        objects.delete_prefix(code_key(job_id))
     except Exception:  # noqa: BLE001 - the submit error matters more than a leftover archive
         log.warning("could not remove the code archive of rejected job %s", job_id, exc_info=True)

@@ -153,6 +153,17 @@ def test_another_teams_key_is_404_like_a_missing_one(p):
     assert p.client.get("/v1/jobs", headers=p.h["beta_member"]).status_code == 200
 
 
+def test_a_team_admin_cannot_revoke_a_stronger_key_of_their_team(p):
+    ops_admin = bearer(p.identity.issue_key("ops", "ops-admin", Role.TEAM_ADMIN))
+    root = key_id_of(p.keys["platform"])
+    err = assert_error_shape(p.client.delete(f"/v1/team/keys/{root}", headers=ops_admin), 403, "permission_denied")
+    assert "platform_admin" in err["message"]
+    assert p.client.get("/v1/admin/teams", headers=p.h["platform"]).status_code == 200
+    # an equal role may be revoked
+    peer = p.identity.create_key("ops", "peer", Role.TEAM_ADMIN)[1]["key_id"]
+    assert p.client.delete(f"/v1/team/keys/{peer}", headers=ops_admin).json()["revoked"] is True
+
+
 def test_platform_admins_manage_any_teams_keys(p):
     issued = p.client.post("/v1/admin/teams/beta/keys", json={"name": "robot", "role": "team_admin"},
                            headers=p.h["platform"])

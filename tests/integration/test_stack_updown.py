@@ -65,3 +65,21 @@ def test_up_is_idempotent_and_down_leaves_nothing(tmp_path):
         subprocess.run([sys.executable, "-m", "trainforge.cli", "down"], env=env, capture_output=True, timeout=120,
                        cwd=ROOT, check=False)
     assert not any(stack.stack_processes(s) for s in stack_ids)
+
+
+@pytest.mark.parametrize("failure", [FileNotFoundError("no such interpreter"),
+                                     subprocess.TimeoutExpired(["python"], 120),
+                                     subprocess.CompletedProcess([], 1, "", "error: no MongoDB\n"),
+                                     subprocess.CompletedProcess([], 0, "not json\n", "")])
+def test_a_failing_key_bootstrap_is_a_stack_error(tmp_path, monkeypatch, failure):
+    def run(*args, **kwargs):
+        if isinstance(failure, BaseException):
+            raise failure
+        return failure
+
+    monkeypatch.setattr(stack.subprocess, "run", run)
+    with pytest.raises(stack.StackError, match="could not create an API key.*services.api.admin bootstrap"):
+        stack._ensure_key(tmp_path, "http://127.0.0.1:1", {})
+    with pytest.raises(stack.StackError, match="--platform-admin --team ops"):
+        stack.bootstrap_admin(tmp_path, "ops")
+    assert not (tmp_path / "config.json").exists()

@@ -169,9 +169,13 @@ def test_wait_reports_every_change_and_times_out(platform):
     assert seen == sorted(set(seen), key=seen.index)  # each change once, in order
 
 
-def test_a_429_is_waited_out_and_retried_then_reported():
+def test_a_429_is_waited_out_and_retried_then_reported(monkeypatch):
     import httpx
 
+    from trainforge import sdk
+
+    waits: list[float] = []
+    monkeypatch.setattr(sdk.time, "sleep", waits.append)
     answers = iter([429, 429, 200])
     seen = []
 
@@ -185,7 +189,9 @@ def test_a_429_is_waited_out_and_retried_then_reported():
 
     client = Client("http://api.invalid", "k", transport=httpx.MockTransport(handler))
     assert client.get("j-1")["state"] == "running"
-    assert len(seen) == 3
+    assert len(seen) == 3 and len(waits) == 2
     with pytest.raises(ApiError) as err:
         client.get("j-1")
     assert err.value.status == 429
+    # every attempt is made, but there is no wait after the last one
+    assert len(seen) == 3 + sdk.RATE_LIMIT_RETRIES and len(waits) == 2 + sdk.RATE_LIMIT_RETRIES - 1

@@ -44,5 +44,6 @@ def issue_key(tenant: TeamAdminDep, identity: IdentityDep, body: KeyIn, request:
 @router.delete("/keys/{key_id}", response_model=ApiKey, responses={**_ADMIN, **error_responses(404)},
                summary="Revoke one of the team's keys")
 def revoke_key(tenant: TeamAdminDep, identity: IdentityDep, key_id: KeyId) -> dict:
-    """Effective from the next request, for the key and every token exchanged for it."""
-    return identity.revoke_key(key_id, team=tenant.team)
+    """Effective from the next request, for the key and every token exchanged for it. A key of a
+    higher role than the caller's cannot be revoked here."""
+    return access.revoke_key(identity, tenant, tenant.team, key_id)
