@@ -184,10 +184,6 @@ class Manifest(_Strict):
         """The command with every {{param}} filled in."""
         return _PLACEHOLDER.sub(lambda m: str(self.params[m.group(1)]), self.command)
 
-    def total_resources(self) -> Resources:
-        r = self.resources
-        return Resources(gpus=r.gpus * self.learners, cpus=r.cpus * self.learners, memory=r.memory * self.learners)
-
 
 def _field_errors(exc: ValidationError) -> list[dict]:
     out = []

@@ -71,8 +71,8 @@ class Capacity:
 
 def demand(manifest: Manifest) -> Usage:
     """Everything a job holds while it is active: all of its learners together."""
-    r = manifest.total_resources()
-    return Usage(r.gpus, r.cpus, r.memory, manifest.learners)
+    r, n = manifest.resources, manifest.learners
+    return Usage(r.gpus * n, r.cpus * n, r.memory * n, n)
 
 
 def format_memory(n: int) -> str:

@@ -26,6 +26,7 @@ with backoff, since a job's record must never wait on its cleanup.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -90,10 +91,20 @@ class Dispatcher:
 
     # -- lifecycle ---------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, capacity_wait: float = 2.0) -> None:
+        """Start the passes, and ask the LCM for its capacity off the caller's thread.
+
+        Waits at most `capacity_wait` seconds for that answer, so a Trainer that
+        starts beside a healthy LCM refuses a job too big for it from its first
+        submit, while an LCM that is slow or down delays the start by no more
+        than that (and a submit not at all: see `capacity`).
+        """
+        first = self._calls.submit(_logged, self._refresh_capacity)
         self._thread = threading.Thread(target=self._loop, name="trainer-dispatcher", daemon=True)
         self._thread.start()
         self.wake()
+        with contextlib.suppress(TimeoutError):
+            first.result(capacity_wait)
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping.set()
@@ -124,9 +135,10 @@ class Dispatcher:
     # -- capacity ----------------------------------------------------------
 
     def capacity(self) -> Capacity | None:
-        """The backend's capacity as last reported; asks the LCM when none is known yet."""
-        if self._capacity is None:
-            self._refresh_capacity()
+        """The backend's capacity as last reported (None: not known yet); never calls the LCM.
+
+        It is asked at start and by every pass with a queue, off any request's thread.
+        """
         return self._capacity
 
     def _refresh_capacity(self) -> Capacity | None:

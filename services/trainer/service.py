@@ -41,8 +41,6 @@ DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 # Job ids end up in etcd keys, file paths and pod names.
 _JOB_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-# Resource totals are stored as 64-bit integers.
-_MAX_MEMORY = 2**63 - 1
 _FIELDS = {"gpus": "resources.gpus", "cpus": "resources.cpus", "memory": "resources.memory",
            "learners": "learners", "gpu_type": "resources.gpu_type", "jobs": "team"}
 # The API accepts Idempotency-Key headers of up to 255 characters.
@@ -103,8 +101,6 @@ class JobService:
         need = admission.demand(manifest)
         gpu_type = manifest.resources.gpu_type or ""
         problems = {}
-        if need.memory > _MAX_MEMORY:
-            problems["memory"] = f"{admission.format_memory(need.memory)} of memory is beyond any backend"
         capacity = self._dispatcher.capacity()
         if capacity is not None:  # unknown now: the dispatcher refuses it once the LCM answers
             problems.update(admission.too_big(need, capacity))

@@ -226,9 +226,11 @@ class JobStore:
                 update["queue_position"] = 0
             if to == JobState.DEPLOYING:
                 update["active_since"] = now
-            if frm in states.ACTIVE and (to not in states.ACTIVE or to == JobState.RESTARTING):
+            if frm in states.ACTIVE and frm != JobState.RESTARTING and \
+                    (to not in states.ACTIVE or to == JobState.RESTARTING):
                 # learners may still run: the dispatcher removes them (RESTARTING: then queues the
-                # next attempt) and clears this
+                # next attempt) and clears this. Leaving RESTARTING leaves it as it is: it was set on
+                # the way in, and only the dispatcher clears it, after KillJob.
                 update["cleanup_pending"] = True
             changes: dict = {"$set": update}
             if spent := _seconds_spent(current, frm, to, now):

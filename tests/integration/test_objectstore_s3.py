@@ -124,6 +124,13 @@ def test_exists_and_list_follow_path_segments(store):
     assert sorted(i.key for i in store.list("")) == ["d/sub/y", "d/x", "dd/z", "e"]
 
 
+def test_listings_carry_sizes_but_no_sha256(store):
+    store.put_bytes("l/a", b"abc")
+    store.put_bytes("l/b/c", b"de")
+    assert sorted((i.key, i.size, i.sha256) for i in store.list("l")) == [("l/a", 3, ""), ("l/b/c", 2, "")]
+    assert [(i.key, i.size, i.sha256) for i in store.list("l/a")] == [("l/a", 3, "")]
+
+
 def test_delete_prefix_removes_only_that_subtree(store):
     for key in ("run/1/a", "run/1/b/c", "run/10/a", "run/2/a"):
         store.put_bytes(key, b"x")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -124,6 +125,32 @@ def test_a_cleanup_that_ran_out_of_tries_is_picked_up_by_a_later_pass(store):
     finally:
         dispatcher.stop()
     assert len(lcm.kill_tries) == 4
+
+
+def test_capacity_is_asked_for_at_start_and_never_by_a_caller(store):
+    answer = threading.Event()
+
+    class SlowLcm(ScriptedLcm):
+        asked = 0
+
+        def get_capacity(self) -> Capacity:
+            self.asked += 1
+            answer.wait(10)
+            return self.capacity
+
+    lcm = SlowLcm(Capacity(Usage(cpus=4, memory=8 * GI, learners=4)))
+    dispatcher = Dispatcher(store, lcm, interval=60)
+    try:
+        assert dispatcher.capacity() is None and lcm.asked == 0  # unknown, and a caller does not wait for it
+        started = time.monotonic()
+        dispatcher.start(capacity_wait=0.1)
+        assert time.monotonic() - started < 5  # a slow LCM delays the start by capacity_wait at most
+        assert dispatcher.capacity() is None and lcm.asked == 1
+        answer.set()
+        wait_for(lambda: dispatcher.capacity() == lcm.capacity, 10, "the capacity asked for at start")
+    finally:
+        answer.set()
+        dispatcher.stop()
 
 
 def test_a_deploy_waits_for_an_lcm_that_is_restarting(store):

@@ -8,6 +8,7 @@ reports are made directly, so each rule is checked on its own.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -139,6 +140,20 @@ def test_a_failed_attempt_restarts_with_growing_backoff_then_fails(trainer):
     assert doc["restarts"] == 2
     terminal = [e for e in history_entries(store.find(job)) if JobState(e["to"]) == JobState.FAILED]
     assert len(terminal) == 1
+
+
+def test_a_requeued_restart_is_killed_once_and_not_held_back_for_a_cleanup(trainer):
+    service, store, lcm = trainer
+    job = submit(service, restart={"max_restarts": 1, "backoff": "30s"})
+    running(service, store, job)
+    service.report(job, 1, JobState.FAILED, "learner 0 lost", "monitor")
+    wait_for(lambda: "waiting out the backoff" in store.find(job)["reason"], 10, "the backoff reason")
+    assert not store.find(job)["cleanup_pending"]
+    time.sleep(1.5)  # past the dispatcher's once-a-second scan of pending cleanups
+    doc = store.find(job)
+    assert (JobState(doc["state"]), doc["attempt"], bool(doc["cleanup_pending"])) == (JobState.QUEUED, 2, False)
+    assert "waiting out the backoff" in doc["reason"]
+    assert lcm.kill_tries == [job]
 
 
 def test_the_backoff_holds_the_job_back_with_a_reason(trainer):

@@ -130,6 +130,26 @@ def test_transition_sets_fields_with_the_state_and_clears_the_queue_position(sto
     assert (doc["queue_position"], doc["learners"]) == (0, {"0": {"rank": 0, "state": 1}})
 
 
+def test_cleanup_pending_is_set_on_entering_restarting_and_left_to_the_dispatcher_on_leaving(store):
+    queued(store)
+    store.transition("j1", JobState.DEPLOYING, "reserved", "trainer")
+    assert store.transition("j1", JobState.RESTARTING, "restart 1 of 1", "trainer")["cleanup_pending"]
+    # the dispatcher's requeue after its KillJob clears the flag in the same update
+    doc = store.transition("j1", JobState.QUEUED, "queued as attempt 2", "trainer",
+                           set_fields={"attempt": 2, "cleanup_pending": False})
+    assert (doc["state"], doc["attempt"]) == (JobState.QUEUED, 2)
+    assert not doc["cleanup_pending"]
+    assert store.pending_cleanups() == []
+
+
+def test_leaving_restarting_before_the_kill_keeps_cleanup_pending(store):
+    queued(store)
+    store.transition("j1", JobState.DEPLOYING, "reserved", "trainer")
+    store.transition("j1", JobState.RESTARTING, "restart 1 of 1", "trainer")
+    assert store.transition("j1", JobState.CANCELLED, "cancelled", "user")["cleanup_pending"]
+    assert [d["_id"] for d in store.pending_cleanups()] == ["j1"]
+
+
 def test_set_fields_only_while_in_the_named_state(store):
     queued(store)
     store.transition("j1", JobState.CANCELLED, "stop", "user")

@@ -4,6 +4,7 @@ import pytest
 
 from services.common.errors import InvalidArgument
 from services.common.manifest import Priority, parse_duration, parse_manifest, parse_memory
+from services.trainer.admission import demand
 
 
 def test_valid_manifest_is_normalised():
@@ -20,7 +21,7 @@ priority: high
     assert m.restart.backoff == 10.0
     assert m.priority is Priority.HIGH
     assert m.rendered_command() == "python train.py --lr 0.01"
-    assert m.total_resources().gpus == 2
+    assert demand(m).gpus == 2  # per learner times learners
     again = parse_manifest(m.model_dump_json())
     assert again == m
 

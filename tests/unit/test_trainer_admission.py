@@ -21,6 +21,13 @@ def test_demand_counts_every_learner():
     assert admission.demand(m) == Usage(gpus=3, cpus=4.5, memory=6 * GI, learners=3)
 
 
+def test_demand_may_exceed_the_per_learner_limits():
+    # the manifest's limits are per learner; a job's totals may go past them
+    m = parse_manifest({"name": "x", "command": "true", "learners": 16,
+                        "resources": {"gpus": 8, "cpus": 200, "memory": "16Ti"}})
+    assert admission.demand(m) == Usage(gpus=128, cpus=3200, memory=16 * 16 * 2**40, learners=16)
+
+
 @pytest.mark.parametrize(("n", "text"), [
     (512, "512B"), (2 * 2**10, "2Ki"), (1536 * 2**20, "1.5Gi"), (4 * GI, "4Gi"), (3 * 2**40, "3Ti"),
 ])

@@ -69,7 +69,7 @@ class ObjectStore(Protocol):
     def get_file(self, key: str, path: Path) -> ObjectInfo: ...
     def put_bytes(self, key: str, data: bytes) -> ObjectInfo: ...
     def get_bytes(self, key: str) -> bytes: ...
-    def list(self, prefix: str) -> list[ObjectInfo]: ...
+    def list(self, prefix: str) -> list[ObjectInfo]: ...  # keys and sizes; sha256 is ""
     def exists(self, key: str) -> bool: ...
     def delete_prefix(self, prefix: str) -> int: ...
 
@@ -157,13 +157,14 @@ class LocalStore(_PutBytesViaFile):
         return src.read_bytes()
 
     def list(self, prefix: str) -> list[ObjectInfo]:
+        """Like S3Store.list: keys and sizes, no SHA-256 (sha256 is ""), so a listing reads no file."""
         prefix = prefix.strip("/")
         base = self.root / prefix if prefix else self.root
         if base.is_file():
-            return [self._info(prefix, base)]
+            return [ObjectInfo(prefix, base.stat().st_size, "")]
         if not base.is_dir():
             return []
-        return [self._info(p.relative_to(self.root).as_posix(), p)
+        return [ObjectInfo(p.relative_to(self.root).as_posix(), p.stat().st_size, "")
                 for p in sorted(base.rglob("*")) if p.is_file() and not p.name.startswith(".upload-")]
 
     def exists(self, key: str) -> bool:
