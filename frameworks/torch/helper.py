@@ -131,13 +131,22 @@ def _atomic_write(directory: Path, name: str, write: Any) -> Path:
     return final
 
 
-def last_step() -> int | None:
-    """The step of the latest complete checkpoint in the checkpoint directory, or None."""
+def step_in(directory: Path) -> int | None:
+    """The step `checkpoint.json` in directory names, or None when it holds no complete checkpoint.
+
+    The platform reads a checkpoint directory with this too (it uploads
+    copies of it, see the module docstring), so both sides agree on what
+    counts as complete.
+    """
     try:
-        meta = json.loads((checkpoint_dir() / CHECKPOINT_META).read_text())
-        return int(meta["step"])
+        return int(json.loads((directory / CHECKPOINT_META).read_text())["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def last_step() -> int | None:
+    """The step of the latest complete checkpoint in the checkpoint directory, or None."""
+    return step_in(checkpoint_dir())
 
 
 def save_checkpoint(state: dict[str, Any], step: int) -> Path:

@@ -21,7 +21,6 @@ learners always restart from the same step.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -31,32 +30,21 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from frameworks.torch.helper import CHECKPOINT_META as META
+from frameworks.torch.helper import step_in
 from services.common.adapters.etcd import Coordinator
 from services.common.adapters.objectstore import SCHEME, ObjectStore, key_from_uri
 from services.common.errors import NotFound, TrainforgeError
+from services.common.layout import checkpoint_root
 
 log = logging.getLogger(__name__)
 
-META = "checkpoint.json"
 KEEP = 3
 _STEP_DIR = re.compile(r"^\d{12}$")
 
 
-def job_root(job_id: str) -> str:
-    """The key prefix of a job's checkpoints (what DeployJob's checkpoint_uri names)."""
-    return f"jobs/{job_id}/checkpoints/"
-
-
 def step_prefix(root: str, rank: int, step: int) -> str:
     return f"{root.rstrip('/')}/{rank}/{step:012d}/"
-
-
-def local_step(directory: Path) -> int | None:
-    """The step `checkpoint.json` in directory names, or None when there is no complete checkpoint."""
-    try:
-        return int(json.loads((directory / META).read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def stored_steps(store: ObjectStore, root: str, rank: int) -> list[int]:
@@ -141,13 +129,12 @@ class CheckpointSync:
         self.job_id, self.rank, self.attempt, self.world_size = job_id, rank, attempt, world_size
         self.directory, self._scratch = directory, scratch
         self._interval, self._keep = interval, keep
-        self._root = job_root(job_id)
+        self._root = checkpoint_root(job_id)
         self._lock = threading.Lock()  # one upload at a time: the thread's and the final one
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.uploaded_step: int | None = None
         self.uploaded_uri = ""
-        self.last_error = ""
 
     def mark_restored(self, step: int, uri: str) -> None:
         """A checkpoint restored from the store (its copy at `uri`) need not be uploaded again."""
@@ -168,13 +155,13 @@ class CheckpointSync:
             try:
                 self.sync()
             except Exception as e:  # noqa: BLE001 - a failed upload is retried at the next look
-                self.last_error = e.message if isinstance(e, TrainforgeError) else str(e)
-                log.warning("checkpoint upload failed (retried): %s", self.last_error)
+                log.warning("checkpoint upload failed (retried): %s",
+                            e.message if isinstance(e, TrainforgeError) else e)
 
     def sync(self) -> int | None:
         """Upload the local checkpoint if it is newer than the last upload; the step now stored (or None)."""
         with self._lock:
-            step = local_step(self.directory)
+            step = step_in(self.directory)
             if step is None or (self.uploaded_step is not None and step <= self.uploaded_step):
                 return self.uploaded_step
             taken = self._snapshot()
@@ -227,7 +214,7 @@ class CheckpointSync:
                     unchanged = (now.st_dev, now.st_ino) == (pinned.st_dev, pinned.st_ino)
                 except FileNotFoundError:
                     unchanged = False
-                step = local_step(snapshot)
+                step = step_in(snapshot)
                 if unchanged and step is not None:
                     return snapshot, step
             except BaseException:
@@ -261,16 +248,20 @@ class CheckpointSync:
 
         Otherwise a rank whose uploads lag behind (a slow store) could find
         that its peers already deleted every step it has: a restore would
-        start over.
+        start over. Best effort: the new step is stored whatever happens
+        here, and the next upload prunes again.
         """
-        older = stored_steps(store, self._root, self.rank)[:-self._keep]
-        if older and self.world_size > 1:
-            restore_point = common_step(store, self._root, self.world_size)
-            older = [step for step in older if step != restore_point]
-        for step in older:
-            prefix = step_prefix(self._root, self.rank, step)
-            try:
-                store.delete_prefix(prefix + META)  # first: the copy stops counting as complete
-                store.delete_prefix(prefix)
-            except TrainforgeError as e:
-                log.warning("could not delete the old checkpoint at step %d: %s", step, e.message)
+        try:
+            older = stored_steps(store, self._root, self.rank)[:-self._keep]
+            if older and self.world_size > 1:
+                restore_point = common_step(store, self._root, self.world_size)
+                older = [step for step in older if step != restore_point]
+            for step in older:
+                prefix = step_prefix(self._root, self.rank, step)
+                try:
+                    store.delete_prefix(prefix + META)  # first: the copy stops counting as complete
+                    store.delete_prefix(prefix)
+                except TrainforgeError as e:
+                    log.warning("could not delete the old checkpoint at step %d: %s", step, e.message)
+        except TrainforgeError as e:
+            log.warning("could not look up the old checkpoints to delete: %s", e.message)

@@ -313,7 +313,7 @@ class Controller:
 
         self._publish(LearnerState.LEARNER_STORING, exit_code=0)
         try:
-            uploaded = put_dir(self._store, spec.outputs_prefix, spec.output_dir)
+            uploaded = put_dir(self._object_store(), spec.outputs_prefix, spec.output_dir)
         except (TrainforgeError, OSError) as e:
             return Outcome(LearnerState.LEARNER_FAILED, 0, f"uploading outputs failed: {_text(e)}")
         log.info("uploaded %d output files to %s%s", len(uploaded), SCHEME, spec.outputs_prefix)

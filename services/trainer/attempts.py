@@ -7,13 +7,18 @@ never needs to know which step that is.
 
 from __future__ import annotations
 
+from services.common.layout import checkpoint_root
 
-def checkpoint_root(job_id: str) -> str:
+# services.common.adapters.objectstore.SCHEME; not imported so the Trainer does not load the store's client.
+_SCHEME = "store://"
+
+
+def checkpoint_uri(job_id: str) -> str:
     """Where a job's learners store checkpoints (docs/CONTRACTS.md); a redeploy restores from here."""
-    return f"store://jobs/{job_id}/checkpoints/"
+    return _SCHEME + checkpoint_root(job_id)
 
 
 def next_attempt(doc: dict, *, not_before: float = 0.0, resumed: bool = False) -> dict:
     """The fields that turn a job's record into its next attempt's (set with the move to QUEUED)."""
-    return {"attempt": int(doc["attempt"]) + 1, "checkpoint_uri": checkpoint_root(doc["_id"]),
+    return {"attempt": int(doc["attempt"]) + 1, "checkpoint_uri": checkpoint_uri(doc["_id"]),
             "not_before": not_before, "learners": {}, "resumed": resumed}

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from services.common.adapters.objectstore import LocalStore
+from frameworks.torch.helper import CHECKPOINT_META as META
+from services.common.adapters.objectstore import LocalStore, StoreError
 from services.common.errors import NotFound
 from services.common.keys import Keys
 from services.controller.checkpoints import (
-    META,
     CheckpointSync,
     choose_step,
     common_step,
@@ -111,6 +111,25 @@ def test_the_newest_step_every_rank_stored_is_never_pruned(store, tmp_path):
     save(sync.directory, 50)
     sync.sync()
     assert stored_steps(store, "jobs/j1/checkpoints", 0) == [30, 40, 50]
+
+
+class UnlistableStore(RecordingStore):
+    """Uploads work; listing (what pruning needs) fails."""
+
+    def list(self, prefix: str):  # noqa: ANN201 - LocalStore.list
+        raise StoreError(f"object store could not list {prefix}: connection reset")
+
+
+def test_a_failed_prune_does_not_undo_a_stored_step(tmp_path, caplog):
+    store, coordinator = UnlistableStore(tmp_path / "store"), FakeCoordinator()
+    sync = syncer(store, tmp_path, coordinator, keep=1)
+    save(sync.directory, 7)
+    assert sync.sync() == 7, "pruning is best effort: the upload succeeded"
+    prefix = "jobs/j1/checkpoints/0/000000000007/"
+    assert (sync.uploaded_step, sync.uploaded_uri) == (7, "store://" + prefix)
+    assert store.puts[-1] == prefix + META
+    assert coordinator.data[Keys().learner_checkpoint("j1", 0)]["step"] == 7
+    assert "could not look up the old checkpoints to delete" in caplog.text
 
 
 def test_a_restored_step_is_not_uploaded_again(store, tmp_path):

@@ -96,8 +96,9 @@ def test_should_halt_after_the_signal(halt_flag):
 def test_checkpoint_meta_names_the_step_and_steps_never_go_back(learner_env):
     import torch
 
+    assert helper.last_step() is None and helper.step_in(learner_env) is None
     helper.save_checkpoint({"w": torch.ones(1)}, step=5)
-    assert helper.last_step() == 5
+    assert helper.last_step() == 5 == helper.step_in(helper.checkpoint_dir())
     meta = json.loads((helper.checkpoint_dir() / helper.CHECKPOINT_META).read_text())
     assert meta["step"] == 5 and meta["saved_at"] > 0
     helper.save_checkpoint({"w": torch.ones(1)}, step=5)  # the same step again is fine (a re-save)
