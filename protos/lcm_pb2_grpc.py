@@ -81,7 +81,7 @@ class LifecycleManagerServicer:
 
     def HaltJob(self, request, context):
         """Ask the learners of one attempt to checkpoint and exit (writes the
-        job's etcd `halt` key; ../shared/DESIGN.md §4). Idempotent.
+        job's etcd `halt` key; docs/CONTRACTS.md). Idempotent.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

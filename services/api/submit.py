@@ -9,9 +9,7 @@ second one.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import secrets
 import shutil
 import tarfile
 import tempfile
@@ -21,7 +19,9 @@ from typing import BinaryIO
 
 from services.api.identity import Tenant
 from services.api.trainer_client import TrainerApi
-from services.common.adapters.objectstore import ObjectStore, uri_for
+from services.common.adapters.objectstore import ObjectStore
+from services.common.contracts.ids import new_job_id
+from services.common.contracts.storekeys import code_key, uri_for
 from services.common.errors import Conflict, InvalidArgument, NotFound, TrainforgeError
 from services.common.manifest import parse_manifest
 
@@ -39,16 +39,6 @@ class PayloadTooLarge(TrainforgeError):
 class Submitted:
     job: dict
     created: bool  # False: an earlier request with the same Idempotency-Key created it
-
-
-def new_job_id(team: str, idempotency_key: str | None = None) -> str:
-    if idempotency_key:
-        return "j-" + hashlib.sha256(f"{team}\0{idempotency_key}".encode()).hexdigest()[:12]
-    return "j-" + secrets.token_hex(6)
-
-
-def code_key(job_id: str) -> str:
-    return f"jobs/{job_id}/code.tar.gz"
 
 
 def check_archive(path: Path) -> None:

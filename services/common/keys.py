@@ -1,4 +1,4 @@
-"""The etcd key layout (../shared/DESIGN.md §3), in one place.
+"""The etcd key layout (docs/CONTRACTS.md), in one place.
 
     <prefix>/jobs/<job>/attempt                 {"attempt": n, "checkpoint_uri": ...}
     <prefix>/jobs/<job>/learners/<rank>/status  LearnerStatusDoc, under the controller's lease

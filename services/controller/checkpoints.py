@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -33,29 +32,31 @@ from pathlib import Path
 from frameworks.torch.helper import CHECKPOINT_META as META
 from frameworks.torch.helper import step_in
 from services.common.adapters.etcd import Coordinator
-from services.common.adapters.objectstore import SCHEME, ObjectStore, key_from_uri
+from services.common.adapters.objectstore import ObjectStore
+from services.common.contracts.storekeys import (
+    checkpoint_rank_prefix,
+    checkpoint_root,
+    checkpoint_step_prefix,
+    is_step_dir,
+    split_checkpoint_uri,
+    uri_for_prefix,
+)
 from services.common.errors import NotFound, TrainforgeError
-from services.common.layout import checkpoint_root
 
 log = logging.getLogger(__name__)
 
 KEEP = 3
-_STEP_DIR = re.compile(r"^\d{12}$")
-
-
-def step_prefix(root: str, rank: int, step: int) -> str:
-    return f"{root.rstrip('/')}/{rank}/{step:012d}/"
 
 
 def stored_steps(store: ObjectStore, root: str, rank: int) -> list[int]:
     """Steps of one rank whose copy is complete (its checkpoint.json is stored), oldest first."""
-    prefix = f"{root.rstrip('/')}/{rank}/"
+    prefix = checkpoint_rank_prefix(root, rank)
     steps = set()
     for info in store.list(prefix):
         if not info.key.startswith(prefix):
             continue
         parts = info.key[len(prefix):].split("/")
-        if len(parts) == 2 and parts[1] == META and _STEP_DIR.match(parts[0]):
+        if len(parts) == 2 and parts[1] == META and is_step_dir(parts[0]):
             steps.add(int(parts[0]))
     return sorted(steps)
 
@@ -71,15 +72,6 @@ def common_step(store: ObjectStore, root: str, world_size: int) -> int | None:
     return max(common) if common else None
 
 
-def _split(uri: str) -> tuple[str, int | None]:
-    """(checkpoint root key, step) of a checkpoint URI: a job's root, or one step's copy `<root>/<rank>/<step>/`."""
-    key = key_from_uri(uri).rstrip("/")
-    tail = key.rsplit("/", 2)
-    if len(tail) == 3 and _STEP_DIR.match(tail[2]) and tail[1].isdigit():
-        return tail[0], int(tail[2])
-    return key, None
-
-
 def choose_step(store: ObjectStore, uri: str, rank: int, world_size: int) -> int | None:
     """The step a learner restores from `uri`; None when no step is complete for every rank.
 
@@ -88,7 +80,7 @@ def choose_step(store: ObjectStore, uri: str, rank: int, world_size: int) -> int
     for compatibility) gives that step, in this learner's own rank's copy,
     which must be complete (NotFound otherwise).
     """
-    root, step = _split(uri)
+    root, step = split_checkpoint_uri(uri)
     if step is None:
         return common_step(store, root, world_size)
     if step not in stored_steps(store, root, rank):
@@ -98,7 +90,7 @@ def choose_step(store: ObjectStore, uri: str, rank: int, world_size: int) -> int
 
 def copy_uri(uri: str, rank: int, step: int) -> str:
     """The URI of the copy `choose_step` picked: this rank's copy of `step` under the URI's root."""
-    return SCHEME + step_prefix(_split(uri)[0], rank, step)
+    return uri_for_prefix(checkpoint_step_prefix(split_checkpoint_uri(uri)[0], rank, step))
 
 
 def restore(store: ObjectStore, uri: str, rank: int, world_size: int, directory: Path) -> int | None:
@@ -106,7 +98,7 @@ def restore(store: ObjectStore, uri: str, rank: int, world_size: int, directory:
     step = choose_step(store, uri, rank, world_size)
     if step is None:
         return None
-    prefix = step_prefix(_split(uri)[0], rank, step)
+    prefix = checkpoint_step_prefix(split_checkpoint_uri(uri)[0], rank, step)
     directory.mkdir(parents=True, exist_ok=True)
     infos = [i for i in store.list(prefix) if i.key.startswith(prefix)]
     # checkpoint.json last, as it was uploaded: a crash mid-restore leaves no complete-looking directory
@@ -171,14 +163,14 @@ class CheckpointSync:
             try:
                 if self.uploaded_step is not None and step <= self.uploaded_step:
                     return self.uploaded_step
-                prefix = step_prefix(self._root, self.rank, step)
+                prefix = checkpoint_step_prefix(self._root, self.rank, step)
                 files = sorted((p for p in snapshot.rglob("*") if p.is_file()), key=lambda p: p.name == META)
                 store = self._store_of()
                 for path in files:
                     store.put_file(prefix + path.relative_to(snapshot).as_posix(), path)
             finally:
                 shutil.rmtree(snapshot, ignore_errors=True)
-            self.uploaded_step, self.uploaded_uri = step, SCHEME + prefix
+            self.uploaded_step, self.uploaded_uri = step, uri_for_prefix(prefix)
             log.info("checkpoint at step %d stored at %s (%d files)", step, self.uploaded_uri, len(files))
             self._announce(step)
             self._prune(store)
@@ -257,7 +249,7 @@ class CheckpointSync:
                 restore_point = common_step(store, self._root, self.world_size)
                 older = [step for step in older if step != restore_point]
             for step in older:
-                prefix = step_prefix(self._root, self.rank, step)
+                prefix = checkpoint_step_prefix(self._root, self.rank, step)
                 try:
                     store.delete_prefix(prefix + META)  # first: the copy stops counting as complete
                     store.delete_prefix(prefix)

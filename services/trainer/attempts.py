@@ -7,15 +7,12 @@ never needs to know which step that is.
 
 from __future__ import annotations
 
-from services.common.layout import checkpoint_root
-
-# services.common.adapters.objectstore.SCHEME; not imported so the Trainer does not load the store's client.
-_SCHEME = "store://"
+from services.common.contracts.storekeys import checkpoint_root, uri_for_prefix
 
 
 def checkpoint_uri(job_id: str) -> str:
     """Where a job's learners store checkpoints (docs/CONTRACTS.md); a redeploy restores from here."""
-    return _SCHEME + checkpoint_root(job_id)
+    return uri_for_prefix(checkpoint_root(job_id))
 
 
 def next_attempt(doc: dict, *, not_before: float = 0.0, resumed: bool = False) -> dict:

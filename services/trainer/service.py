@@ -15,11 +15,10 @@ index decides between concurrent retries, so there is never a second one.
 from __future__ import annotations
 
 import logging
-import re
-import secrets
 import time
 
 from services.common import states
+from services.common.contracts.ids import check_job_id, new_job_id
 from services.common.errors import Conflict, InvalidArgument, NotFound
 from services.common.manifest import Manifest, parse_manifest
 from services.common.states import JobState
@@ -39,16 +38,10 @@ MAX_BACKOFF = 600.0
 _HALTABLE = (JobState.DEPLOYING, JobState.RUNNING)
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
-# Job ids end up in etcd keys, file paths and pod names.
-_JOB_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _FIELDS = {"gpus": "resources.gpus", "cpus": "resources.cpus", "memory": "resources.memory",
            "learners": "learners", "gpu_type": "resources.gpu_type", "jobs": "team"}
 # The API accepts Idempotency-Key headers of up to 255 characters.
 _MAX_KEY = 255
-
-
-def new_job_id() -> str:
-    return "j-" + secrets.token_hex(6)
 
 
 class JobService:
@@ -70,10 +63,7 @@ class JobService:
             message = f"must be at most {_MAX_KEY} characters"
             raise InvalidArgument(f"idempotency_key: {message}",
                                   details=[{"field": "idempotency_key", "message": message}])
-        job_id = job_id or new_job_id()
-        if not _JOB_ID.match(job_id):
-            message = "must be 1-63 lowercase letters, digits or '-', starting with a letter or digit"
-            raise InvalidArgument(f"job_id: {message}", details=[{"field": "job_id", "message": message}])
+        job_id = check_job_id(job_id or new_job_id())
         manifest = parse_manifest(manifest_source)
         if idempotency_key and (first := self._store.find_by_key(team, idempotency_key)) is not None:
             return self._resubmitted(first, manifest, idempotency_key)

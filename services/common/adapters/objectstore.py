@@ -26,9 +26,8 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from s3transfer.utils import ChunksizeAdjuster
 
+from services.common.contracts.storekeys import SCHEME, key_from_uri, uri_for  # noqa: F401 - re-exported
 from services.common.errors import InvalidArgument, NotFound, TrainforgeError
-
-SCHEME = "store://"
 
 
 class StoreError(TrainforgeError):
@@ -49,19 +48,6 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
-
-
-def key_from_uri(uri: str) -> str:
-    if not uri.startswith(SCHEME):
-        raise InvalidArgument(f"{uri!r} is not an object-store URI (store://...)")
-    key = uri[len(SCHEME):].strip("/")
-    if not key or ".." in key.split("/"):
-        raise InvalidArgument(f"{uri!r} has an invalid key")
-    return key
-
-
-def uri_for(key: str) -> str:
-    return SCHEME + key.strip("/")
 
 
 class ObjectStore(Protocol):
