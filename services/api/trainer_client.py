@@ -14,10 +14,7 @@ from typing import Protocol
 
 from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
 from services.common import rpc
-from services.common.states import JobState, LearnerState
-
-_LEARNER_DONE = {LearnerState.LEARNER_STORING, LearnerState.LEARNER_COMPLETED, LearnerState.LEARNER_FAILED,
-                 LearnerState.LEARNER_HALTED}
+from services.common.states import LEARNER_EXITED, JobState, LearnerState
 
 
 class TrainerApi(Protocol):
@@ -61,7 +58,7 @@ def learner_state_name(state: int) -> str:
 def learner_to_json(ls: common_pb2.LearnerStatus) -> dict:
     # proto3 cannot tell "exit code 0" from "not exited"; only states after
     # the learner's exit carry one.
-    exited = ls.state in _LEARNER_DONE
+    exited = ls.state in LEARNER_EXITED
     return {"rank": ls.rank, "state": learner_state_name(ls.state),
             "exit_code": ls.exit_code if exited else None, "attempt": ls.attempt, "message": ls.message}
 

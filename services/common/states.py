@@ -85,6 +85,14 @@ def job_state(name_or_value: str | int) -> JobState:
         raise ValueError(f"unknown job state {name_or_value!r}; valid: {valid}") from None
 
 
+# The learner's lifecycle, as its controller walks it; the sets below are the only place they are grouped.
+# A final state is the last one a controller writes (without a lease, so it outlives the controller).
+LEARNER_FINAL: frozenset[LearnerState] = frozenset(
+    {LearnerState.LEARNER_COMPLETED, LearnerState.LEARNER_FAILED, LearnerState.LEARNER_HALTED})
+# The learner process has exited (it may still be storing outputs).
+LEARNER_EXITED: frozenset[LearnerState] = LEARNER_FINAL | {LearnerState.LEARNER_STORING}
+# The learner process exited 0.
+LEARNER_EXITED_OK: frozenset[LearnerState] = frozenset({LearnerState.LEARNER_STORING, LearnerState.LEARNER_COMPLETED})
 LEARNER_DONE: frozenset[LearnerState] = frozenset({LearnerState.LEARNER_COMPLETED})
 LEARNER_STARTED: frozenset[LearnerState] = frozenset(
     {LearnerState.LEARNER_RUNNING, LearnerState.LEARNER_STORING, LearnerState.LEARNER_COMPLETED,

@@ -17,11 +17,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from services.common.contracts.specs import LearnerSpec
 from services.common.errors import TrainforgeError
 from services.common.settings import ControllerSettings
 
 from .controller import Controller
-from .spec import load_spec
 
 log = logging.getLogger("services.controller")
 
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("elastic_transport").setLevel(logging.WARNING)
     try:
         settings = ControllerSettings()
-        spec = load_spec(args.spec)
+        spec = LearnerSpec.load(args.spec)
     except ValidationError as e:
         log.error("invalid TF_* settings: %s", e)
         return EXIT_USAGE

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from services.common.adapters.etcd import Coordinator
 from services.common.adapters.logstore import LogStore
 from services.common.adapters.objectstore import SCHEME, ObjectStore, put_dir, store_from_settings
+from services.common.contracts.specs import LearnerSpec
 from services.common.errors import TrainforgeError
 from services.common.settings import ControllerSettings
 from services.common.states import LearnerState
@@ -47,7 +48,6 @@ from services.common.states import LearnerState
 from .checkpoints import CheckpointSync, choose_step, copy_uri
 from .learner import LearnerProcess, MemoryWatchdog, describe_exit, exit_code_of, learner_env
 from .logship import LogArchive, LogShipper, LogSink
-from .spec import LearnerSpec
 from .status import StatusPublisher, status_doc
 from .workdir import Stopped, prepare
 

@@ -27,9 +27,9 @@ from typing import IO
 import psutil
 
 from frameworks.torch.launch import ddp_env
+from services.common.contracts.specs import LearnerSpec
 
 from .logship import LogArchive
-from .spec import LearnerSpec
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from services.common.adapters.objectstore import ObjectStore, key_from_uri
+from services.common.contracts.specs import LearnerSpec
 from services.common.errors import InvalidArgument, NotFound
 
 from .checkpoints import restore
-from .spec import LearnerSpec
 
 log = logging.getLogger(__name__)
 

@@ -20,11 +20,12 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from services.common.adapters.etcd import Coordinator
+from services.common.contracts.specs import MonitorSpec
 from services.common.errors import TrainforgeError
 from services.common.keys import MONITOR_DONE
 from services.common.process import LOG_FORMAT
 from services.common.settings import MonitorSettings
-from services.jobmonitor.monitor import GrpcReporter, JobMonitor, MonitorSpec
+from services.jobmonitor.monitor import GrpcReporter, JobMonitor
 
 log = logging.getLogger("services.jobmonitor")
 

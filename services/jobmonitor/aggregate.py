@@ -16,14 +16,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from services.common.states import LEARNER_STARTED, JobState, LearnerState
+from services.common.states import LEARNER_EXITED_OK, LEARNER_FINAL, LEARNER_STARTED, JobState, LearnerState
 
-# A learner whose key vanished after reaching one of these did not get lost:
+# A learner whose key vanished after reaching a final state did not get lost:
 # its controller finished and let its lease go.
-_FINISHED: frozenset[LearnerState] = frozenset(
-    {LearnerState.LEARNER_COMPLETED, LearnerState.LEARNER_FAILED, LearnerState.LEARNER_HALTED}
-)
-_EXITED_OK: frozenset[LearnerState] = frozenset({LearnerState.LEARNER_STORING, LearnerState.LEARNER_COMPLETED})
+_FINISHED = LEARNER_FINAL
+_EXITED_OK = LEARNER_EXITED_OK
 
 
 @dataclass(frozen=True)

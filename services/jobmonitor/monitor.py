@@ -22,14 +22,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Protocol
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
 from services.common import rpc, states
 from services.common.adapters.etcd import Coordinator, Event, Lease
+from services.common.contracts.specs import MonitorSpec
 from services.common.errors import (
     Conflict,
     InvalidArgument,
@@ -54,29 +52,6 @@ _STEP_REASONS = {
     JobState.STORING: "every learner exited 0; storing outputs",
 }
 _LOST = "lost: its controller stopped renewing its lease"
-
-
-class MonitorSpec(BaseModel):
-    """monitor.json, written by the LCM (docs/CONTRACTS.md)."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    job_id: str = Field(min_length=1)
-    team: str = ""
-    attempt: int = Field(ge=0)
-    learners: int = Field(ge=1)
-    start_timeout: float = Field(300.0, gt=0)
-
-    @classmethod
-    def load(cls, path: str | Path) -> MonitorSpec:
-        try:
-            return cls.model_validate_json(Path(path).read_bytes())
-        except OSError as e:
-            raise InvalidArgument(f"cannot read monitor spec {path}: {e}") from None
-        except ValidationError as e:
-            problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'spec'}: {err['msg']}"
-                                 for err in e.errors(include_url=False))
-            raise InvalidArgument(f"invalid monitor spec {path}: {problems}") from None
 
 
 class Reporter(Protocol):

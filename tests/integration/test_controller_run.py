@@ -17,10 +17,10 @@ import psutil
 import pytest
 
 from services.common.adapters.objectstore import store_from_settings
+from services.common.contracts.specs import LearnerSpec
 from services.common.settings import ControllerSettings
 from services.common.states import LearnerState
 from services.controller.controller import Controller
-from services.controller.spec import LearnerSpec
 from tests.servers import wait_for
 
 PYTHON = sys.executable

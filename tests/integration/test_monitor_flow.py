@@ -20,9 +20,10 @@ import pytest
 
 from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
 from services.common import rpc
+from services.common.contracts.specs import MonitorSpec
 from services.common.errors import NotFound, Unavailable
 from services.common.states import JobState, LearnerState
-from services.jobmonitor.monitor import JobMonitor, MonitorSpec
+from services.jobmonitor.monitor import JobMonitor
 from tests.servers import free_port, wait_for
 
 L = LearnerState

@@ -11,6 +11,7 @@ import time
 import psutil
 import pytest
 
+from services.common.contracts.specs import LearnerSpec
 from services.common.errors import InvalidArgument
 from services.controller.learner import (
     LearnerProcess,
@@ -22,7 +23,6 @@ from services.controller.learner import (
     learner_env,
 )
 from services.controller.logship import LogArchive
-from services.controller.spec import LearnerSpec, load_spec
 from tests.servers import wait_for
 
 
@@ -38,7 +38,7 @@ def spec_dict(tmp_path, **kw) -> dict:
 def test_load_spec_reads_the_contract_file(tmp_path):
     path = tmp_path / "learner-1.json"
     path.write_text(json.dumps(spec_dict(tmp_path)))
-    spec = load_spec(path)
+    spec = LearnerSpec.load(path)
     assert (spec.job_id, spec.rank, spec.world_size, spec.attempt, spec.lease_ttl) == ("j1", 1, 2, 2, 6)
     assert spec.manifest.rendered_command() == "python train.py --lr 0.1"
     assert spec.archive_path == tmp_path / "learner-1-2.log.jsonl"
@@ -55,15 +55,15 @@ def test_load_spec_names_every_bad_field(tmp_path, change, message):
     path = tmp_path / "s.json"
     path.write_text(json.dumps(spec_dict(tmp_path) | change))
     with pytest.raises(InvalidArgument, match=message):
-        load_spec(path)
+        LearnerSpec.load(path)
 
 
 def test_load_spec_unreadable(tmp_path):
     with pytest.raises(InvalidArgument, match="cannot read learner spec"):
-        load_spec(tmp_path / "missing.json")
+        LearnerSpec.load(tmp_path / "missing.json")
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(InvalidArgument, match="is not valid JSON"):
-        load_spec(tmp_path / "bad.json")
+        LearnerSpec.load(tmp_path / "bad.json")
 
 
 def test_learner_env_follows_the_contract(tmp_path):

@@ -8,8 +8,8 @@ import tarfile
 import pytest
 
 from services.common.adapters.objectstore import LocalStore
+from services.common.contracts.specs import LearnerSpec
 from services.common.errors import InvalidArgument, NotFound
-from services.controller.spec import LearnerSpec
 from services.controller.workdir import Stopped, extract_code, fetch, prepare
 
 

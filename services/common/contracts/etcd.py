@@ -1,0 +1,118 @@
+"""Every value the platform keeps in etcd, one model each (keys: `services.common.keys`).
+
+    attempt                    AttemptInfo     the LCM's lifecycle, at deploy
+    learners/<rank>/status     LearnerStatus   the controller, under its lease (final states without one);
+                                               the LCM for a controller that died without reporting
+    halt                       HaltRequest     the LCM (LifecycleManager.HaltJob)
+    learners/<rank>/checkpoint CheckpointStored the controller, after each verified checkpoint upload
+    learners/<rank>/halted     Halted          the controller, after its learner stopped on a halt
+    monitor                    MonitorClaim    the job monitor, under its lease
+
+The Coordinator stores JSON objects; `value()` gives the object to store and
+`parse(obj)` reads one back, raising InvalidArgument that names the key's
+kind and every bad field.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from services.common.contracts.specs import problems
+from services.common.errors import InvalidArgument
+from services.common.states import LEARNER_FINAL, LearnerState
+
+
+class _Value(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    def value(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def parse(cls, obj: Any) -> Self:
+        try:
+            return cls.model_validate(obj)
+        except ValidationError as e:
+            raise InvalidArgument(f"invalid {cls.__name__} value in etcd: {problems(e)}") from None
+
+    @classmethod
+    def parse_or_none(cls, obj: Any) -> Self | None:
+        """None for a missing or malformed value (a reader that must not stop on one bad key)."""
+        if obj is None:
+            return None
+        try:
+            return cls.model_validate(obj)
+        except ValidationError:
+            return None
+
+
+class AttemptInfo(_Value):
+    attempt: int = Field(ge=1)
+    learners: int = Field(ge=1)
+    checkpoint_uri: str = ""
+
+
+class LearnerStatus(_Value):
+    """A learner's state as its controller last wrote it.
+
+    `tail` is filled when the learner exits (its last output lines); `step`
+    and `checkpoint_uri` name the stored checkpoint a LEARNER_HALTED learner
+    left.
+    """
+
+    state: LearnerState
+    attempt: int = Field(ge=0)
+    exit_code: int | None = None
+    ts: float = Field(default_factory=time.time)
+    message: str = ""
+    tail: list[str] = Field(default_factory=list)
+    outputs_uri: str = ""
+    step: int | None = None
+    checkpoint_uri: str = ""
+
+    @field_validator("state", mode="before")
+    @classmethod
+    def _state(cls, value: Any) -> LearnerState:
+        try:
+            return LearnerState(int(value))
+        except (TypeError, ValueError):
+            raise ValueError(f"{value!r} is not a learner state") from None
+
+    @property
+    def final(self) -> bool:
+        return self.state in LEARNER_FINAL
+
+    def value(self) -> dict[str, Any]:
+        out = super().value()
+        out["state"] = int(self.state)
+        return out
+
+
+class HaltRequest(_Value):
+    attempt: int = Field(ge=1)
+    requested_at: float = Field(default_factory=time.time)
+
+
+class CheckpointStored(_Value):
+    attempt: int = Field(ge=0)
+    step: int = Field(ge=0)
+    uri: str
+
+
+class Halted(_Value):
+    """A halted learner's last stored checkpoint (step None, uri "": it never saved one)."""
+
+    attempt: int = Field(ge=0)
+    step: int | None = None
+    checkpoint_uri: str = ""
+
+
+class MonitorClaim(_Value):
+    """Who monitors a job: one process at a time, held under that monitor's lease."""
+
+    pid: int
+    host: str
+    attempt: int = Field(ge=0)
