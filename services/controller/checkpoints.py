@@ -33,6 +33,7 @@ from frameworks.torch.helper import CHECKPOINT_META as META
 from frameworks.torch.helper import step_in
 from services.common.adapters.etcd import Coordinator
 from services.common.adapters.objectstore import ObjectStore, get_dir
+from services.common.contracts.etcd import CheckpointStored
 from services.common.contracts.storekeys import (
     checkpoint_rank_prefix,
     checkpoint_root,
@@ -224,9 +225,9 @@ class CheckpointSync:
                 shutil.copy2(path, target)
 
     def _announce(self, step: int) -> None:
-        value = {"attempt": self.attempt, "step": step, "uri": self.uploaded_uri}
+        value = CheckpointStored(attempt=self.attempt, step=step, uri=self.uploaded_uri)
         try:
-            self._coord.put(self._coord.keys.learner_checkpoint(self.job_id, self.rank), value)
+            self._coord.put(self._coord.keys.learner_checkpoint(self.job_id, self.rank), value.value())
         except TrainforgeError as e:  # the store holds it; etcd only tells observers
             log.warning("could not record checkpoint step %d in etcd: %s", step, e.message)
 

@@ -10,7 +10,9 @@ the Trainer cannot take yet is retried, never dropped, and nothing later
 overtakes it. The monitor exits once a terminal state has been delivered.
 
 The Trainer is reached through the `Reporter` interface so tests can count
-what would have been sent.
+what would have been sent. Every etcd value is read and written through the
+models in services/common/contracts/etcd.py; a value that does not parse is
+logged with its key and skipped, never allowed to stop the watch.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from typing import Protocol
 from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
 from services.common import rpc, states
 from services.common.adapters.etcd import Coordinator, Event, Lease
+from services.common.contracts.etcd import LearnerStatus, MonitorClaim
 from services.common.contracts.specs import MonitorSpec
+from services.common.contracts.storekeys import outputs_root, uri_for_prefix
 from services.common.errors import (
     Conflict,
     InvalidArgument,
@@ -37,7 +41,8 @@ from services.common.errors import (
     Unauthenticated,
     Unavailable,
 )
-from services.common.states import JobState, LearnerState
+from services.common.retry import Backoff
+from services.common.states import JobState
 from services.jobmonitor.aggregate import Verdict, aggregate, learner_views, of_attempt
 
 log = logging.getLogger(__name__)
@@ -52,6 +57,8 @@ _STEP_REASONS = {
     JobState.STORING: "every learner exited 0; storing outputs",
 }
 _LOST = "lost: its controller stopped renewing its lease"
+# Retry waits grow from retry_seconds up to this many times it while the Trainer or etcd stays away.
+_BACKOFF_CAP = 8
 
 
 class Reporter(Protocol):
@@ -74,10 +81,6 @@ class GrpcReporter:
         self._channel.close()
 
 
-def outputs_uri(job_id: str) -> str:
-    return f"store://jobs/{job_id}/outputs/"
-
-
 class JobMonitor:
     """Watches one attempt of one job until it is terminal; `run()` returns the exit status."""
 
@@ -88,6 +91,7 @@ class JobMonitor:
         self._coord = coordinator
         self._reporter = reporter
         self._retry = retry_seconds
+        self._report_backoff = self._backoff()
         self._lease_ttl = lease_ttl
         self._clock = clock
         self._keys = coordinator.keys
@@ -97,8 +101,8 @@ class JobMonitor:
         self._lease: Lease | None = None
         self._lease_lock = threading.Lock()
         # what the monitor knows of the learners
-        self._current: dict[int, dict] = {}
-        self._last_seen: dict[int, dict] = {}
+        self._current: dict[int, LearnerStatus] = {}
+        self._last_seen: dict[int, LearnerStatus] = {}
         self._synced = False
         # what it has decided and sent
         self._reached = JobState.DEPLOYING  # the last state queued for reporting
@@ -154,12 +158,15 @@ class JobMonitor:
 
     # -- the claim on the job ----------------------------------------------------
 
-    def _record(self) -> dict:
-        return {"pid": os.getpid(), "host": socket.gethostname(), "attempt": self.spec.attempt}
+    def _backoff(self) -> Backoff:
+        return Backoff(self._retry, self._retry * _BACKOFF_CAP)
+
+    def _record(self) -> MonitorClaim:
+        return MonitorClaim(pid=os.getpid(), host=socket.gethostname(), attempt=self.spec.attempt)
 
     def _try_claim(self) -> bool:
         lease = self._coord.grant_lease(self._lease_ttl)
-        if self._coord.create(self._keys.monitor(self.spec.job_id), self._record(), lease=lease):
+        if self._coord.create(self._keys.monitor(self.spec.job_id), self._record().value(), lease=lease):
             with self._lease_lock:
                 self._lease = lease
             return True
@@ -174,34 +181,49 @@ class JobMonitor:
         """
         key = self._keys.monitor(self.spec.job_id)
         deadline = self._clock() + 3 * self._lease_ttl
+        backoff = self._backoff()
+        warned = False
         while not self._stop.is_set():
             try:
                 if self._try_claim():
                     return True
-                holder, _ = self._coord.get(key)
+                value, _ = self._coord.get(key)
             except Unavailable as e:
                 log.warning("job %s: cannot claim the job yet: %s", self.spec.job_id, e.message)
-                self._stop.wait(self._retry)
+                self._stop.wait(backoff.next())
                 continue
+            if value is None:
+                continue
+            holder = MonitorClaim.parse_or_none(value)
             if holder is None:
+                # Nothing to obey: wait it out like an earlier attempt's claim (it lives only as long as its lease).
+                if self._clock() > deadline:
+                    log.warning("job %s: unreadable claim at %s (%s) outlived %ds; exiting", self.spec.job_id,
+                                key, value, 3 * self._lease_ttl)
+                    return False
+                if not warned:
+                    log.warning("job %s: skipping the unreadable claim at %s (%s); waiting for it to expire",
+                                self.spec.job_id, key, value)
+                    warned = True
+                self._stop.wait(min(1.0, self._lease_ttl / 3))
                 continue
             if self._dead_here(holder) and self._clock() <= deadline:
                 # a monitor of this job that was killed on this machine: its lease runs out soon
                 self._stop.wait(min(1.0, self._lease_ttl / 3))
                 continue
-            if int(holder.get("attempt", self.spec.attempt)) >= self.spec.attempt or self._clock() > deadline:
-                log.info("job %s: monitor already running (%s); exiting", self.spec.job_id, holder)
+            if holder.attempt >= self.spec.attempt or self._clock() > deadline:
+                log.info("job %s: monitor already running (%s); exiting", self.spec.job_id, holder.value())
                 return False
             self._stop.wait(min(1.0, self._lease_ttl / 3))
         return False
 
     @staticmethod
-    def _dead_here(holder: dict) -> bool:
+    def _dead_here(holder: MonitorClaim) -> bool:
         """Whether the claim's holder was a process on this machine that no longer exists."""
-        if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        if holder.host != socket.gethostname() or holder.pid <= 0:
             return False
         try:
-            os.kill(holder["pid"], 0)
+            os.kill(holder.pid, 0)
         except ProcessLookupError:
             return True
         except PermissionError:
@@ -240,13 +262,15 @@ class JobMonitor:
 
     def _watch(self) -> None:
         prefix = self._keys.learners(self.spec.job_id)
+        backoff = self._backoff()
         while not self._stop.is_set():
             try:
                 for event in self._coord.watch_prefix(prefix, stop=self._stop):
                     self._events.put(event)
+                    backoff.reset()
             except Exception:  # noqa: BLE001 - a broken watch must not blind the monitor: reopen it
                 log.exception("job %s: watch failed; reopening", self.spec.job_id)
-                self._stop.wait(self._retry)
+                self._stop.wait(backoff.next())
 
     def _take_events(self, timeout: float) -> None:
         try:
@@ -279,9 +303,14 @@ class JobMonitor:
         if not parsed or parsed[1] != "status":
             return
         rank = parsed[0]
-        self._current[rank] = value
-        if of_attempt(value, self.spec.attempt):
-            self._last_seen[rank] = value
+        try:
+            status = LearnerStatus.parse(value)
+        except InvalidArgument as e:
+            log.warning("job %s: skipping the value at %s: %s", self.spec.job_id, key, e.message)
+            return
+        self._current[rank] = status
+        if of_attempt(status, self.spec.attempt):
+            self._last_seen[rank] = status
 
     # -- deciding and reporting --------------------------------------------------
 
@@ -315,7 +344,8 @@ class JobMonitor:
         learners = self._learner_statuses()
         for step in steps:
             reason = verdict.reason if step == verdict.state else _STEP_REASONS.get(step, verdict.reason)
-            uri = outputs_uri(self.spec.job_id) if step in (JobState.STORING, JobState.COMPLETED) else ""
+            stored = step in (JobState.STORING, JobState.COMPLETED)
+            uri = uri_for_prefix(outputs_root(self.spec.job_id)) if stored else ""
             self._outbox.append(trainer_pb2.ReportJobStatusRequest(
                 job_id=self.spec.job_id, attempt=self.spec.attempt, state=step, reason=reason, actor=ACTOR,
                 learners=learners, outputs_uri=uri))
@@ -327,10 +357,7 @@ class JobMonitor:
         out = []
         for v in learner_views(self._current, self._last_seen, self.spec.learners, self.spec.attempt):
             message = v.message
-            lost = not v.present and v.state not in (LearnerState.LEARNER_STATE_UNSPECIFIED,
-                                                      LearnerState.LEARNER_COMPLETED,
-                                                      LearnerState.LEARNER_FAILED, LearnerState.LEARNER_HALTED)
-            if lost:
+            if v.lost:
                 message = f"{message}; {_LOST}" if message else _LOST
             out.append(common_pb2.LearnerStatus(rank=v.rank, state=v.state, exit_code=v.exit_code or 0,
                                                 attempt=self.spec.attempt, message=message))
@@ -349,12 +376,14 @@ class JobMonitor:
                           e.message)
             except Exception as e:  # noqa: BLE001 - any other failure: retry later
                 message = e.message if isinstance(e, TrainforgeError) else repr(e)
+                delay = self._report_backoff.next()
                 log.warning("job %s: reporting %s failed (%s); retrying in %gs", self.spec.job_id,
-                            state.name, message, self._retry)
-                self._next_try = self._clock() + self._retry
+                            state.name, message, delay)
+                self._next_try = self._clock() + delay
                 return
             else:
                 self._delivered.append(state)
+            self._report_backoff.reset()
             self._outbox.pop(0)
 
     def _finished(self) -> bool:
