@@ -18,9 +18,7 @@ logged with its key and skipped, never allowed to stop the watch.
 from __future__ import annotations
 
 import logging
-import os
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -28,8 +26,8 @@ from typing import Protocol
 
 from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
 from services.common import rpc, states
-from services.common.adapters.etcd import Coordinator, Event, Lease
-from services.common.contracts.etcd import LearnerStatus, MonitorClaim
+from services.common.adapters.etcd import Coordinator, Event
+from services.common.contracts.etcd import LearnerStatus
 from services.common.contracts.specs import MonitorSpec
 from services.common.contracts.storekeys import outputs_root, uri_for_prefix
 from services.common.errors import (
@@ -39,11 +37,11 @@ from services.common.errors import (
     PermissionDenied,
     TrainforgeError,
     Unauthenticated,
-    Unavailable,
 )
 from services.common.retry import Backoff
 from services.common.states import JobState
 from services.jobmonitor.aggregate import Verdict, aggregate, learner_views, of_attempt
+from services.jobmonitor.claim import BACKOFF_CAP, JobClaim
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +55,6 @@ _STEP_REASONS = {
     JobState.STORING: "every learner exited 0; storing outputs",
 }
 _LOST = "lost: its controller stopped renewing its lease"
-# Retry waits grow from retry_seconds up to this many times it while the Trainer or etcd stays away.
-_BACKOFF_CAP = 8
 
 
 class Reporter(Protocol):
@@ -92,14 +88,12 @@ class JobMonitor:
         self._reporter = reporter
         self._retry = retry_seconds
         self._report_backoff = self._backoff()
-        self._lease_ttl = lease_ttl
         self._clock = clock
         self._keys = coordinator.keys
         self._stop = threading.Event()
-        self._claim_lost = threading.Event()
         self._events: queue.Queue[Event] = queue.Queue()
-        self._lease: Lease | None = None
-        self._lease_lock = threading.Lock()
+        self._claim = JobClaim(coordinator, spec.job_id, spec.attempt, lease_ttl=lease_ttl, retry=retry_seconds,
+                               stop=self._stop, clock=clock)
         # what the monitor knows of the learners
         self._current: dict[int, LearnerStatus] = {}
         self._last_seen: dict[int, LearnerStatus] = {}
@@ -118,17 +112,17 @@ class JobMonitor:
 
     def run(self) -> int:
         job = self.spec.job_id
-        if not self._claim():
+        if not self._claim.acquire():
             return 0
         log.info("job %s attempt %d: monitoring %d learner(s)", job, self.spec.attempt, self.spec.learners)
-        threads = [threading.Thread(target=self._keep_claim, name="monitor-lease", daemon=True),
+        threads = [threading.Thread(target=self._claim.keep, name="monitor-lease", daemon=True),
                    threading.Thread(target=self._watch, name="monitor-watch", daemon=True)]
         for t in threads:
             t.start()
         started = self._clock()
         try:
             while not self._stop.is_set():
-                if self._claim_lost.is_set():
+                if self._claim.lost.is_set():
                     log.warning("job %s: another monitor took over; exiting", job)
                     return 0
                 self._take_events(timeout=self._wait_time())
@@ -144,7 +138,7 @@ class JobMonitor:
             self._stop.set()
             for t in threads:
                 t.join(5)
-            self._release()
+            self._claim.release()
 
     @property
     def finished(self) -> bool:
@@ -156,107 +150,10 @@ class JobMonitor:
         """States the Trainer has taken, in order (for diagnostics and tests)."""
         return list(self._delivered)
 
-    # -- the claim on the job ----------------------------------------------------
+    # -- retries -----------------------------------------------------------------
 
     def _backoff(self) -> Backoff:
-        return Backoff(self._retry, self._retry * _BACKOFF_CAP)
-
-    def _record(self) -> MonitorClaim:
-        return MonitorClaim(pid=os.getpid(), host=socket.gethostname(), attempt=self.spec.attempt)
-
-    def _try_claim(self) -> bool:
-        lease = self._coord.grant_lease(self._lease_ttl)
-        if self._coord.create(self._keys.monitor(self.spec.job_id), self._record().value(), lease=lease):
-            with self._lease_lock:
-                self._lease = lease
-            return True
-        lease.revoke()
-        return False
-
-    def _claim(self) -> bool:
-        """Hold the job's monitor key; False when a live monitor of this (or a later) attempt has it.
-
-        A monitor of an earlier attempt that was killed leaves its key until
-        its lease runs out; that one is waited for rather than obeyed.
-        """
-        key = self._keys.monitor(self.spec.job_id)
-        deadline = self._clock() + 3 * self._lease_ttl
-        backoff = self._backoff()
-        warned = False
-        while not self._stop.is_set():
-            try:
-                if self._try_claim():
-                    return True
-                value, _ = self._coord.get(key)
-            except Unavailable as e:
-                log.warning("job %s: cannot claim the job yet: %s", self.spec.job_id, e.message)
-                self._stop.wait(backoff.next())
-                continue
-            if value is None:
-                continue
-            holder = MonitorClaim.parse_or_none(value)
-            if holder is None:
-                # Nothing to obey: wait it out like an earlier attempt's claim (it lives only as long as its lease).
-                if self._clock() > deadline:
-                    log.warning("job %s: unreadable claim at %s (%s) outlived %ds; exiting", self.spec.job_id,
-                                key, value, 3 * self._lease_ttl)
-                    return False
-                if not warned:
-                    log.warning("job %s: skipping the unreadable claim at %s (%s); waiting for it to expire",
-                                self.spec.job_id, key, value)
-                    warned = True
-                self._stop.wait(min(1.0, self._lease_ttl / 3))
-                continue
-            if self._dead_here(holder) and self._clock() <= deadline:
-                # a monitor of this job that was killed on this machine: its lease runs out soon
-                self._stop.wait(min(1.0, self._lease_ttl / 3))
-                continue
-            if holder.attempt >= self.spec.attempt or self._clock() > deadline:
-                log.info("job %s: monitor already running (%s); exiting", self.spec.job_id, holder.value())
-                return False
-            self._stop.wait(min(1.0, self._lease_ttl / 3))
-        return False
-
-    @staticmethod
-    def _dead_here(holder: MonitorClaim) -> bool:
-        """Whether the claim's holder was a process on this machine that no longer exists."""
-        if holder.host != socket.gethostname() or holder.pid <= 0:
-            return False
-        try:
-            os.kill(holder.pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return False
-
-    def _keep_claim(self) -> None:
-        period = max(self._lease_ttl / 3, 0.2)
-        while not self._stop.wait(period):
-            with self._lease_lock:
-                lease = self._lease
-            if lease is None:
-                continue
-            try:
-                alive = lease.refresh()
-            except Unavailable as e:
-                log.debug("job %s: lease refresh failed: %s", self.spec.job_id, e.message)
-                continue
-            if alive:
-                continue
-            log.warning("job %s: the monitor's lease expired; claiming the job again", self.spec.job_id)
-            try:
-                if not self._try_claim():
-                    self._claim_lost.set()
-                    return
-            except Unavailable as e:
-                log.debug("job %s: re-claim failed: %s", self.spec.job_id, e.message)
-
-    def _release(self) -> None:
-        with self._lease_lock:
-            lease, self._lease = self._lease, None
-        if lease is not None:
-            lease.revoke()
+        return Backoff(self._retry, self._retry * BACKOFF_CAP)
 
     # -- watching the learners ---------------------------------------------------
 
