@@ -112,6 +112,7 @@ class Controller:
         self.status = StatusPublisher(self._coord, self._coord.keys.learner_status(spec.job_id, spec.rank),
                                       spec.lease_ttl)
         self._halt_poll = halt_poll
+        self._bad_halt: dict | None = None
 
     def _object_store(self) -> ObjectStore:
         if self._store is None:
@@ -138,7 +139,9 @@ class Controller:
         try:
             request = HaltRequest.parse(doc)
         except InvalidArgument as e:  # someone else's bad write must not stop the learner or this watch
-            log.warning("ignoring the value at %s: %s", key, e.message)
+            if doc != self._bad_halt:  # once per value, not at every look
+                log.warning("ignoring the value at %s: %s", key, e.message)
+                self._bad_halt = doc
             return True
         if request.attempt != self.spec.attempt:
             return True

@@ -17,7 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.common.contracts.etcd import LearnerStatus
-from services.common.states import LEARNER_EXITED_OK, LEARNER_FINAL, LEARNER_STARTED, JobState, LearnerState
+from services.common.states import (
+    LEARNER_DONE,
+    LEARNER_EXITED_OK,
+    LEARNER_FINAL,
+    LEARNER_STARTED,
+    JobState,
+    LearnerState,
+)
 
 _UNSPECIFIED = LearnerState.LEARNER_STATE_UNSPECIFIED
 
@@ -129,7 +136,7 @@ def aggregate(current: Mapping[int, LearnerStatus | None], learners: int, attemp
     halted = [r for r in range(learners) if states[r] == LearnerState.LEARNER_HALTED]
     if halted and all(s in (LearnerState.LEARNER_HALTED, LearnerState.LEARNER_COMPLETED) for s in states):
         return _halted(halted, effective, learners)
-    if all(s == LearnerState.LEARNER_COMPLETED for s in states):
+    if all(s in LEARNER_DONE for s in states):
         return Verdict(JobState.COMPLETED, f"all {learners} learners completed; outputs stored")
     if all(s in LEARNER_EXITED_OK for s in states):
         storing = sum(s == LearnerState.LEARNER_STORING for s in states)
