@@ -29,9 +29,10 @@ from .base import (
 from .local import LocalStore
 
 if TYPE_CHECKING:
-    from .s3 import S3Store
+    from .s3 import S3Store as S3Store
 
-__all__ = ["SCHEME", "LocalStore", "ObjectInfo", "ObjectStore", "PutBytesViaFile", "S3Store", "StoreError",
+# S3Store is public too, but left out here so that `import *` never loads boto3 (see __getattr__).
+__all__ = ["SCHEME", "LocalStore", "ObjectInfo", "ObjectStore", "PutBytesViaFile", "StoreError",
            "get_dir", "key_from_uri", "objects_under", "open_store", "put_dir", "safe_relative", "sha256_file",
            "store_from_settings", "uri_for"]
 
