@@ -32,7 +32,8 @@ from pathlib import Path
 from frameworks.torch.helper import CHECKPOINT_META as META
 from frameworks.torch.helper import step_in
 from services.common.adapters.etcd import Coordinator
-from services.common.adapters.objectstore import ObjectStore
+from services.common.adapters.objectstore import ObjectStore, get_dir
+from services.common.contracts.etcd import CheckpointStored
 from services.common.contracts.storekeys import (
     checkpoint_rank_prefix,
     checkpoint_root,
@@ -100,13 +101,8 @@ def restore(store: ObjectStore, uri: str, rank: int, world_size: int, directory:
         return None
     prefix = checkpoint_step_prefix(split_checkpoint_uri(uri)[0], rank, step)
     directory.mkdir(parents=True, exist_ok=True)
-    infos = [i for i in store.list(prefix) if i.key.startswith(prefix)]
     # checkpoint.json last, as it was uploaded: a crash mid-restore leaves no complete-looking directory
-    for info in sorted(infos, key=lambda i: i.key.endswith("/" + META)):
-        rel = info.key[len(prefix):]
-        if not rel or rel.startswith("/") or ".." in rel.split("/"):
-            continue
-        store.get_file(info.key, directory / rel)
+    get_dir(store, prefix, directory, last=lambda rel: rel == META)
     return step
 
 
@@ -229,9 +225,9 @@ class CheckpointSync:
                 shutil.copy2(path, target)
 
     def _announce(self, step: int) -> None:
-        value = {"attempt": self.attempt, "step": step, "uri": self.uploaded_uri}
+        value = CheckpointStored(attempt=self.attempt, step=step, uri=self.uploaded_uri)
         try:
-            self._coord.put(self._coord.keys.learner_checkpoint(self.job_id, self.rank), value)
+            self._coord.put(self._coord.keys.learner_checkpoint(self.job_id, self.rank), value.value())
         except TrainforgeError as e:  # the store holds it; etcd only tells observers
             log.warning("could not record checkpoint step %d in etcd: %s", step, e.message)
 

@@ -39,16 +39,19 @@ from dataclasses import dataclass, field
 
 from services.common.adapters.etcd import Coordinator
 from services.common.adapters.logstore import LogStore
-from services.common.adapters.objectstore import SCHEME, ObjectStore, put_dir, store_from_settings
+from services.common.adapters.objectstore import ObjectStore, put_dir, store_from_settings
+from services.common.contracts.etcd import Halted, HaltRequest, LearnerStatus
 from services.common.contracts.specs import LearnerSpec
-from services.common.errors import TrainforgeError
+from services.common.contracts.storekeys import uri_for_prefix
+from services.common.errors import InvalidArgument, TrainforgeError
+from services.common.retry import retry_call
 from services.common.settings import ControllerSettings
 from services.common.states import LearnerState
 
 from .checkpoints import CheckpointSync, choose_step, copy_uri
 from .learner import LearnerProcess, MemoryWatchdog, describe_exit, exit_code_of, learner_env
 from .logship import LogArchive, LogShipper, LogSink
-from .status import StatusPublisher, status_doc
+from .status import StatusPublisher
 from .workdir import Stopped, prepare
 
 log = logging.getLogger(__name__)
@@ -64,6 +67,8 @@ READERS_SECONDS = 10.0
 
 @dataclass
 class Outcome:
+    """How the run ended; the final `LearnerStatus` is made from it once the log tail is known."""
+
     state: LearnerState
     exit_code: int | None = None
     message: str = ""
@@ -71,6 +76,11 @@ class Outcome:
     tail: list[str] = field(default_factory=list)
     step: int | None = None
     checkpoint_uri: str = ""
+
+    def status(self, attempt: int) -> LearnerStatus:
+        return LearnerStatus(state=self.state, attempt=attempt, exit_code=self.exit_code, message=self.message,
+                             tail=self.tail, outputs_uri=self.outputs_uri, step=self.step,
+                             checkpoint_uri=self.checkpoint_uri)
 
 
 class Controller:
@@ -102,6 +112,7 @@ class Controller:
         self.status = StatusPublisher(self._coord, self._coord.keys.learner_status(spec.job_id, spec.rank),
                                       spec.lease_ttl)
         self._halt_poll = halt_poll
+        self._bad_halt: dict | None = None
 
     def _object_store(self) -> ObjectStore:
         if self._store is None:
@@ -117,12 +128,22 @@ class Controller:
 
     def _check_halt(self) -> bool:
         """Look at the halt key once and obey a halt for this attempt; False once there is nothing left to watch."""
+        key = self._coord.keys.halt(self.spec.job_id)
         try:
-            doc, _ = self._coord.get(self._coord.keys.halt(self.spec.job_id))
-        except Exception as e:  # noqa: BLE001 - etcd down or a malformed value: look again later
+            doc, _ = self._coord.get(key)
+        except Exception as e:  # noqa: BLE001 - etcd down: look again later
             log.debug("reading the halt key failed: %s", _text(e))
             return True
-        if not (isinstance(doc, dict) and doc.get("attempt") == self.spec.attempt):
+        if doc is None:
+            return True
+        try:
+            request = HaltRequest.parse(doc)
+        except InvalidArgument as e:  # someone else's bad write must not stop the learner or this watch
+            if doc != self._bad_halt:  # once per value, not at every look
+                log.warning("ignoring the value at %s: %s", key, e.message)
+                self._bad_halt = doc
+            return True
+        if request.attempt != self.spec.attempt:
             return True
         with self._halt_lock:
             if self._learner_exited:
@@ -143,7 +164,7 @@ class Controller:
         if self._checkpoints.uploaded_step is None and spec.checkpoint_uri:
             self._adopt_stored_checkpoint()
         step, uri = self._checkpoints.uploaded_step, self._checkpoints.uploaded_uri
-        self._write_halted({"attempt": spec.attempt, "step": step, "checkpoint_uri": uri})
+        self._write_halted(Halted(attempt=spec.attempt, step=step, checkpoint_uri=uri))
         if step is None:
             message = f"halted ({how}) without a checkpoint; a resume starts over{problem}"
         else:
@@ -151,20 +172,14 @@ class Controller:
         self._system_line(archive, message)
         return Outcome(LearnerState.LEARNER_HALTED, exit_code, message, step=step, checkpoint_uri=uri)
 
-    def _write_halted(self, value: dict) -> None:
+    def _write_halted(self, value: Halted) -> None:
         """The `halted` key, retried through a short etcd outage (the final status is retried the same way)."""
         key = self._coord.keys.learner_halted(self.spec.job_id, self.spec.rank)
-        deadline, pause = time.monotonic() + FINAL_STATUS_SECONDS, 0.1
-        while True:
-            try:
-                self._coord.put(key, value)
-                return
-            except TrainforgeError as e:
-                if time.monotonic() + pause >= deadline:
-                    log.warning("could not write the halted key: %s", e.message)
-                    return
-                time.sleep(pause)
-                pause = min(pause * 2, 2.0)
+        try:
+            retry_call(lambda: self._coord.put(key, value.value()), retry_on=TrainforgeError,
+                       deadline=FINAL_STATUS_SECONDS, initial=0.1, maximum=2.0)
+        except TrainforgeError as e:
+            log.warning("could not write the halted key: %s", e.message)
 
     def _adopt_stored_checkpoint(self) -> None:
         """Halted before the learner restored anything: what a resume would restore is still the checkpoint."""
@@ -185,7 +200,7 @@ class Controller:
 
     def _publish(self, state: LearnerState, **kw) -> None:
         log.info("learner %s/%d attempt %d: %s", self.spec.job_id, self.spec.rank, self.spec.attempt, state.name)
-        self.status.publish(status_doc(state, self.spec.attempt, **kw))
+        self.status.publish(LearnerStatus(state=state, attempt=self.spec.attempt, **kw))
 
     # -- the run ------------------------------------------------------------------
 
@@ -240,9 +255,7 @@ class Controller:
     def _finish(self, outcome: Outcome, rc: int) -> int:
         spec = self.spec
         self._done.set()
-        final = status_doc(outcome.state, spec.attempt, exit_code=outcome.exit_code, message=outcome.message,
-                           tail=outcome.tail, outputs_uri=outcome.outputs_uri, step=outcome.step,
-                           checkpoint_uri=outcome.checkpoint_uri)
+        final = outcome.status(spec.attempt)
         log.info("learner %s/%d attempt %d: %s%s", spec.job_id, spec.rank, spec.attempt, outcome.state.name,
                  f" ({outcome.message})" if outcome.message else "")
         if not self.status.finish(final, FINAL_STATUS_SECONDS):
@@ -316,8 +329,9 @@ class Controller:
             uploaded = put_dir(self._object_store(), spec.outputs_prefix, spec.output_dir)
         except (TrainforgeError, OSError) as e:
             return Outcome(LearnerState.LEARNER_FAILED, 0, f"uploading outputs failed: {_text(e)}")
-        log.info("uploaded %d output files to %s%s", len(uploaded), SCHEME, spec.outputs_prefix)
-        return Outcome(LearnerState.LEARNER_COMPLETED, 0, outputs_uri=SCHEME + spec.outputs_prefix)
+        outputs = uri_for_prefix(spec.outputs_prefix)
+        log.info("uploaded %d output files to %s", len(uploaded), outputs)
+        return Outcome(LearnerState.LEARNER_COMPLETED, 0, outputs_uri=outputs)
 
     def _final_checkpoint(self) -> None:
         """A learner that exited for any other reason may have left a newer checkpoint: keep it if possible."""

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from services.common.adapters.logstore import LogLine
+from services.common.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ class LogShipper:
         self.path = Path(path)
         self._sink = sink
         self._max_lines, self._max_seconds = max_lines, max_seconds
-        self._backoff_initial, self._backoff_max = backoff_initial, backoff_max
+        self._backoff = Backoff(backoff_initial, backoff_max)
         self._poll, self._clock = poll, clock
         self._wake = threading.Event()
         self._closing = threading.Event()
@@ -184,7 +185,6 @@ class LogShipper:
         with f:
             pending: list[LogLine] = []
             oldest = 0.0
-            backoff = self._backoff_initial
             while True:
                 self._wake.clear()
                 # Looked at before reading: close() comes after the last append, so
@@ -210,13 +210,12 @@ class LogShipper:
                     if self._send(pending):
                         self.shipped += len(pending)
                         pending = []
-                        backoff = self._backoff_initial
+                        self._backoff.reset()
                         continue
                     if closing and self._clock() >= self._deadline:
                         log.warning("log shipper gave up at its deadline with unshipped lines: %s", self.last_error)
                         return
-                    self._sleep(min(backoff, max(0.0, self._deadline - self._clock())))
-                    backoff = min(backoff * 2, self._backoff_max)
+                    self._sleep(min(self._backoff.next(), max(0.0, self._deadline - self._clock())))
                     continue
                 if closing and at_eof and not pending:
                     self._drained = True

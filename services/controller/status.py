@@ -9,7 +9,8 @@ expired during an outage is replaced and the document rewritten.
 
 Only that thread writes the key, in order. The final document is written
 without a lease (so the monitor still reads it after the controller exits),
-and only then is the lease revoked.
+and only then is the lease revoked. Documents are `LearnerStatus` models
+(services/common/contracts/etcd.py); what is stored is their `.value()`.
 """
 
 from __future__ import annotations
@@ -19,29 +20,22 @@ import threading
 import time
 
 from services.common.adapters.etcd import Coordinator, Lease
-from services.common.states import LearnerState
+from services.common.contracts.etcd import LearnerStatus
+from services.common.retry import Backoff
 
 log = logging.getLogger(__name__)
-
-
-def status_doc(state: LearnerState, attempt: int, *, exit_code: int | None = None, message: str = "",
-               tail: list[str] | None = None, outputs_uri: str = "", step: int | None = None,
-               checkpoint_uri: str = "") -> dict:
-    """A `learners/<rank>/status` value as docs/CONTRACTS.md defines it (`step`: the stored checkpoint's)."""
-    return {"state": int(state), "attempt": attempt, "exit_code": exit_code, "ts": time.time(),
-            "message": message, "tail": list(tail or []), "outputs_uri": outputs_uri, "step": step,
-            "checkpoint_uri": checkpoint_uri}
 
 
 class StatusPublisher:
     def __init__(self, coordinator: Coordinator, key: str, ttl: int, *, retry_max: float = 2.0):
         self._coord, self._key, self._ttl = coordinator, key, ttl
-        self._retry_max = retry_max
+        # Waits are on the wake event, never a sleep: a new status or the final one cuts a wait short.
+        self._backoff = Backoff(min(0.1, retry_max), retry_max)
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._wanted: dict | None = None
+        self._wanted: LearnerStatus | None = None
         self._version = 0
-        self._final: dict | None = None
+        self._final: LearnerStatus | None = None
         self._final_written = threading.Event()
         self._give_up_at = float("inf")
         self._thread = threading.Thread(target=self._run, name="status-publisher", daemon=True)
@@ -51,14 +45,14 @@ class StatusPublisher:
         self._thread.start()
         return self
 
-    def publish(self, doc: dict) -> None:
+    def publish(self, doc: LearnerStatus) -> None:
         """Make `doc` the learner's status (under the lease); returns at once."""
         with self._lock:
             self._wanted = doc
             self._version += 1
         self._wake.set()
 
-    def finish(self, doc: dict, timeout: float) -> bool:
+    def finish(self, doc: LearnerStatus, timeout: float) -> bool:
         """Write the final `doc` without a lease, then revoke the lease; True when written."""
         with self._lock:
             self._final = doc
@@ -72,7 +66,6 @@ class StatusPublisher:
     def _run(self) -> None:
         written_version = 0
         next_refresh = 0.0
-        backoff = 0.1
         warned = False
         while True:
             self._wake.clear()
@@ -88,7 +81,7 @@ class StatusPublisher:
                     next_refresh = time.monotonic() + self._ttl / 3
                     log.info("status lease %x granted (ttl %ds)", self.lease.id, self._ttl)
                 if wanted is not None and version != written_version:
-                    self._coord.put(self._key, wanted, lease=self.lease)
+                    self._coord.put(self._key, wanted.value(), lease=self.lease)
                     written_version = version
                 if time.monotonic() >= next_refresh:
                     if not self.lease.refresh():
@@ -99,7 +92,8 @@ class StatusPublisher:
                     next_refresh = time.monotonic() + self._ttl / 3
                 if warned:
                     log.info("etcd reachable again")
-                backoff, warned = 0.1, False
+                warned = False
+                self._backoff.reset()
                 self._wake.wait(max(0.0, next_refresh - time.monotonic()))
             except Exception as e:  # noqa: BLE001 - etcd trouble of any kind: retry, never die
                 if final is not None and time.monotonic() >= self._give_up_at:
@@ -108,11 +102,10 @@ class StatusPublisher:
                 if not warned:
                     log.warning("etcd unavailable, retrying: %s", e)
                     warned = True
-                self._wake.wait(backoff)
-                backoff = min(backoff * 2, self._retry_max)
+                self._wake.wait(self._backoff.next())
 
-    def _write_final(self, doc: dict) -> None:
-        self._coord.put(self._key, doc)
+    def _write_final(self, doc: LearnerStatus) -> None:
+        self._coord.put(self._key, doc.value())
         self._final_written.set()
         if self.lease is not None:
             self.lease.revoke()

@@ -15,7 +15,7 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
-from services.common.adapters.objectstore import ObjectStore, key_from_uri
+from services.common.adapters.objectstore import ObjectStore, key_from_uri, objects_under, safe_relative
 from services.common.contracts.specs import LearnerSpec
 from services.common.errors import InvalidArgument, NotFound
 
@@ -29,8 +29,7 @@ class Stopped(Exception):
 
 
 def _unsafe(name: str) -> bool:
-    p = PurePosixPath(name)
-    return not name or p.is_absolute() or ".." in p.parts or "\\" in name
+    return not safe_relative(name)
 
 
 def check_member(m: tarfile.TarInfo) -> None:
@@ -79,15 +78,8 @@ def fetch(store: ObjectStore, uri: str, dest: Path, root: Path, *, into_folder: 
         target = dest / PurePosixPath(key).name if into_folder else dest
         store.get_file(key, _inside(root, target))
         return 1
-    prefix = key + "/"
     count = 0
-    for info in store.list(prefix):
-        # A store may match the prefix loosely (S3 lists "data/mnist2/..." for "data/mnist").
-        if not info.key.startswith(prefix):
-            continue
-        rel = info.key[len(prefix):]
-        if _unsafe(rel):
-            continue
+    for info, rel in objects_under(store, key):
         store.get_file(info.key, _inside(root, Path(dest) / rel))
         count += 1
     if count == 0:

@@ -1,8 +1,8 @@
 """How a job's state follows from its learners' states, kept free of I/O.
 
-The job monitor holds what it has seen in etcd and asks `aggregate` what the
-job's state is; the answer depends only on the arguments, so every rule of
-docs/CONTRACTS.md ("Job monitor -> Trainer") is tested without servers.
+The job monitor holds the `LearnerStatus` values it has parsed from etcd
+and asks `aggregate` what the job's state is; the answer depends only on
+the arguments, so every rule of docs/CONTRACTS.md ("Job monitor -> Trainer") is tested without servers.
 
 Two facts are not in the current etcd contents and are passed in: the last
 status seen for each rank (a learner whose key vanished after it completed
@@ -16,12 +16,17 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from services.common.states import LEARNER_EXITED_OK, LEARNER_FINAL, LEARNER_STARTED, JobState, LearnerState
+from services.common.contracts.etcd import LearnerStatus
+from services.common.states import (
+    LEARNER_DONE,
+    LEARNER_EXITED_OK,
+    LEARNER_FINAL,
+    LEARNER_STARTED,
+    JobState,
+    LearnerState,
+)
 
-# A learner whose key vanished after reaching a final state did not get lost:
-# its controller finished and let its lease go.
-_FINISHED = LEARNER_FINAL
-_EXITED_OK = LEARNER_EXITED_OK
+_UNSPECIFIED = LearnerState.LEARNER_STATE_UNSPECIFIED
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,7 @@ class Verdict:
 
 @dataclass(frozen=True)
 class LearnerView:
-    """One learner as the monitor reports it: its current doc, or the last one seen."""
+    """One learner as the monitor reports it: its current status, or the last one seen."""
 
     rank: int
     state: LearnerState
@@ -44,80 +49,78 @@ class LearnerView:
     message: str
     present: bool
 
-
-def learner_state(doc: Mapping | None) -> LearnerState:
-    """The `state` of a status doc; UNSPECIFIED when absent or not a learner state."""
-    if not doc:
-        return LearnerState.LEARNER_STATE_UNSPECIFIED
-    try:
-        return LearnerState(int(doc.get("state", 0)))
-    except (TypeError, ValueError):
-        return LearnerState.LEARNER_STATE_UNSPECIFIED
+    @property
+    def lost(self) -> bool:
+        """Its key vanished before it reached a final state: its controller stopped renewing the lease."""
+        return not self.present and self.state != _UNSPECIFIED and self.state not in LEARNER_FINAL
 
 
-def of_attempt(doc: Mapping | None, attempt: int) -> bool:
-    return bool(doc) and doc.get("attempt") == attempt
+def learner_state(status: LearnerStatus | None) -> LearnerState:
+    """The state of a status; UNSPECIFIED when there is none."""
+    return status.state if status is not None else _UNSPECIFIED
 
 
-def learner_views(current: Mapping[int, Mapping | None], last_seen: Mapping[int, Mapping],
+def of_attempt(status: LearnerStatus | None, attempt: int) -> bool:
+    return status is not None and status.attempt == attempt
+
+
+def learner_views(current: Mapping[int, LearnerStatus | None], last_seen: Mapping[int, LearnerStatus],
                   learners: int, attempt: int) -> list[LearnerView]:
-    """Every rank of the attempt, from its current doc or else the last one seen (absent: UNSPECIFIED)."""
+    """Every rank of the attempt, from its current status or else the last one seen (absent: UNSPECIFIED)."""
     views = []
     for rank in range(learners):
-        doc = current.get(rank)
-        present = of_attempt(doc, attempt)
+        status = current.get(rank)
+        present = of_attempt(status, attempt)
         if not present:
-            doc = last_seen.get(rank) if of_attempt(last_seen.get(rank), attempt) else None
-        code = doc.get("exit_code") if doc else None
+            status = last_seen.get(rank) if of_attempt(last_seen.get(rank), attempt) else None
         views.append(LearnerView(
-            rank=rank, state=learner_state(doc),
-            exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
-            message=str(doc.get("message") or "") if doc else "", present=present,
+            rank=rank, state=learner_state(status), exit_code=status.exit_code if status else None,
+            message=status.message if status else "", present=present,
         ))
     return views
 
 
-def _failure_reason(rank: int, doc: Mapping) -> str:
-    code = doc.get("exit_code")
-    reason = f"learner {rank} exited with code {code}" if isinstance(code, int) else f"learner {rank} failed"
-    message = str(doc.get("message") or "").strip()
+def _failure_reason(rank: int, status: LearnerStatus) -> str:
+    code = status.exit_code
+    reason = f"learner {rank} exited with code {code}" if code is not None else f"learner {rank} failed"
+    message = status.message.strip()
     if message:
         reason += f": {message}"
-    tail = [str(line) for line in (doc.get("tail") or []) if line is not None]
-    if tail:
-        reason += "; last lines:\n" + "\n".join(tail)
+    if status.tail:
+        reason += "; last lines:\n" + "\n".join(status.tail)
     return reason
 
 
-def aggregate(current: Mapping[int, Mapping | None], learners: int, attempt: int,
-              last_seen: Mapping[int, Mapping], *, waited: float = 0.0,
+def aggregate(current: Mapping[int, LearnerStatus | None], learners: int, attempt: int,
+              last_seen: Mapping[int, LearnerStatus], *, waited: float = 0.0,
               start_timeout: float = math.inf) -> Verdict:
-    """The job's state from its learners' status docs.
+    """The job's state from its learners' statuses.
 
-    current: rank -> the status doc in etcd now (missing or None: no key).
+    current: rank -> the status in etcd now (missing or None: no key, or a
+      value that did not parse).
     learners: how many learners the attempt has (ranks 0..learners-1).
-    attempt: docs of any other attempt are ignored, as if absent.
-    last_seen: rank -> the last doc of this attempt ever seen for it; a rank
-      seen before whose key is gone now was lost, unless it had finished.
-    waited: seconds since the monitor began waiting; a rank without any doc
+    attempt: statuses of any other attempt are ignored, as if absent.
+    last_seen: rank -> the last status of this attempt ever seen for it; a
+      rank seen before whose key is gone now was lost, unless it had finished.
+    waited: seconds since the monitor began waiting; a rank without any status
       after `start_timeout` seconds never started.
 
     DEPLOYING means "not every learner has started yet": nothing to report.
     """
     docs = {r: d for r, d in current.items() if 0 <= r < learners and of_attempt(d, attempt)}
     seen = {r: d for r, d in last_seen.items() if 0 <= r < learners and of_attempt(d, attempt)}
-    # What each rank is now: its doc, or for a vanished one its last doc if that one had finished.
-    effective: dict[int, Mapping] = dict(docs)
+    # What each rank is now: its status, or for a vanished one its last status if that one had finished.
+    effective: dict[int, LearnerStatus] = dict(docs)
     lost: list[int] = []
-    for rank, doc in seen.items():
+    for rank, status in seen.items():
         if rank in docs:
             continue
-        if learner_state(doc) in _FINISHED:
-            effective[rank] = doc
+        if status.final:  # its controller wrote its last status and let the key go
+            effective[rank] = status
         else:
             lost.append(rank)
 
-    failed = sorted(r for r, d in effective.items() if learner_state(d) == LearnerState.LEARNER_FAILED)
+    failed = sorted(r for r, d in effective.items() if d.state == LearnerState.LEARNER_FAILED)
     if failed:
         reason = _failure_reason(failed[0], effective[failed[0]])
         if len(failed) > 1:
@@ -133,9 +136,9 @@ def aggregate(current: Mapping[int, Mapping | None], learners: int, attempt: int
     halted = [r for r in range(learners) if states[r] == LearnerState.LEARNER_HALTED]
     if halted and all(s in (LearnerState.LEARNER_HALTED, LearnerState.LEARNER_COMPLETED) for s in states):
         return _halted(halted, effective, learners)
-    if all(s == LearnerState.LEARNER_COMPLETED for s in states):
+    if all(s in LEARNER_DONE for s in states):
         return Verdict(JobState.COMPLETED, f"all {learners} learners completed; outputs stored")
-    if all(s in _EXITED_OK for s in states):
+    if all(s in LEARNER_EXITED_OK for s in states):
         storing = sum(s == LearnerState.LEARNER_STORING for s in states)
         return Verdict(JobState.STORING, f"all {learners} learners exited 0; {storing} storing outputs")
     if all(s in LEARNER_STARTED for s in states):
@@ -144,10 +147,10 @@ def aggregate(current: Mapping[int, Mapping | None], learners: int, attempt: int
     return Verdict(JobState.DEPLOYING, f"{started} of {learners} learners started")
 
 
-def _halted(halted: list[int], docs: Mapping[int, Mapping], learners: int) -> Verdict:
+def _halted(halted: list[int], statuses: Mapping[int, LearnerStatus], learners: int) -> Verdict:
     """Every learner checkpointed and exited (one that had already completed counts as done)."""
-    steps = [docs[r].get("step") for r in halted]
-    known = [s for s in steps if isinstance(s, int) and not isinstance(s, bool)]
+    steps = [statuses[r].step for r in halted]
+    known = [s for s in steps if s is not None]
     step = min(known) if len(known) == len(steps) else None
     where = f"at step {step}" if step is not None else "without a checkpoint of every learner; resume starts over"
     done = f" ({learners - len(halted)} had completed)" if len(halted) < learners else ""

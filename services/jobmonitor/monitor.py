@@ -10,15 +10,15 @@ the Trainer cannot take yet is retried, never dropped, and nothing later
 overtakes it. The monitor exits once a terminal state has been delivered.
 
 The Trainer is reached through the `Reporter` interface so tests can count
-what would have been sent.
+what would have been sent. Every etcd value is read and written through the
+models in services/common/contracts/etcd.py; a value that does not parse is
+logged with its key and skipped, never allowed to stop the watch.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -26,8 +26,10 @@ from typing import Protocol
 
 from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
 from services.common import rpc, states
-from services.common.adapters.etcd import Coordinator, Event, Lease
+from services.common.adapters.etcd import Coordinator, Event
+from services.common.contracts.etcd import LearnerStatus
 from services.common.contracts.specs import MonitorSpec
+from services.common.contracts.storekeys import outputs_root, uri_for_prefix
 from services.common.errors import (
     Conflict,
     InvalidArgument,
@@ -35,10 +37,11 @@ from services.common.errors import (
     PermissionDenied,
     TrainforgeError,
     Unauthenticated,
-    Unavailable,
 )
-from services.common.states import JobState, LearnerState
+from services.common.retry import Backoff
+from services.common.states import JobState
 from services.jobmonitor.aggregate import Verdict, aggregate, learner_views, of_attempt
+from services.jobmonitor.claim import BACKOFF_CAP, JobClaim
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +77,6 @@ class GrpcReporter:
         self._channel.close()
 
 
-def outputs_uri(job_id: str) -> str:
-    return f"store://jobs/{job_id}/outputs/"
-
-
 class JobMonitor:
     """Watches one attempt of one job until it is terminal; `run()` returns the exit status."""
 
@@ -88,17 +87,16 @@ class JobMonitor:
         self._coord = coordinator
         self._reporter = reporter
         self._retry = retry_seconds
-        self._lease_ttl = lease_ttl
+        self._report_backoff = self._backoff()
         self._clock = clock
         self._keys = coordinator.keys
         self._stop = threading.Event()
-        self._claim_lost = threading.Event()
         self._events: queue.Queue[Event] = queue.Queue()
-        self._lease: Lease | None = None
-        self._lease_lock = threading.Lock()
+        self._claim = JobClaim(coordinator, spec.job_id, spec.attempt, lease_ttl=lease_ttl, retry=retry_seconds,
+                               stop=self._stop, clock=clock)
         # what the monitor knows of the learners
-        self._current: dict[int, dict] = {}
-        self._last_seen: dict[int, dict] = {}
+        self._current: dict[int, LearnerStatus] = {}
+        self._last_seen: dict[int, LearnerStatus] = {}
         self._synced = False
         # what it has decided and sent
         self._reached = JobState.DEPLOYING  # the last state queued for reporting
@@ -114,17 +112,17 @@ class JobMonitor:
 
     def run(self) -> int:
         job = self.spec.job_id
-        if not self._claim():
+        if not self._claim.acquire():
             return 0
         log.info("job %s attempt %d: monitoring %d learner(s)", job, self.spec.attempt, self.spec.learners)
-        threads = [threading.Thread(target=self._keep_claim, name="monitor-lease", daemon=True),
+        threads = [threading.Thread(target=self._claim.keep, name="monitor-lease", daemon=True),
                    threading.Thread(target=self._watch, name="monitor-watch", daemon=True)]
         for t in threads:
             t.start()
         started = self._clock()
         try:
             while not self._stop.is_set():
-                if self._claim_lost.is_set():
+                if self._claim.lost.is_set():
                     log.warning("job %s: another monitor took over; exiting", job)
                     return 0
                 self._take_events(timeout=self._wait_time())
@@ -140,7 +138,7 @@ class JobMonitor:
             self._stop.set()
             for t in threads:
                 t.join(5)
-            self._release()
+            self._claim.release()
 
     @property
     def finished(self) -> bool:
@@ -152,101 +150,24 @@ class JobMonitor:
         """States the Trainer has taken, in order (for diagnostics and tests)."""
         return list(self._delivered)
 
-    # -- the claim on the job ----------------------------------------------------
+    # -- retries -----------------------------------------------------------------
 
-    def _record(self) -> dict:
-        return {"pid": os.getpid(), "host": socket.gethostname(), "attempt": self.spec.attempt}
-
-    def _try_claim(self) -> bool:
-        lease = self._coord.grant_lease(self._lease_ttl)
-        if self._coord.create(self._keys.monitor(self.spec.job_id), self._record(), lease=lease):
-            with self._lease_lock:
-                self._lease = lease
-            return True
-        lease.revoke()
-        return False
-
-    def _claim(self) -> bool:
-        """Hold the job's monitor key; False when a live monitor of this (or a later) attempt has it.
-
-        A monitor of an earlier attempt that was killed leaves its key until
-        its lease runs out; that one is waited for rather than obeyed.
-        """
-        key = self._keys.monitor(self.spec.job_id)
-        deadline = self._clock() + 3 * self._lease_ttl
-        while not self._stop.is_set():
-            try:
-                if self._try_claim():
-                    return True
-                holder, _ = self._coord.get(key)
-            except Unavailable as e:
-                log.warning("job %s: cannot claim the job yet: %s", self.spec.job_id, e.message)
-                self._stop.wait(self._retry)
-                continue
-            if holder is None:
-                continue
-            if self._dead_here(holder) and self._clock() <= deadline:
-                # a monitor of this job that was killed on this machine: its lease runs out soon
-                self._stop.wait(min(1.0, self._lease_ttl / 3))
-                continue
-            if int(holder.get("attempt", self.spec.attempt)) >= self.spec.attempt or self._clock() > deadline:
-                log.info("job %s: monitor already running (%s); exiting", self.spec.job_id, holder)
-                return False
-            self._stop.wait(min(1.0, self._lease_ttl / 3))
-        return False
-
-    @staticmethod
-    def _dead_here(holder: dict) -> bool:
-        """Whether the claim's holder was a process on this machine that no longer exists."""
-        if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
-            return False
-        try:
-            os.kill(holder["pid"], 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return False
-
-    def _keep_claim(self) -> None:
-        period = max(self._lease_ttl / 3, 0.2)
-        while not self._stop.wait(period):
-            with self._lease_lock:
-                lease = self._lease
-            if lease is None:
-                continue
-            try:
-                alive = lease.refresh()
-            except Unavailable as e:
-                log.debug("job %s: lease refresh failed: %s", self.spec.job_id, e.message)
-                continue
-            if alive:
-                continue
-            log.warning("job %s: the monitor's lease expired; claiming the job again", self.spec.job_id)
-            try:
-                if not self._try_claim():
-                    self._claim_lost.set()
-                    return
-            except Unavailable as e:
-                log.debug("job %s: re-claim failed: %s", self.spec.job_id, e.message)
-
-    def _release(self) -> None:
-        with self._lease_lock:
-            lease, self._lease = self._lease, None
-        if lease is not None:
-            lease.revoke()
+    def _backoff(self) -> Backoff:
+        return Backoff(self._retry, self._retry * BACKOFF_CAP)
 
     # -- watching the learners ---------------------------------------------------
 
     def _watch(self) -> None:
         prefix = self._keys.learners(self.spec.job_id)
+        backoff = self._backoff()
         while not self._stop.is_set():
             try:
                 for event in self._coord.watch_prefix(prefix, stop=self._stop):
                     self._events.put(event)
+                    backoff.reset()
             except Exception:  # noqa: BLE001 - a broken watch must not blind the monitor: reopen it
                 log.exception("job %s: watch failed; reopening", self.spec.job_id)
-                self._stop.wait(self._retry)
+                self._stop.wait(backoff.next())
 
     def _take_events(self, timeout: float) -> None:
         try:
@@ -279,9 +200,14 @@ class JobMonitor:
         if not parsed or parsed[1] != "status":
             return
         rank = parsed[0]
-        self._current[rank] = value
-        if of_attempt(value, self.spec.attempt):
-            self._last_seen[rank] = value
+        try:
+            status = LearnerStatus.parse(value)
+        except InvalidArgument as e:
+            log.warning("job %s: skipping the value at %s: %s", self.spec.job_id, key, e.message)
+            return
+        self._current[rank] = status
+        if of_attempt(status, self.spec.attempt):
+            self._last_seen[rank] = status
 
     # -- deciding and reporting --------------------------------------------------
 
@@ -315,7 +241,8 @@ class JobMonitor:
         learners = self._learner_statuses()
         for step in steps:
             reason = verdict.reason if step == verdict.state else _STEP_REASONS.get(step, verdict.reason)
-            uri = outputs_uri(self.spec.job_id) if step in (JobState.STORING, JobState.COMPLETED) else ""
+            stored = step in (JobState.STORING, JobState.COMPLETED)
+            uri = uri_for_prefix(outputs_root(self.spec.job_id)) if stored else ""
             self._outbox.append(trainer_pb2.ReportJobStatusRequest(
                 job_id=self.spec.job_id, attempt=self.spec.attempt, state=step, reason=reason, actor=ACTOR,
                 learners=learners, outputs_uri=uri))
@@ -327,10 +254,7 @@ class JobMonitor:
         out = []
         for v in learner_views(self._current, self._last_seen, self.spec.learners, self.spec.attempt):
             message = v.message
-            lost = not v.present and v.state not in (LearnerState.LEARNER_STATE_UNSPECIFIED,
-                                                      LearnerState.LEARNER_COMPLETED,
-                                                      LearnerState.LEARNER_FAILED, LearnerState.LEARNER_HALTED)
-            if lost:
+            if v.lost:
                 message = f"{message}; {_LOST}" if message else _LOST
             out.append(common_pb2.LearnerStatus(rank=v.rank, state=v.state, exit_code=v.exit_code or 0,
                                                 attempt=self.spec.attempt, message=message))
@@ -349,12 +273,14 @@ class JobMonitor:
                           e.message)
             except Exception as e:  # noqa: BLE001 - any other failure: retry later
                 message = e.message if isinstance(e, TrainforgeError) else repr(e)
+                delay = self._report_backoff.next()
                 log.warning("job %s: reporting %s failed (%s); retrying in %gs", self.spec.job_id,
-                            state.name, message, self._retry)
-                self._next_try = self._clock() + self._retry
+                            state.name, message, delay)
+                self._next_try = self._clock() + delay
                 return
             else:
                 self._delivered.append(state)
+            self._report_backoff.reset()
             self._outbox.pop(0)
 
     def _finished(self) -> bool:

@@ -15,6 +15,7 @@ import time
 import psutil
 
 from services.common.adapters.objectstore import store_from_settings
+from services.common.contracts.etcd import CheckpointStored, Halted, LearnerStatus
 from services.common.states import LearnerState
 from tests.integration.test_controller_run import controller_log, launch, pack, status, watch_states  # noqa: F401
 from tests.servers import wait_for
@@ -96,6 +97,24 @@ def test_a_learner_ignoring_the_halt_signal_is_killed_and_keeps_its_last_periodi
     assert doc["state"] == LearnerState.LEARNER_HALTED, doc
     assert "killed after the grace period" in doc["message"], doc["message"]
     assert doc["step"] >= periodic["step"] and doc["step"] % 10 == 0
+
+
+def test_a_malformed_halt_value_is_logged_with_its_key_and_ignored(launch, coordinator):  # noqa: F811
+    run = start(launch)
+    wait_for(lambda: checkpoint_key(coordinator, run), 30, "a first checkpoint upload")
+    key = coordinator.keys.halt(run.job)
+    coordinator.put(key, {"attempt": "soon"})
+    wait_for(lambda: f"ignoring the value at {key}" in controller_log(run), 30, "the bad halt value logged")
+    assert controller_log(run).count(f"ignoring the value at {key}") == 1
+    assert status(coordinator, run)["state"] == LearnerState.LEARNER_RUNNING
+    assert run.proc.poll() is None
+    halt(coordinator, run)
+    assert run.wait(30) == 0, controller_log(run)
+    final = LearnerStatus.parse(status(coordinator, run))
+    assert final.state == LearnerState.LEARNER_HALTED
+    halted = Halted.parse(coordinator.get(coordinator.keys.learner_halted(run.job, 0))[0])
+    stored = CheckpointStored.parse(checkpoint_key(coordinator, run))
+    assert (halted.step, halted.checkpoint_uri) == (final.step, final.checkpoint_uri) == (stored.step, stored.uri)
 
 
 def test_a_halt_for_another_attempt_is_ignored(launch, coordinator):  # noqa: F811

@@ -20,6 +20,7 @@ import pytest
 
 from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
 from services.common import rpc
+from services.common.contracts.etcd import MonitorClaim
 from services.common.contracts.specs import MonitorSpec
 from services.common.errors import NotFound, Unavailable
 from services.common.states import JobState, LearnerState
@@ -241,14 +242,44 @@ def test_a_second_monitor_for_the_job_exits_without_reporting(coordinator, job, 
     assert not monitor_claimed(coordinator, job)
 
 
-def test_a_monitor_of_a_later_attempt_waits_out_a_dead_earlier_monitor(coordinator, job, start):
+@pytest.mark.parametrize("claim", [MonitorClaim(pid=1, host="elsewhere", attempt=1).value(),
+                                   {"pid": 1, "attempt": 1}], ids=["earlier-attempt", "unreadable"])
+def test_a_monitor_of_a_later_attempt_waits_out_a_dead_earlier_monitor(coordinator, job, start, claim, caplog):
     lease = coordinator.grant_lease(2)  # an attempt-1 monitor that was SIGKILLed: nobody refreshes it
-    assert coordinator.create(coordinator.keys.monitor(job), {"pid": 1, "attempt": 1}, lease=lease)
+    assert coordinator.create(coordinator.keys.monitor(job), claim, lease=lease)
     reporter = FakeReporter()
     run = start(reporter, attempt=2)
     put(coordinator, job, 0, L.LEARNER_COMPLETED, attempt=2)
     put(coordinator, job, 1, L.LEARNER_COMPLETED, attempt=2)
     assert run.wait(30) == 0
+    assert reporter.states == [JobState.RUNNING, JobState.STORING, JobState.COMPLETED]
+    unreadable = [r.getMessage() for r in caplog.records if "unreadable claim" in r.getMessage()]
+    assert bool(unreadable) == ("host" not in claim)
+    assert all(coordinator.keys.monitor(job) in m for m in unreadable)
+
+
+def test_the_claim_is_a_monitor_claim_value(coordinator, job, start):
+    run = start(FakeReporter(), attempt=3)
+    value = wait_for(lambda: coordinator.get(coordinator.keys.monitor(job))[0], 10, "the claim")
+    claim = MonitorClaim.parse(value)
+    assert (claim.pid, claim.attempt) == (os.getpid(), 3)
+    run.stop()
+
+
+def test_a_malformed_status_is_logged_with_its_key_and_skipped(coordinator, job, start, caplog):
+    reporter = FakeReporter()
+    run = start(reporter)
+    wait_for(lambda: monitor_claimed(coordinator, job), 10, "the claim")
+    put(coordinator, job, 0, L.LEARNER_RUNNING)
+    put(coordinator, job, 1, L.LEARNER_RUNNING)
+    wait_for(lambda: reporter.states == [JobState.RUNNING], 10, "RUNNING")
+    key = coordinator.keys.learner_status(job, 1)
+    coordinator.put(key, {"state": "bogus", "attempt": 1})
+    wait_for(lambda: any(key in r.getMessage() and "skipping" in r.getMessage() for r in caplog.records), 10,
+             "the malformed value logged with its key")
+    put(coordinator, job, 0, L.LEARNER_COMPLETED, exit_code=0)
+    put(coordinator, job, 1, L.LEARNER_COMPLETED, exit_code=0)
+    assert run.wait() == 0
     assert reporter.states == [JobState.RUNNING, JobState.STORING, JobState.COMPLETED]
 
 

@@ -18,7 +18,6 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from services.common.adapters import objectstore
 from services.common.adapters.objectstore import (
     LocalStore,
     S3Store,
@@ -28,6 +27,7 @@ from services.common.adapters.objectstore import (
     put_dir,
     sha256_file,
 )
+from services.common.adapters.objectstore import s3 as objectstore_s3
 from services.common.errors import InvalidArgument, NotFound
 from tests.servers import free_port
 
@@ -204,20 +204,20 @@ def test_multipart_upload_is_checked_against_local_part_digests(request, s3_serv
     src = write(tmp_path / "mid.bin", os.urandom(6 * 2**20))
     assert store.put_file("mid.bin", src).size == 6 * 2**20  # two parts, verified
 
-    real = objectstore._sha256_parts
+    real = objectstore_s3._sha256_parts
 
     def stale_parts(path, part_size):  # as if the file changed after it was hashed
         whole, parts = real(path, part_size)
         return whole, [hashlib.sha256(b"other").digest()] + parts[1:]
 
-    monkeypatch.setattr(objectstore, "_sha256_parts", stale_parts)
+    monkeypatch.setattr(objectstore_s3, "_sha256_parts", stale_parts)
     with pytest.raises(StoreError, match=r"upload of mid2.bin did not verify: stored SHA-256 checksum"):
         store.put_file("mid2.bin", src)
 
 
 def test_single_part_upload_with_wrong_digest_is_refused_by_the_server(s3, tmp_path, monkeypatch):
     src = write(tmp_path / "f.bin", b"actual bytes")
-    monkeypatch.setattr(objectstore, "_sha256_parts",
+    monkeypatch.setattr(objectstore_s3, "_sha256_parts",
                         lambda path, part_size: (hashlib.sha256(b"other bytes").digest(), []))
     with pytest.raises(StoreError, match=r"failed to upload f.bin: BadDigest"):
         s3.put_file("f.bin", src)

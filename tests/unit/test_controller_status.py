@@ -5,9 +5,10 @@ from __future__ import annotations
 import threading
 import time
 
+from services.common.contracts.etcd import LearnerStatus
 from services.common.errors import Unavailable
 from services.common.states import LearnerState
-from services.controller.status import StatusPublisher, status_doc
+from services.controller.status import StatusPublisher
 from tests.servers import wait_for
 
 
@@ -57,15 +58,27 @@ class FakeEtcd:
         return item[0]["state"] if item else None
 
 
-def doc(state: LearnerState, **kw) -> dict:
-    return status_doc(state, 1, **kw)
+def doc(state: LearnerState, **kw) -> LearnerStatus:
+    return LearnerStatus(state=state, attempt=1, **kw)
 
 
-def test_status_doc_follows_the_contract():
-    d = status_doc(LearnerState.LEARNER_FAILED, 2, exit_code=3, message="m", tail=["a"], outputs_uri="")
+def test_the_stored_status_keeps_the_wire_format():
+    d = LearnerStatus(state=LearnerState.LEARNER_FAILED, attempt=2, exit_code=3, message="m", tail=["a"]).value()
     assert set(d) == {"state", "attempt", "exit_code", "ts", "message", "tail", "outputs_uri", "step", "checkpoint_uri"}
     assert (d["state"], d["attempt"], d["exit_code"], d["tail"]) == (int(LearnerState.LEARNER_FAILED), 2, 3, ["a"])
+    assert type(d["state"]) is int
     assert abs(d["ts"] - time.time()) < 5
+    assert LearnerStatus.parse(d) == LearnerStatus.parse(dict(d))
+
+
+def test_the_publisher_stores_the_models_value():
+    etcd = FakeEtcd()
+    pub = StatusPublisher(etcd, "k", ttl=2).start()
+    status = doc(LearnerState.LEARNER_RUNNING, message="go")
+    pub.publish(status)
+    wait_for(lambda: etcd.state() == LearnerState.LEARNER_RUNNING, 5, "RUNNING")
+    assert etcd.data["k"][0] == status.value()
+    assert pub.finish(doc(LearnerState.LEARNER_COMPLETED, exit_code=0), timeout=5)
 
 
 def test_writes_under_a_lease_and_finishes_without_one():

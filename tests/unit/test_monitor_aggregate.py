@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from services.common.contracts.etcd import LearnerStatus
 from services.common.states import JobState, LearnerState
 from services.jobmonitor.aggregate import aggregate, learner_state, learner_views
 
@@ -13,9 +14,11 @@ L = LearnerState
 ATTEMPT = 2
 
 
-def doc(state: LearnerState, attempt: int = ATTEMPT, **extra) -> dict:
-    return {"state": int(state), "attempt": attempt, "exit_code": None, "ts": 1.0, "message": "", "tail": [],
-            "outputs_uri": "", **extra}
+def doc(state: LearnerState, attempt: int = ATTEMPT, **extra) -> LearnerStatus:
+    # Through the wire format, as the monitor reads it from etcd.
+    value = {"state": int(state), "attempt": attempt, "exit_code": None, "ts": 1.0, "message": "", "tail": [],
+             "outputs_uri": "", **extra}
+    return LearnerStatus.parse(value)
 
 
 def agg(current: dict, learners: int = 2, last_seen: dict | None = None, **kw):
@@ -128,8 +131,9 @@ def test_docs_of_other_attempts_are_ignored():
     # an old attempt's doc vanishing is not a loss of this attempt's learner
     assert agg({0: doc(L.LEARNER_RUNNING)}, last_seen={1: doc(L.LEARNER_RUNNING, attempt=1)}).state \
         == JobState.DEPLOYING
-    # a doc without an attempt belongs to none
-    assert agg({0: {"state": int(L.LEARNER_FAILED)}}, learners=1).state == JobState.DEPLOYING
+    # a doc without an attempt belongs to none: it does not parse, and the monitor skips it
+    assert LearnerStatus.parse_or_none({"state": int(L.LEARNER_FAILED)}) is None
+    assert agg({0: None}, learners=1).state == JobState.DEPLOYING
 
 
 def test_this_attempts_learner_replaced_by_another_attempts_doc_is_lost():
@@ -144,10 +148,11 @@ def test_ranks_outside_the_attempt_are_ignored():
 
 
 def test_unknown_or_malformed_states_count_as_not_started():
-    assert learner_state({"state": 99}) == L.LEARNER_STATE_UNSPECIFIED
-    assert learner_state({"state": "running"}) == L.LEARNER_STATE_UNSPECIFIED
+    for bad in ({"state": 99, "attempt": ATTEMPT}, {"state": "running", "attempt": ATTEMPT}, {"attempt": ATTEMPT}):
+        assert LearnerStatus.parse_or_none(bad) is None, bad
     assert learner_state(None) == L.LEARNER_STATE_UNSPECIFIED
-    assert agg({0: {"state": 99, "attempt": ATTEMPT}}, learners=1).state == JobState.DEPLOYING
+    parsed = LearnerStatus.parse_or_none({"state": 99, "attempt": ATTEMPT})
+    assert agg({0: parsed}, learners=1).state == JobState.DEPLOYING
 
 
 def test_halting_learners_keep_the_job_running_until_every_one_halted():

@@ -14,7 +14,6 @@ import json
 import logging
 import queue
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ import pyetcd.exceptions as etcd_exc
 
 from services.common.errors import Unavailable
 from services.common.keys import Keys
+from services.common.retry import Backoff, retry_call
 
 log = logging.getLogger(__name__)
 
@@ -155,13 +155,16 @@ class Coordinator:
         """
         stop = stop or threading.Event()
         next_rev = start_revision
+        # Waits stay within `poll`, so a restarted etcd is found again within a poll.
+        backoff = Backoff(min(0.05, poll), poll)
         while not stop.is_set():
             if next_rev is None:
                 try:
                     snapshot, rev = self.list(prefix)
                 except Unavailable:
-                    stop.wait(poll)
+                    stop.wait(backoff.next())
                     continue
+                backoff.reset()
                 yield Event("resync", revision=rev, snapshot=snapshot)
                 next_rev = rev + 1
             q: queue.Queue = queue.Queue()
@@ -173,7 +176,7 @@ class Coordinator:
             except Exception as e:  # noqa: BLE001 - etcd down: retry after a pause
                 log.debug("watch on %s failed to open: %s", prefix, e)
                 self._reset_watcher()
-                stop.wait(poll)
+                stop.wait(backoff.next())
                 continue
             try:
                 while not stop.is_set():
@@ -187,8 +190,9 @@ class Coordinator:
                     if isinstance(item, Exception):
                         log.debug("watch on %s broke: %s; resuming from %s", prefix, item, next_rev)
                         self._reset_watcher()
-                        stop.wait(poll)
+                        stop.wait(backoff.next())
                         break
+                    backoff.reset()
                     for ev in item.events:
                         kind = "delete" if isinstance(ev, pyetcd.events.DeleteEvent) else "put"
                         rev = ev.mod_revision
@@ -215,8 +219,8 @@ class Coordinator:
 
 
 def wait_healthy(coord: Coordinator, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not coord.healthy():
-        if time.monotonic() > deadline:
+    def check() -> None:
+        if not coord.healthy():
             raise Unavailable("etcd did not become healthy in time")
-        time.sleep(0.1)
+
+    retry_call(check, retry_on=Unavailable, deadline=timeout, initial=0.1, maximum=1.0)

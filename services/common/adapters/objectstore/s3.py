@@ -1,10 +1,7 @@
-"""Object storage behind one interface: a local directory or S3 (boto3).
+"""Objects in an S3 bucket (boto3): the only module that imports boto3, botocore or s3transfer.
 
-The only module that imports boto3. Objects are addressed by key
-("jobs/<job>/code.tar.gz"); users see them as `store://<key>` URIs. Every
-upload is verified before it returns: the stored size and SHA-256 must match
-the local file's, or `StoreError` is raised and the caller must not move the
-job on.
+Imported lazily by `open_store` for `s3://` URLs, so a process using the
+local store never loads boto3.
 """
 
 from __future__ import annotations
@@ -12,13 +9,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
-from urllib.parse import unquote, urlparse
 
 import boto3
 import botocore.exceptions
@@ -26,144 +19,13 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from s3transfer.utils import ChunksizeAdjuster
 
-from services.common.contracts.storekeys import SCHEME, key_from_uri, uri_for  # noqa: F401 - re-exported
+from services.common.contracts.storekeys import uri_for
 from services.common.errors import InvalidArgument, NotFound, TrainforgeError
 
-
-class StoreError(TrainforgeError):
-    code = "store_error"
-    http_status = 502
+from .base import ObjectInfo, PutBytesViaFile, StoreError, sha256_file
 
 
-@dataclass(frozen=True)
-class ObjectInfo:
-    key: str
-    size: int
-    sha256: str
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-class ObjectStore(Protocol):
-    def put_file(self, key: str, path: Path) -> ObjectInfo: ...
-    def get_file(self, key: str, path: Path) -> ObjectInfo: ...
-    def put_bytes(self, key: str, data: bytes) -> ObjectInfo: ...
-    def get_bytes(self, key: str) -> bytes: ...
-    def list(self, prefix: str) -> list[ObjectInfo]: ...  # keys and sizes; sha256 is ""
-    def exists(self, key: str) -> bool: ...
-    def delete_prefix(self, prefix: str) -> int: ...
-
-
-def put_dir(store: ObjectStore, prefix: str, directory: Path) -> list[ObjectInfo]:
-    """Upload every file under directory to prefix/<relative path>, verified."""
-    out = []
-    for path in sorted(p for p in Path(directory).rglob("*") if p.is_file()):
-        out.append(store.put_file(f"{prefix.rstrip('/')}/{path.relative_to(directory).as_posix()}", path))
-    return out
-
-
-def get_dir(store: ObjectStore, prefix: str, directory: Path) -> list[ObjectInfo]:
-    """Download every object under prefix into directory, keeping relative paths."""
-    prefix = prefix.rstrip("/") + "/"
-    out = []
-    for info in store.list(prefix):
-        rel = info.key[len(prefix):]
-        if not rel or ".." in rel.split("/"):
-            continue
-        out.append(store.get_file(info.key, Path(directory) / rel))
-    return out
-
-
-class _PutBytesViaFile:
-    """put_bytes as put_file of a temporary file, so bytes get the same verified path as files."""
-
-    def put_file(self, key: str, path: Path) -> ObjectInfo:
-        raise NotImplementedError
-
-    def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
-        with tempfile.NamedTemporaryFile(delete=False) as f:
-            f.write(data)
-        try:
-            return self.put_file(key, Path(f.name))
-        finally:
-            os.unlink(f.name)
-
-
-class LocalStore(_PutBytesViaFile):
-    """Objects as files under a root directory (the embedded default)."""
-
-    def __init__(self, root: Path):
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-
-    def _path(self, key: str) -> Path:
-        key = key.strip("/")
-        if not key or ".." in key.split("/"):
-            raise InvalidArgument(f"invalid object key {key!r}")
-        return self.root / key
-
-    def _info(self, key: str, path: Path) -> ObjectInfo:
-        return ObjectInfo(key.strip("/"), path.stat().st_size, sha256_file(path))
-
-    def put_file(self, key: str, path: Path) -> ObjectInfo:
-        dest = self._path(key)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        want = ObjectInfo(key.strip("/"), Path(path).stat().st_size, sha256_file(Path(path)))
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".upload-")
-        os.close(fd)
-        try:
-            shutil.copyfile(path, tmp)
-            got = self._info(key, Path(tmp))
-            if got != want:
-                raise StoreError(f"upload of {key} did not verify: {got} != {want}")
-            os.replace(tmp, dest)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        return want
-
-    def get_file(self, key: str, path: Path) -> ObjectInfo:
-        src = self._path(key)
-        if not src.is_file():
-            raise NotFound(f"object {uri_for(key)} does not exist")
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, path)
-        return self._info(key, Path(path))
-
-    def get_bytes(self, key: str) -> bytes:
-        src = self._path(key)
-        if not src.is_file():
-            raise NotFound(f"object {uri_for(key)} does not exist")
-        return src.read_bytes()
-
-    def list(self, prefix: str) -> list[ObjectInfo]:
-        """Like S3Store.list: keys and sizes, no SHA-256 (sha256 is ""), so a listing reads no file."""
-        prefix = prefix.strip("/")
-        base = self.root / prefix if prefix else self.root
-        if base.is_file():
-            return [ObjectInfo(prefix, base.stat().st_size, "")]
-        if not base.is_dir():
-            return []
-        return [ObjectInfo(p.relative_to(self.root).as_posix(), p.stat().st_size, "")
-                for p in sorted(base.rglob("*")) if p.is_file() and not p.name.startswith(".upload-")]
-
-    def exists(self, key: str) -> bool:
-        return self._path(key).is_file()
-
-    def delete_prefix(self, prefix: str) -> int:
-        items = self.list(prefix)
-        for info in items:
-            self._path(info.key).unlink(missing_ok=True)
-        return len(items)
-
-
-class S3Store(_PutBytesViaFile):
+class S3Store(PutBytesViaFile):
     """Objects in an S3 bucket under a key prefix.
 
     Uploads are verified three ways before `put_file` returns: the stored size,
@@ -406,20 +268,3 @@ def _check_download(key: str, got: ObjectInfo, size: int, sha256: str) -> None:
     if got.size != size or (sha256 and got.sha256 != sha256):
         raise StoreError(f"download of {key} did not verify: got {got.size} bytes sha256 {got.sha256}, "
                          f"object has {size} bytes sha256 {sha256 or '(not recorded)'}")
-
-
-def open_store(url: str, *, endpoint: str = "", access_key: str = "", secret_key: str = "",
-               region: str = "us-east-1", **s3_options) -> ObjectStore:
-    """file:///dir -> LocalStore; s3://bucket/prefix -> S3Store (s3_options go to S3Store)."""
-    parsed = urlparse(url)
-    if parsed.scheme == "file":
-        return LocalStore(Path(unquote(parsed.path)))
-    if parsed.scheme == "s3":
-        return S3Store(parsed.netloc, parsed.path, endpoint=endpoint, access_key=access_key,
-                       secret_key=secret_key, region=region, create_bucket=True, **s3_options)
-    raise InvalidArgument(f"object store URL {url!r} must start with file:// or s3://")
-
-
-def store_from_settings(settings) -> ObjectStore:  # noqa: ANN001 - any StoreSettings
-    return open_store(settings.objectstore(), endpoint=settings.s3_endpoint, access_key=settings.s3_access_key,
-                      secret_key=settings.s3_secret_key, region=settings.s3_region)
