@@ -86,5 +86,5 @@ class ControllerSettings(StoreSettings):
 
 
 class MonitorSettings(StoreSettings):
-    report_retry_seconds: float = Field(1.0, gt=0, le=60, description="wait between retries of a Trainer report")
+    report_retry_seconds: float = Field(1.0, gt=0, le=60, description="first wait before retrying a Trainer report; later waits double, up to 8 times it")
     lease_ttl: int = Field(10, ge=2, le=300, description="seconds the monitor's claim on its job lives")
