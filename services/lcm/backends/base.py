@@ -30,6 +30,11 @@ class Role(enum.Enum):
     CONTROLLER = "controller"
 
 
+def process_name(role: Role, rank: int | None = None) -> str:
+    """'monitor' or 'controller-<rank>': unique within an attempt (also its log's and spec's stem)."""
+    return role.value if role is Role.MONITOR else f"{role.value}-{rank}"
+
+
 @dataclass(frozen=True)
 class Handle:
     """One process (or pod) of an attempt; `ref` is the backend's own id for it (a pid, a pod name)."""
@@ -40,8 +45,7 @@ class Handle:
 
     @property
     def name(self) -> str:
-        """'monitor' or 'controller-<rank>': unique within an attempt."""
-        return self.role.value if self.role is Role.MONITOR else f"{self.role.value}-{self.rank}"
+        return process_name(self.role, self.rank)
 
     def __str__(self) -> str:
         return f"{self.name}:{self.ref}"
@@ -71,6 +75,7 @@ class JobView:
         return [o.handle for o in self.processes]
 
     def names(self) -> set[str]:
+        """The names of every process the backend started for the attempt, running or not."""
         return {o.handle.name for o in self.processes}
 
 
@@ -111,7 +116,7 @@ class AttemptPlan(BaseModel):
 
     def expected(self) -> set[str]:
         """The handle names a fully launched attempt has."""
-        return {Role.MONITOR.value, *(f"{Role.CONTROLLER.value}-{r}" for r in range(self.world_size))}
+        return {process_name(Role.MONITOR), *(process_name(Role.CONTROLLER, r) for r in range(self.world_size))}
 
 
 @dataclass(frozen=True)

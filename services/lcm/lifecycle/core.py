@@ -28,7 +28,7 @@ from services.common.errors import Conflict, ResourceExhausted
 from services.common.settings import LcmSettings
 from services.lcm.backends.base import AttemptPlan, Backend, Capacity, Handle, JobView
 from services.lcm.lifecycle.plan import JobDeployment, build_plan, check_attempt
-from services.lcm.lifecycle.records import AttemptRecord, AttemptRecords
+from services.lcm.lifecycle.records import AttemptRecord, attempt_records
 from services.lcm.lifecycle.supervision import Supervision, unfinished
 from services.lcm.lifecycle.types import RunningJob
 
@@ -50,7 +50,7 @@ class Lifecycle:
         self._own_coordinator = own_coordinator
         self._lease_ttl = lease_ttl
         self._start_timeout = start_timeout
-        self._records = AttemptRecords(Path(state_dir).resolve() / "lcm" / "jobs")
+        self._records = attempt_records(Path(state_dir).resolve())
         self._lock = threading.Lock()
         self._job_locks: dict[str, threading.Lock] = {}
         self._launching: set[str] = set()

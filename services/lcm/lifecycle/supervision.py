@@ -26,7 +26,8 @@ from services.common.contracts.etcd import LearnerStatus
 from services.common.errors import TrainforgeError
 from services.common.states import LearnerState
 from services.lcm.backends.base import Backend, JobView, Role
-from services.lcm.lifecycle.records import AttemptRecord, AttemptRecords
+from services.lcm.lifecycle.records import AttemptRecord
+from services.lcm.store import RecordStore
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def unfinished(record: AttemptRecord, view: JobView) -> bool:
 
 
 class Supervision:
-    def __init__(self, backend: Backend, coordinator: Coordinator, records: AttemptRecords,
+    def __init__(self, backend: Backend, coordinator: Coordinator, records: RecordStore[AttemptRecord],
                  job_lock: Callable[[str], threading.Lock]):
         self._backend = backend
         self._coord = coordinator

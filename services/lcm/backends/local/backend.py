@@ -31,9 +31,20 @@ from services.common import proctree
 from services.common.errors import TrainforgeError
 from services.common.keys import MONITOR_DONE
 from services.common.settings import LcmSettings
-from services.lcm.backends.base import AttemptPlan, Backend, Capacity, Handle, JobView, Observed, Role, Site
+from services.lcm.backends.base import (
+    AttemptPlan,
+    Backend,
+    Capacity,
+    Handle,
+    JobView,
+    Observed,
+    Role,
+    Site,
+    process_name,
+)
 from services.lcm.backends.local import processes
-from services.lcm.backends.local.records import ProcessEntry, ProcessRecord, ProcessRecords, write_json
+from services.lcm.backends.local.records import ProcessEntry, ProcessRecord, process_records
+from services.lcm.store import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +62,7 @@ class LocalBackend(Backend):
         self._gpus = settings.local_gpus if settings.local_gpus >= 0 else processes.detect_gpus()
         state = Path(settings.state_dir).resolve()
         self._work = state / "work"
-        self._records = ProcessRecords(state / "lcm" / "local")
+        self._records = process_records(state)
         self._lock = threading.Lock()
         self._children: dict[int, subprocess.Popen] = {}
 
@@ -70,7 +81,7 @@ class LocalBackend(Backend):
 
     def _spawn(self, record: ProcessRecord, role: Role, rank: int | None) -> ProcessRecord:
         attempt_dir = record.attempt_dir
-        name = Handle(role, "", rank).name
+        name = process_name(role, rank)
         argv = [self._python, "-m", _MODULES[role], "--spec", str(self._spec_path(attempt_dir, role, rank))]
         try:
             popen, started = processes.spawn(argv, attempt_dir, attempt_dir / f"{name}.log",
@@ -95,10 +106,10 @@ class LocalBackend(Backend):
         attempt_dir.mkdir(parents=True, exist_ok=True)
         # a launch of this attempt that is redone must not inherit the marker of the one before
         (attempt_dir / MONITOR_DONE).unlink(missing_ok=True)
-        write_json(self._spec_path(attempt_dir, Role.MONITOR, None), plan.monitor.to_json())
+        write_atomically(self._spec_path(attempt_dir, Role.MONITOR, None), plan.monitor.to_json())
         for spec in plan.learners:
             spec.workdir.mkdir(parents=True, exist_ok=True)
-            write_json(self._spec_path(attempt_dir, Role.CONTROLLER, spec.rank), spec.to_json())
+            write_atomically(self._spec_path(attempt_dir, Role.CONTROLLER, spec.rank), spec.to_json())
         record = ProcessRecord(job_id=plan.job_id, attempt=plan.attempt, attempt_dir=attempt_dir)
         self._records.put(record)
         record = self._spawn(record, Role.MONITOR, None)
@@ -128,9 +139,9 @@ class LocalBackend(Backend):
         self._reap()
         record = self._records.get(job_id)
         entries = record.processes if record else ()
-        alive = {e.pid for e in entries if processes.running(e.pid, e.started) is not None}
         under = record.attempt_dir if record else self._work / job_id
         leaders = {e.pid: processes.running(e.pid, e.started) for e in entries}
+        alive = {pid for pid, proc in leaders.items() if proc is not None}
         monitors = [(e.pid, leaders[e.pid]) for e in entries if e.role is Role.MONITOR]
         controllers = [(e.pid, leaders[e.pid]) for e in entries if e.role is not Role.MONITOR]
         self._report(job_id, processes.stop_groups(monitors, under, grace=self._kill_grace))
