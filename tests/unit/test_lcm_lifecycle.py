@@ -7,6 +7,7 @@ The supervisor thread is parked (a one-hour interval); each test runs
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -291,3 +292,32 @@ def test_gpus_and_learners_are_checked_against_what_other_attempts_hold(lcm, bac
     lcm.deploy(deployment("c", learners=2, gpus=1))
     assert backend.launched[-1].gpu_ids == ((0,), (1,))
     assert lcm.capacity() == backend.capacity()
+
+
+def test_an_attempt_being_launched_holds_its_share(lcm, backend):
+    started, release = threading.Event(), threading.Event()
+    launch = backend.launch
+
+    def slow_launch(plan):
+        started.set()
+        release.wait(10)
+        return launch(plan)
+
+    backend.launch = slow_launch
+    first = threading.Thread(target=lcm.deploy, args=(deployment("a", learners=1, gpus=3),))
+    first.start()
+    try:
+        assert started.wait(10)
+        backend.launch = launch
+        with pytest.raises(ResourceExhausted, match=r"needs 2 GPU\(s\); the fake backend has 1 of 4 free"):
+            lcm.deploy(deployment("b", learners=1, gpus=2))
+    finally:
+        release.set()
+        first.join(10)
+    assert [j.job_id for j in lcm.running_jobs()] == ["a"]
+
+
+def test_an_unreadable_record_is_skipped_on_restart(lifecycles, backend, tmp_path):
+    lifecycles().deploy(deployment("good", learners=1))
+    record_path(tmp_path, "bad").write_text("{not json")
+    assert [j.job_id for j in lifecycles().running_jobs()] == ["good"]
