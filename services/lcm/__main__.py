@@ -2,7 +2,7 @@
 
 Reads LcmSettings from TF_* variables and serves until SIGTERM or SIGINT.
 Stopping the LCM never stops learners or job monitors: they run in their own
-sessions and the next LCM adopts them from its deployment records.
+sessions and the next LCM's lifecycle adopts them from its records.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from pydantic import ValidationError
 from services.common.errors import TrainforgeError
 from services.common.process import start_service
 from services.common.settings import LcmSettings
-from services.lcm.backends import make_backend
-from services.lcm.server import serve
+from services.lcm.server import build_lifecycle, serve
 
 log = logging.getLogger("services.lcm")
 
@@ -29,15 +28,15 @@ def main() -> int:
         log.error("invalid settings: %s", e)
         return 2
     try:
-        backend = make_backend(settings)
-        server, _ = serve(settings, backend)
+        lifecycle = build_lifecycle(settings)
+        server, _ = serve(settings, lifecycle)
     except TrainforgeError as e:
         log.error("cannot start the LCM: %s", e.message)
         return 1
     stop.wait()
     log.info("stopping; learners keep running")
     server.stop(5).wait()
-    backend.close()
+    lifecycle.close()
     return 0
 
 

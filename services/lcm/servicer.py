@@ -1,8 +1,9 @@
-"""The LCM's gRPC face: requests become backend calls, results become messages.
+"""The LCM's gRPC face: requests become lifecycle calls, results become messages.
 
-Validation happens once, in `JobDeployment.from_request`; the backend then
-works with well-formed values only. Domain errors become status codes in
-`rpc.handler`, so the Trainer sees the backend's message (e.g. "needs 4
+Validation happens once, in `JobDeployment.from_request`; the lifecycle and
+its backend then work with well-formed values only. Handles go back as
+"role:id" strings, for diagnostics only. Domain errors become status codes in
+`rpc.handler`, so the Trainer sees the lifecycle's message (e.g. "needs 4
 GPU(s); the local backend has 2 of 8 free"), never a traceback.
 """
 
@@ -13,42 +14,40 @@ import logging
 import grpc
 
 from protos import common_pb2, lcm_pb2, lcm_pb2_grpc
-from services.common.errors import InvalidArgument
+from services.common.contracts.ids import check_job_id
 from services.common.rpc import handler
-from services.lcm.backends.base import Backend, JobDeployment, check_job_id
+from services.lcm.lifecycle import JobDeployment, Lifecycle, check_attempt
 
 log = logging.getLogger(__name__)
 Ctx = grpc.ServicerContext
 
 
 class LcmServicer(lcm_pb2_grpc.LifecycleManagerServicer):
-    def __init__(self, backend: Backend):
-        self._backend = backend
+    def __init__(self, lifecycle: Lifecycle):
+        self._lifecycle = lifecycle
 
     @handler
     def DeployJob(self, request: lcm_pb2.DeployJobRequest, context: Ctx) -> lcm_pb2.DeployJobResponse:
         job = JobDeployment.from_request(request)
-        return lcm_pb2.DeployJobResponse(handles=self._backend.deploy(job))
+        return lcm_pb2.DeployJobResponse(handles=[str(h) for h in self._lifecycle.deploy(job)])
 
     @handler
     def KillJob(self, request: lcm_pb2.KillJobRequest, context: Ctx) -> lcm_pb2.KillJobResponse:
         check_job_id(request.job_id)
         log.info("killing job %s%s", request.job_id, f": {request.reason}" if request.reason else "")
-        return lcm_pb2.KillJobResponse(killed=self._backend.kill(request.job_id))
+        return lcm_pb2.KillJobResponse(killed=self._lifecycle.kill(request.job_id))
 
     @handler
     def HaltJob(self, request: lcm_pb2.LcmHaltJobRequest, context: Ctx) -> lcm_pb2.LcmHaltJobResponse:
         check_job_id(request.job_id)
-        if request.attempt < 1:
-            raise InvalidArgument(f"attempt must be 1 or more, got {request.attempt}",
-                                  details=[{"field": "attempt", "message": "must be 1 or more"}])
+        check_attempt(request.attempt)
         log.info("halting job %s attempt %d", request.job_id, request.attempt)
-        self._backend.halt(request.job_id, request.attempt)
+        self._lifecycle.halt(request.job_id, request.attempt)
         return lcm_pb2.LcmHaltJobResponse()
 
     @handler
     def GetCapacity(self, request: lcm_pb2.GetCapacityRequest, context: Ctx) -> lcm_pb2.Capacity:
-        cap = self._backend.capacity()
+        cap = self._lifecycle.capacity()
         return lcm_pb2.Capacity(backend=cap.backend, max_learners=cap.max_learners,
                                 total=common_pb2.Resources(gpus=cap.gpus, cpus=cap.cpus, memory=cap.memory))
 

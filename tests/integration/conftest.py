@@ -2,7 +2,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from services.lcm.backends.local import LocalBackend
+from services.lcm.lifecycle import Lifecycle
 
 
 def pytest_collection_modifyitems(items):
@@ -11,12 +11,12 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.integration)
 
 
-def backend_maker(build: Callable[..., LocalBackend]) -> Iterator[Callable[..., LocalBackend]]:
-    """The body of a fixture that yields `make(**kw)` (a LocalBackend from `build`), then kills the
-    jobs every backend it made still runs and closes them: `yield from backend_maker(build)`."""
-    made: list[LocalBackend] = []
+def backend_maker(build: Callable[..., Lifecycle]) -> Iterator[Callable[..., Lifecycle]]:
+    """The body of a fixture that yields `make(**kw)` (an LCM lifecycle from `build`), then kills the
+    jobs every lifecycle it made still runs and closes them: `yield from backend_maker(build)`."""
+    made: list[Lifecycle] = []
 
-    def make(*args, **kw) -> LocalBackend:
+    def make(*args, **kw) -> Lifecycle:
         backend = build(*args, **kw)
         made.append(backend)
         return backend

@@ -1,4 +1,4 @@
-"""The local backend against real etcd, with a fake interpreter standing in for controllers.
+"""The lifecycle on the local backend against real etcd, with a fake interpreter standing in for controllers.
 
 `python` in the LCM settings points at a small script written per test: it
 records its argv, working directory and environment, then sleeps until it
@@ -21,8 +21,9 @@ import pytest
 from services.common.errors import Conflict, ResourceExhausted
 from services.common.manifest import Manifest
 from services.common.settings import LcmSettings
-from services.lcm.backends.base import JobDeployment
+from services.lcm.backends.base import Handle, Role
 from services.lcm.backends.local import LocalBackend
+from services.lcm.lifecycle import JobDeployment, Lifecycle
 from tests.integration.conftest import backend_maker
 from tests.servers import wait_for
 
@@ -105,10 +106,11 @@ def lcm_settings(tmp_path, etcd_server, coordinator, fake):
 
 
 @pytest.fixture
-def backends(lcm_settings, coordinator):
-    def build(kill_grace: float = 5.0, supervise_interval: float = 2.0, **kw) -> LocalBackend:
-        return LocalBackend(lcm_settings(**kw), coordinator, kill_grace=kill_grace, start_timeout=30,
-                            supervise_interval=supervise_interval)
+def lifecycles(lcm_settings, coordinator):
+    def build(kill_grace: float = 5.0, supervise_interval: float = 2.0, **kw) -> Lifecycle:
+        settings = lcm_settings(**kw)
+        return Lifecycle.from_settings(settings, LocalBackend(settings, kill_grace=kill_grace), coordinator,
+                                       start_timeout=30, supervise_interval=supervise_interval)
 
     yield from backend_maker(build)
 
@@ -119,18 +121,22 @@ def deployment(job_id: str, attempt: int = 1, learners: int = 2, gpus: int = 0, 
     return JobDeployment(job_id=job_id, team="team-a", attempt=attempt, manifest=manifest, **kw)
 
 
-def pids_of(handles: list[str]) -> list[int]:
-    return [int(h.rsplit(":", 1)[1]) for h in handles]
+def pids_of(handles: list[Handle]) -> list[int]:
+    return [int(h.ref) for h in handles]
+
+
+def names(handles: list[Handle]) -> list[str]:
+    return [h.name for h in handles]
 
 
 def test_deploy_writes_the_specs_and_the_attempt_key_and_starts_monitor_and_controllers(
-        backends, fake, coordinator, tmp_path, unique, monkeypatch):
+        lifecycles, fake, coordinator, tmp_path, unique, monkeypatch):
     monkeypatch.setenv("TF_STACK_ID", f"stack-{unique}")
-    backend = backends()
+    lcm = lifecycles()
     job = f"j-{unique}"
-    handles = backend.deploy(deployment(job, code_uri=f"store://jobs/{job}/code.tar.gz",
+    handles = lcm.deploy(deployment(job, code_uri=f"store://jobs/{job}/code.tar.gz",
                                         checkpoint_uri="store://ckpt/7"))
-    assert [h.split(":")[0] for h in handles] == ["monitor", "controller-0", "controller-1"]
+    assert names(handles) == ["monitor", "controller-0", "controller-1"]
 
     attempt_dir = (tmp_path / "state" / "work" / job / "1").resolve()
     assert json.loads((attempt_dir / "monitor.json").read_text()) == {
@@ -167,134 +173,138 @@ def test_deploy_writes_the_specs_and_the_attempt_key_and_starts_monitor_and_cont
         assert run["env"]["PYTHONPATH"].split(os.pathsep)[0] == str(repo)
     assert (attempt_dir / "monitor.log").exists() and (attempt_dir / "controller-1.log").exists()
 
+    # the lifecycle records the plan; the backend the processes it started (pid and start time)
     record = json.loads((tmp_path / "state" / "lcm" / "jobs" / f"{job}.json").read_text())
-    assert [(p["role"], p["pid"]) for p in record["processes"]] == [
-        ("monitor", monitor_pid), ("controller-0", c0), ("controller-1", c1)]
+    assert record["plan"]["attempt"] == 1 and len(record["plan"]["learners"]) == 2
+    processes = json.loads((tmp_path / "state" / "lcm" / "local" / f"{job}.json").read_text())["processes"]
+    assert [(p["role"], p["rank"], p["pid"]) for p in processes] == [
+        ("monitor", None, monitor_pid), ("controller", 0, c0), ("controller", 1, c1)]
+    assert all(p["started"] > 0 for p in processes)
 
 
-def test_deploy_is_idempotent_per_attempt(backends, fake, unique):
-    backend = backends()
+def test_deploy_is_idempotent_per_attempt(lifecycles, fake, unique):
+    lcm = lifecycles()
     job = f"j-{unique}"
-    first = backend.deploy(deployment(job))
+    first = lcm.deploy(deployment(job))
     fake.wait_runs(3)
-    assert backend.deploy(deployment(job)) == first
+    assert lcm.deploy(deployment(job)) == first
     assert len(fake.runs()) == 3
-    assert [(j.job_id, j.attempt, j.learners, j.handles) for j in backend.running_jobs()] == [(job, 1, 2, first)]
+    assert [(j.job_id, j.attempt, j.learners, j.handles) for j in lcm.running_jobs()] == [(job, 1, 2, first)]
 
 
 def test_kill_stops_every_process_and_removes_the_etcd_keys_and_the_record(
-        backends, fake, coordinator, tmp_path, unique):
-    backend = backends()
+        lifecycles, fake, coordinator, tmp_path, unique):
+    lcm = lifecycles()
     job, other = f"j-{unique}", f"k-{unique}"
-    pids = pids_of(backend.deploy(deployment(job)))
-    other_pids = pids_of(backend.deploy(deployment(other, learners=1)))
+    pids = pids_of(lcm.deploy(deployment(job)))
+    other_pids = pids_of(lcm.deploy(deployment(other, learners=1)))
     fake.wait_runs(5)
     coordinator.put(coordinator.keys.learner_status(job, 0), {"state": 2, "attempt": 1})
     assert all(psutil.pid_exists(p) for p in pids)
 
-    assert backend.kill(job) == 3
+    assert lcm.kill(job) == 3
     assert all(gone(p) for p in pids)
     assert coordinator.list(coordinator.keys.job(job))[0] == {}
     assert not (tmp_path / "state" / "lcm" / "jobs" / f"{job}.json").exists()
-    assert [j.job_id for j in backend.running_jobs()] == [other]
+    assert [j.job_id for j in lcm.running_jobs()] == [other]
     assert not any(gone(p) for p in other_pids)
     assert coordinator.get(coordinator.keys.attempt(other))[0] is not None
-    assert backend.kill(job) == 0, "kill is idempotent"
-    assert backend.kill(f"never-{unique}") == 0
+    assert lcm.kill(job) == 0, "kill is idempotent"
+    assert lcm.kill(f"never-{unique}") == 0
 
 
-def test_kill_escalates_to_sigkill_after_the_grace_period(backends, fake, unique, monkeypatch):
+def test_kill_escalates_to_sigkill_after_the_grace_period(lifecycles, fake, unique, monkeypatch):
     monkeypatch.setenv("FAKE_MODE", "ignore-term")
-    backend = backends(kill_grace=0.5)
-    pids = pids_of(backend.deploy(deployment(f"j-{unique}", learners=1)))
+    lcm = lifecycles(kill_grace=0.5)
+    pids = pids_of(lcm.deploy(deployment(f"j-{unique}", learners=1)))
     fake.wait_runs(2)
-    assert backend.kill(f"j-{unique}") == 2
+    assert lcm.kill(f"j-{unique}") == 2
     assert all(gone(p) for p in pids)
 
 
-def test_kill_reaches_a_learner_running_in_its_own_session(backends, fake, unique, monkeypatch):
+def test_kill_reaches_a_learner_running_in_its_own_session(lifecycles, fake, unique, monkeypatch):
     monkeypatch.setenv("FAKE_MODE", "learner")
-    backend = backends()
-    backend.deploy(deployment(f"j-{unique}", learners=1))
+    lcm = lifecycles()
+    lcm.deploy(deployment(f"j-{unique}", learners=1))
     runs = fake.wait_runs(2)
     learner = next(r["child"] for r in runs if "child" in r)
     assert not gone(learner)
-    backend.kill(f"j-{unique}")
+    lcm.kill(f"j-{unique}")
     wait_for(lambda: gone(learner), 10, "the learner to be gone")
 
 
 def test_a_later_attempt_replaces_the_running_one_and_an_earlier_one_conflicts(
-        backends, fake, coordinator, unique):
-    backend = backends()
+        lifecycles, fake, coordinator, unique):
+    lcm = lifecycles()
     job = f"j-{unique}"
-    old = pids_of(backend.deploy(deployment(job, attempt=1)))
+    old = pids_of(lcm.deploy(deployment(job, attempt=1)))
     fake.wait_runs(3)
     coordinator.put(coordinator.keys.halt(job), {"attempt": 1})
-    new = pids_of(backend.deploy(deployment(job, attempt=2, checkpoint_uri="store://ckpt/1")))
+    new = pids_of(lcm.deploy(deployment(job, attempt=2, checkpoint_uri="store://ckpt/1")))
     assert all(gone(p) for p in old)
     assert not any(gone(p) for p in new)
     assert coordinator.get(coordinator.keys.halt(job))[0] is None, "the old attempt's keys outlived it"
     assert coordinator.get(coordinator.keys.attempt(job))[0]["attempt"] == 2
     with pytest.raises(Conflict, match="attempt 1 is older than the deployed attempt 2"):
-        backend.deploy(deployment(job, attempt=1))
+        lcm.deploy(deployment(job, attempt=1))
 
 
 def test_a_resent_deploy_of_an_attempt_whose_processes_died_starts_only_its_monitor_again(
-        backends, fake, tmp_path, unique):
-    backend = backends(supervise_interval=600)
+        lifecycles, fake, tmp_path, unique):
+    lcm = lifecycles(supervise_interval=600)
     job = f"j-{unique}"
-    monitor, controller = pids_of(backend.deploy(deployment(job, learners=1)))
+    monitor, controller = pids_of(lcm.deploy(deployment(job, learners=1)))
     fake.wait_runs(2)
     for pid in (monitor, controller):
         os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: backend.running_jobs() == [], 10, "the dead processes to be noticed")
+    wait_for(lambda: lcm.running_jobs() == [], 10, "the dead processes to be noticed")
     # never a second run of the same attempt: the monitor finds out from etcd how it ended
-    again = backend.deploy(deployment(job, learners=1))
-    assert [h.split(":")[0] for h in again] == ["controller-0", "monitor"]
+    again = lcm.deploy(deployment(job, learners=1))
+    assert names(again) == ["controller-0", "monitor"]
     assert pids_of(again)[0] == controller and pids_of(again)[1] not in (monitor, controller)
     assert not gone(pids_of(again)[1])
     fake.wait_runs(3)
 
     # an attempt whose monitor had finished is over: asked again, it is deployed afresh
     os.kill(pids_of(again)[1], signal.SIGKILL)
-    wait_for(lambda: backend.running_jobs() == [], 10, "the dead processes to be noticed")
+    wait_for(lambda: lcm.running_jobs() == [], 10, "the dead processes to be noticed")
     done = tmp_path / "state" / "work" / job / "1" / "monitor.done"
     done.touch()
-    fresh = pids_of(backend.deploy(deployment(job, learners=1)))
+    fresh = pids_of(lcm.deploy(deployment(job, learners=1)))
     assert set(fresh).isdisjoint([monitor, controller, *pids_of(again)])
     assert not any(gone(p) for p in fresh)
     assert not done.exists(), "the redone attempt inherited the old monitor's marker"
 
 
-def test_gpus_are_handed_out_once_and_freed_by_kill(backends, fake, tmp_path, unique):
-    backend = backends(local_gpus=3)
+def test_gpus_are_handed_out_once_and_freed_by_kill(lifecycles, fake, tmp_path, unique):
+    lcm = lifecycles(local_gpus=3)
     a, b = f"a-{unique}", f"b-{unique}"
 
     def spec(job: str, rank: int) -> dict:
         return json.loads((tmp_path / "state" / "work" / job / "1" / f"learner-{rank}.json").read_text())
 
-    backend.deploy(deployment(a, learners=2, gpus=1))
+    lcm.deploy(deployment(a, learners=2, gpus=1))
     assert (spec(a, 0)["gpu_ids"], spec(a, 1)["gpu_ids"]) == ([0], [1])
     with pytest.raises(ResourceExhausted, match=r"needs 2 GPU\(s\); the local backend has 1 of 3 free"):
-        backend.deploy(deployment(b, learners=1, gpus=2))
-    backend.deploy(deployment(b, learners=1, gpus=1))
+        lcm.deploy(deployment(b, learners=1, gpus=2))
+    lcm.deploy(deployment(b, learners=1, gpus=1))
     assert spec(b, 0)["gpu_ids"] == [2]
-    backend.kill(a)
-    backend.kill(b)
-    backend.deploy(deployment(b, learners=1, gpus=3))
+    lcm.kill(a)
+    lcm.kill(b)
+    lcm.deploy(deployment(b, learners=1, gpus=3))
     assert spec(b, 0)["gpu_ids"] == [0, 1, 2]
 
 
-def test_max_learners_is_enforced(backends, fake, unique):
-    backend = backends(local_max_learners=3)
-    backend.deploy(deployment(f"a-{unique}", learners=2))
+def test_max_learners_is_enforced(lifecycles, fake, unique):
+    lcm = lifecycles(local_max_learners=3)
+    lcm.deploy(deployment(f"a-{unique}", learners=2))
     with pytest.raises(ResourceExhausted, match="runs at most 3 and 2 are running"):
-        backend.deploy(deployment(f"b-{unique}", learners=2))
-    backend.deploy(deployment(f"b-{unique}", learners=1))
+        lcm.deploy(deployment(f"b-{unique}", learners=2))
+    lcm.deploy(deployment(f"b-{unique}", learners=1))
 
 
-def test_a_new_backend_adopts_live_deployments_and_forgets_finished_ones(backends, fake, tmp_path, unique):
-    first = backends()
+def test_a_new_backend_adopts_live_deployments_and_forgets_finished_ones(lifecycles, fake, tmp_path, unique):
+    first = lifecycles()
     live, dead, unwatched = f"live-{unique}", f"dead-{unique}", f"unwatched-{unique}"
     handles = first.deploy(deployment(live))
     dead_pids = pids_of(first.deploy(deployment(dead, learners=1)))
@@ -306,7 +316,7 @@ def test_a_new_backend_adopts_live_deployments_and_forgets_finished_ones(backend
         os.kill(pid, signal.SIGKILL)
     wait_for(lambda: all(gone(p) for p in dead_pids + unwatched_pids), 10, "the killed processes to exit")
 
-    second = backends(supervise_interval=600)  # the LCM restarted: a fresh backend on the same state dir
+    second = lifecycles(supervise_interval=600)  # the LCM restarted: a fresh lifecycle and backend on the same state dir
     assert [(j.job_id, j.handles) for j in second.running_jobs()] == [(live, handles)]
     records = tmp_path / "state" / "lcm" / "jobs"
     assert not (records / f"{dead}.json").exists()
@@ -323,47 +333,47 @@ def test_a_new_backend_adopts_live_deployments_and_forgets_finished_ones(backend
     assert gone(revived)
 
 
-def test_capacity_reports_settings_or_the_machine(backends, fake):
-    assert backends(local_cpus=6, local_memory=8 * 2**30, local_gpus=2, local_max_learners=5).capacity() \
+def test_capacity_reports_settings_or_the_machine(lifecycles, fake):
+    assert lifecycles(local_cpus=6, local_memory=8 * 2**30, local_gpus=2, local_max_learners=5).capacity() \
         .__dict__ == {"backend": "local", "gpus": 2, "cpus": 6.0, "memory": 8 * 2**30, "max_learners": 5}
-    cap = backends().capacity()
+    cap = lifecycles().capacity()
     assert (cap.cpus, cap.memory, cap.gpus) == (float(os.cpu_count()), psutil.virtual_memory().total, 0)
 
 
 def test_the_monitor_started_by_deploy_claims_the_job_in_the_same_etcd(
-        backends, fake, coordinator, unique, monkeypatch):
+        lifecycles, fake, coordinator, unique, monkeypatch):
     monkeypatch.setenv("FAKE_REAL_MONITOR", "1")
-    backend = backends()
+    lcm = lifecycles()
     job = f"j-{unique}"
-    monitor_pid = pids_of(backend.deploy(deployment(job)))[0]
+    monitor_pid = pids_of(lcm.deploy(deployment(job)))[0]
     claim = wait_for(lambda: coordinator.get(coordinator.keys.monitor(job))[0], 30, "the monitor's claim")
     assert claim["pid"] == monitor_pid and claim["attempt"] == 1
-    assert backend.kill(job) == 3
+    assert lcm.kill(job) == 3
     assert gone(monitor_pid)
     assert coordinator.get(coordinator.keys.monitor(job))[0] is None
 
 
-def test_a_python_that_cannot_start_fails_the_deploy_and_leaves_nothing(backends, tmp_path, unique):
-    backend = backends(python=str(tmp_path / "no-such-python"))
+def test_a_python_that_cannot_start_fails_the_deploy_and_leaves_nothing(lifecycles, tmp_path, unique):
+    lcm = lifecycles(python=str(tmp_path / "no-such-python"))
     with pytest.raises(Exception, match="cannot start the monitor"):
-        backend.deploy(deployment(f"j-{unique}"))
-    assert backend.running_jobs() == []
+        lcm.deploy(deployment(f"j-{unique}"))
+    assert lcm.running_jobs() == []
     assert not (tmp_path / "state" / "lcm" / "jobs" / f"j-{unique}.json").exists()
 
 
-def monitor_pid(backend: LocalBackend, job: str) -> int | None:
-    return next((int(h.split(":")[1]) for j in backend.running_jobs() if j.job_id == job
-                 for h in j.handles if h.startswith("monitor:")), None)
+def monitor_pid(lcm: Lifecycle, job: str) -> int | None:
+    return next((int(h.ref) for j in lcm.running_jobs() if j.job_id == job
+                 for h in j.handles if h.role is Role.MONITOR), None)
 
 
-def test_a_monitor_that_died_before_its_attempt_ended_is_started_again(backends, fake, unique, tmp_path):
-    backend = backends(supervise_interval=0.1)
+def test_a_monitor_that_died_before_its_attempt_ended_is_started_again(lifecycles, fake, unique, tmp_path):
+    lcm = lifecycles(supervise_interval=0.1)
     job = f"j-{unique}"
-    backend.deploy(deployment(job, learners=1))
+    lcm.deploy(deployment(job, learners=1))
     fake.wait_runs(2)
-    first = monitor_pid(backend, job)
+    first = monitor_pid(lcm, job)
     os.kill(first, signal.SIGKILL)
-    second = wait_for(lambda: (p := monitor_pid(backend, job)) not in (None, first) and p, 20,
+    second = wait_for(lambda: (p := monitor_pid(lcm, job)) not in (None, first) and p, 20,
                       "a new monitor")
     run = wait_for(lambda: fake.run_of(second), 10, "the new monitor to start")
     assert run["argv"][1] == "services.jobmonitor" and run["argv"][-1].endswith("monitor.json")
@@ -373,35 +383,36 @@ def test_a_monitor_that_died_before_its_attempt_ended_is_started_again(backends,
     wait_for(lambda: gone(second), 10, "the monitor to die")
     runs = len(fake.runs())
     for _ in range(3):
-        backend.supervise_once()
-    assert monitor_pid(backend, job) == second and len(fake.runs()) == runs  # none started
+        lcm.supervise_once()
+    assert monitor_pid(lcm, job) == second and len(fake.runs()) == runs  # none started
 
 
-def test_a_deploy_cut_short_is_completed_when_asked_again(backends, fake, unique):
-    backend = backends(supervise_interval=600)
+def test_a_deploy_cut_short_is_completed_when_asked_again(lifecycles, fake, unique):
+    lcm = lifecycles(supervise_interval=600)
     job = f"j-{unique}"
-    first = backend.deploy(deployment(job, learners=2))
+    first = lcm.deploy(deployment(job, learners=2))
     fake.wait_runs(3)
     # as if the LCM died after starting the monitor and controller 0 only
-    record = backend._records[job]
-    lost = next(e for e in record["processes"] if e["role"] == "controller-1")
-    os.kill(lost["pid"], signal.SIGKILL)
-    record["processes"].remove(lost)
-    again = backend.deploy(deployment(job, learners=2))
+    records = lcm.backend._records
+    record = records.get(job)
+    lost = next(e for e in record.processes if e.handle.name == "controller-1")
+    os.kill(lost.pid, signal.SIGKILL)
+    records.put(record.model_copy(update={"processes": tuple(e for e in record.processes if e != lost)}))
+    again = lcm.deploy(deployment(job, learners=2))
     assert set(again).isdisjoint(first)
-    assert sorted(h.split(":")[0] for h in again) == ["controller-0", "controller-1", "monitor"]
+    assert sorted(names(again)) == ["controller-0", "controller-1", "monitor"]
 
 
-def test_a_controller_that_died_without_a_status_is_reported_failed(backends, fake, coordinator, unique):
-    backend = backends(supervise_interval=0.1)
+def test_a_controller_that_died_without_a_status_is_reported_failed(lifecycles, fake, coordinator, unique):
+    lcm = lifecycles(supervise_interval=0.1)
     job = f"j-{unique}"
-    backend.deploy(deployment(job, learners=2))
+    lcm.deploy(deployment(job, learners=2))
     fake.wait_runs(3)
     # controller 1 wrote a status before it died: that one stands
     coordinator.put(coordinator.keys.learner_status(job, 1), {"state": 4, "attempt": 1, "exit_code": 0})
-    for entry in backend._records[job]["processes"]:
-        if entry["role"] != "monitor":
-            os.kill(entry["pid"], signal.SIGKILL)
+    for handle in lcm.view(job).handles:
+        if handle.role is Role.CONTROLLER:
+            os.kill(int(handle.ref), signal.SIGKILL)
     doc = wait_for(lambda: coordinator.get(coordinator.keys.learner_status(job, 0))[0], 20,
                    "controller 0's learner to be reported")
     assert (doc["state"], doc["attempt"]) == (5, 1)
@@ -410,38 +421,38 @@ def test_a_controller_that_died_without_a_status_is_reported_failed(backends, fa
 
 
 def test_a_dead_controllers_leased_status_is_replaced_by_a_failure_once_it_expires(
-        backends, fake, coordinator, unique):
+        lifecycles, fake, coordinator, unique):
     # A monitor started after the lease ran out never saw the learner: without the failure the LCM
     # writes it would wait out its whole start timeout.
-    backend = backends(supervise_interval=600)
+    lcm = lifecycles(supervise_interval=600)
     job = f"j-{unique}"
-    backend.deploy(deployment(job, learners=1))
+    lcm.deploy(deployment(job, learners=1))
     fake.wait_runs(2)
     key = coordinator.keys.learner_status(job, 0)
     coordinator.put(key, {"state": 2, "attempt": 1}, lease=coordinator.grant_lease(2))
-    controller = next(e["pid"] for e in backend._records[job]["processes"] if e["role"] == "controller-0")
+    controller = next(int(h.ref) for h in lcm.view(job).handles if h.name == "controller-0")
     os.kill(controller, signal.SIGKILL)
     wait_for(lambda: gone(controller), 10, "the controller to die")
-    backend.supervise_once()
+    lcm.supervise_once()
     assert coordinator.get(key)[0]["state"] == 2, "the leased status was overwritten before it expired"
     wait_for(lambda: coordinator.get(key)[0] is None, 15, "the controller's lease to expire")
-    backend.supervise_once()
+    lcm.supervise_once()
     doc = coordinator.get(key)[0]
     assert (doc["state"], doc["attempt"]) == (5, 1) and "ended without reporting" in doc["message"]
 
 
-def test_a_kill_an_lcm_crash_cut_short_is_never_revived(backends, fake, tmp_path, unique):
-    first = backends(supervise_interval=600)
+def test_a_kill_an_lcm_crash_cut_short_is_never_revived(lifecycles, fake, tmp_path, unique):
+    first = lifecycles(supervise_interval=600)
     job = f"j-{unique}"
     pids = pids_of(first.deploy(deployment(job, learners=1)))
     fake.wait_runs(2)
-    first._mark_killing(first._records[job])  # as if the LCM died inside kill(), after stopping them
+    first.mark_killing(job)  # as if the LCM died inside kill(), after stopping them
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     wait_for(lambda: all(gone(p) for p in pids), 10, "the processes to exit")
     first.close()
 
-    second = backends(supervise_interval=600)
+    second = lifecycles(supervise_interval=600)
     second.supervise_once()
     assert not (tmp_path / "state" / "lcm" / "jobs" / f"{job}.json").exists()
     assert len(fake.runs()) == 2, "a monitor of a job being killed was started again"

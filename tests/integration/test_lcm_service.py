@@ -1,4 +1,4 @@
-"""The LCM over gRPC with the local backend and real etcd: in-process, then as `python -m services.lcm`.
+"""The LCM over gRPC with its lifecycle on the local backend and real etcd: in-process, then as `python -m services.lcm`.
 
 Controllers are the fake interpreter of test_lcm_local.py, so these tests do
 not depend on services/controller.
@@ -21,7 +21,7 @@ from services.common import rpc
 from services.common.errors import Conflict, InvalidArgument, ResourceExhausted
 from services.common.manifest import Manifest
 from services.lcm.server import serve
-from tests.integration.test_lcm_local import backends, fake, gone, lcm_settings  # noqa: F401 - fixtures
+from tests.integration.test_lcm_local import fake, gone, lcm_settings, lifecycles  # noqa: F401 - fixtures
 from tests.servers import free_port, port_open, wait_for
 
 MANIFEST = Manifest(name="mnist-ddp", learners=2, command="python train.py --lr {{lr}}", params={"lr": 0.1},
@@ -34,9 +34,9 @@ def deploy_request(job: str, attempt: int = 1, manifest: Manifest = MANIFEST, **
 
 
 @pytest.fixture
-def lcm(backends, lcm_settings):  # noqa: F811
+def lcm(lifecycles, lcm_settings):  # noqa: F811
     sizes = dict(local_gpus=1, local_cpus=4, local_memory=2**33, local_max_learners=8)
-    server, port = serve(lcm_settings(**sizes), backends(**sizes))
+    server, port = serve(lcm_settings(**sizes), lifecycles(**sizes))
     channel = rpc.channel(f"127.0.0.1:{port}")
     stub = lcm_pb2_grpc.LifecycleManagerStub(channel)
     yield stub

@@ -1,4 +1,4 @@
-"""The local backend's supervision with the real job monitor and controllers, real etcd and a fake Trainer.
+"""The lifecycle's supervision on the local backend, with the real job monitor and controllers, real etcd and a fake Trainer.
 
 The other LCM tests use a fake interpreter; here every process is the real
 one, so what is checked is what a crash looks like from the outside: a
@@ -22,8 +22,9 @@ import pytest
 from services.common.manifest import Manifest
 from services.common.settings import LcmSettings
 from services.common.states import JobState, LearnerState
-from services.lcm.backends.base import JobDeployment
+from services.lcm.backends.base import Role
 from services.lcm.backends.local import LocalBackend
+from services.lcm.lifecycle import JobDeployment, Lifecycle
 from tests.integration.conftest import backend_maker
 from tests.integration.test_monitor_flow import start_trainer
 from tests.servers import free_port, wait_for
@@ -41,10 +42,11 @@ def trainer():
 
 @pytest.fixture
 def make_backend(store_settings, coordinator, trainer):
-    def build(**kw) -> LocalBackend:
+    def build(**kw) -> Lifecycle:
         settings = LcmSettings(**{**store_settings.model_dump(), "trainer_address": trainer.address,
                                   "python": sys.executable, "local_gpus": 0, "lease_ttl": 3, **kw})
-        return LocalBackend(settings, coordinator, kill_grace=5, start_timeout=60, supervise_interval=0.2)
+        return Lifecycle.from_settings(settings, LocalBackend(settings, kill_grace=5), coordinator,
+                                       start_timeout=60, supervise_interval=0.2)
 
     yield from backend_maker(build)
 
@@ -59,9 +61,9 @@ def states(trainer, job: str) -> list[JobState]:
     return [JobState(r.state) for r in list(trainer.reports) if r.job_id == job]
 
 
-def monitor_of(backend: LocalBackend, job: str) -> int | None:
-    return next((int(h.split(":")[1]) for j in backend.running_jobs() if j.job_id == job
-                 for h in j.handles if h.startswith("monitor:")), None)
+def monitor_of(backend: Lifecycle, job: str) -> int | None:
+    return next((int(h.ref) for j in backend.running_jobs() if j.job_id == job
+                 for h in j.handles if h.role is Role.MONITOR), None)
 
 
 def gone(pid: int) -> bool:
@@ -145,8 +147,8 @@ def test_kill_removes_a_learner_whose_controller_was_sigkilled(make_backend, uni
 
     learner = wait_for(sleeping, 60, "the learner to start")
     try:
-        controller = next(int(h.split(":")[1]) for j in backend.running_jobs() for h in j.handles
-                          if h.startswith("controller-0:"))
+        controller = next(int(h.ref) for j in backend.running_jobs() for h in j.handles
+                          if h.name == "controller-0")
         os.kill(controller, signal.SIGKILL)
         wait_for(lambda: gone(controller), 10, "the controller to die")
         assert not gone(learner.pid), "the learner died with its controller: this test checks nothing"

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from protos import lcm_pb2
+from services.common.contracts.ids import check_job_id
 from services.common.errors import InvalidArgument
 from services.common.manifest import Manifest
 from services.common.settings import LcmSettings
 from services.lcm.backends import make_backend
-from services.lcm.backends.base import JobDeployment, check_job_id
 from services.lcm.backends.local import child_env, detect_gpus
+from services.lcm.lifecycle import JobDeployment
 
 MANIFEST = Manifest(name="mnist", learners=3, command="python train.py")
 
@@ -44,9 +45,10 @@ def test_bad_deploy_requests_name_the_field(change, field):
 
 def test_job_ids_the_trainer_makes_are_accepted():
     assert check_job_id("j-5f3a9c01b2de") == "j-5f3a9c01b2de"
-    assert check_job_id("mnist.run_2") == "mnist.run_2"
-    with pytest.raises(InvalidArgument):
-        check_job_id("..")
+    assert check_job_id("mnist-run-2") == "mnist-run-2"
+    for bad in ("..", "mnist.run_2", "Mnist-run", "a" * 41):
+        with pytest.raises(InvalidArgument):
+            check_job_id(bad)
 
 
 def fake_nvidia_smi(tmp_path: Path, body: str) -> None:

@@ -6,19 +6,18 @@ library is missing cannot break an LCM configured for another one.
 
 from __future__ import annotations
 
-from services.common.adapters.etcd import Coordinator
 from services.common.errors import InvalidArgument
 from services.common.settings import LcmSettings
-from services.lcm.backends.base import Backend, Capacity, JobDeployment, RunningJob
+from services.lcm.backends.base import AttemptPlan, Backend, Capacity, Handle, JobView, Observed, Role, Site
 
-__all__ = ["Backend", "Capacity", "JobDeployment", "RunningJob", "make_backend"]
+__all__ = ["AttemptPlan", "Backend", "Capacity", "Handle", "JobView", "Observed", "Role", "Site", "make_backend"]
 
 
-def make_backend(settings: LcmSettings, coordinator: Coordinator | None = None) -> Backend:
+def make_backend(settings: LcmSettings) -> Backend:
     """The backend `settings.backend` names; InvalidArgument for one this build does not have."""
     if settings.backend == "local":
         from services.lcm.backends.local import LocalBackend
 
-        return LocalBackend(settings, coordinator)
+        return LocalBackend(settings)
     raise InvalidArgument(f"backend {settings.backend} is not available in this build",
                           details=[{"field": "backend", "message": "not available in this build; use local"}])

@@ -1,38 +1,97 @@
-"""What every backend offers the LCM, and the deployment request in the backend's terms.
+"""What a backend is to the LCM: it launches, stops, observes and reports capacity. Nothing more.
 
-The LCM's gRPC layer speaks protos; backends speak `JobDeployment`, a
-validated value (the manifest parsed once, the job id checked to be safe as
-a path segment and an etcd key), so a backend never re-validates and never
-sees a malformed request.
+The lifecycle (`services.lcm.lifecycle`) owns every attempt: it validates
+the request, builds the `AttemptPlan` (per-rank learner specs, the monitor
+spec, rendezvous, GPU assignment), writes etcd, keeps the attempt's record,
+reports lost controllers and decides when a job monitor is started again.
+A backend only turns a plan into running processes (or pods), says which of
+them still run, and removes them. Adding a backend means implementing
+`Backend` and naming it in `backends/__init__.py:make_backend`.
+
+Handles are typed (`Handle`: role, rank, backend id); `str(handle)` renders
+the "role:id" form the gRPC response carries for diagnostics.
 """
 
 from __future__ import annotations
 
 import abc
-import re
-import time
-from dataclasses import dataclass, field
+import enum
+from dataclasses import dataclass
+from pathlib import Path
 
-from protos import lcm_pb2
-from services.common.adapters.etcd import Coordinator
-from services.common.errors import InvalidArgument
-from services.common.manifest import Manifest, parse_manifest
+from pydantic import BaseModel, ConfigDict
 
-# Job ids become directory names, etcd key segments and (on Kubernetes) label values.
-_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+from services.common.contracts.specs import LearnerSpec, MonitorSpec
+from services.common.manifest import Manifest
 
 
-def check_job_id(job_id: str) -> str:
-    if not _JOB_ID.match(job_id or "") or ".." in job_id:
-        raise InvalidArgument(
-            f"job_id {job_id!r} is not valid: use 1-63 letters, digits, '.', '_' or '-', starting alphanumeric",
-            details=[{"field": "job_id", "message": "must be 1-63 letters, digits, '.', '_' or '-'"}])
-    return job_id
+class Role(enum.Enum):
+    MONITOR = "monitor"
+    CONTROLLER = "controller"
+
+
+def process_name(role: Role, rank: int | None = None) -> str:
+    """'monitor' or 'controller-<rank>': unique within an attempt (also its log's and spec's stem)."""
+    return role.value if role is Role.MONITOR else f"{role.value}-{rank}"
 
 
 @dataclass(frozen=True)
-class JobDeployment:
-    """One attempt of one job, as a backend deploys it."""
+class Handle:
+    """One process (or pod) of an attempt; `ref` is the backend's own id for it (a pid, a pod name)."""
+
+    role: Role
+    ref: str
+    rank: int | None = None
+
+    @property
+    def name(self) -> str:
+        return process_name(self.role, self.rank)
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.ref}"
+
+
+@dataclass(frozen=True)
+class Observed:
+    handle: Handle
+    alive: bool
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What a backend sees of one job's attempt now."""
+
+    job_id: str
+    processes: tuple[Observed, ...] = ()
+    # the attempt's job monitor left its `monitor.done` marker: it delivered the attempt's last state
+    monitor_done: bool = False
+
+    @property
+    def alive(self) -> bool:
+        return any(o.alive for o in self.processes)
+
+    @property
+    def handles(self) -> list[Handle]:
+        return [o.handle for o in self.processes]
+
+    def names(self) -> set[str]:
+        """The names of every process the backend started for the attempt, running or not."""
+        return {o.handle.name for o in self.processes}
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a backend places an attempt: its directory (specs, logs, workdirs) and its rendezvous."""
+
+    attempt_dir: Path
+    master_addr: str
+    master_port: int
+
+
+class AttemptPlan(BaseModel):
+    """One attempt of one job, everything decided: the only thing a backend is handed to launch."""
+
+    model_config = ConfigDict(frozen=True)
 
     job_id: str
     team: str
@@ -40,26 +99,24 @@ class JobDeployment:
     manifest: Manifest
     code_uri: str = ""
     checkpoint_uri: str = ""
-
-    @classmethod
-    def from_request(cls, request: lcm_pb2.DeployJobRequest) -> JobDeployment:
-        """Validate a DeployJobRequest; InvalidArgument names the field at fault."""
-        check_job_id(request.job_id)
-        if not request.team:
-            raise InvalidArgument("team is required", details=[{"field": "team", "message": "required"}])
-        if request.attempt < 1:
-            raise InvalidArgument(f"attempt must be 1 or more, got {request.attempt}",
-                                  details=[{"field": "attempt", "message": "must be 1 or more"}])
-        if not request.manifest_json:
-            raise InvalidArgument("manifest_json is required",
-                                  details=[{"field": "manifest_json", "message": "required"}])
-        return cls(job_id=request.job_id, team=request.team, attempt=request.attempt,
-                   manifest=parse_manifest(request.manifest_json), code_uri=request.code_uri,
-                   checkpoint_uri=request.checkpoint_uri)
+    attempt_dir: Path
+    master_addr: str
+    master_port: int
+    gpu_ids: tuple[tuple[int, ...], ...]
+    learners: tuple[LearnerSpec, ...]
+    monitor: MonitorSpec
 
     @property
-    def learners(self) -> int:
-        return self.manifest.learners
+    def world_size(self) -> int:
+        return len(self.learners)
+
+    @property
+    def all_gpus(self) -> set[int]:
+        return {g for rank in self.gpu_ids for g in rank}
+
+    def expected(self) -> set[str]:
+        """The handle names a fully launched attempt has."""
+        return {process_name(Role.MONITOR), *(process_name(Role.CONTROLLER, r) for r in range(self.world_size))}
 
 
 @dataclass(frozen=True)
@@ -73,54 +130,37 @@ class Capacity:
     max_learners: int
 
 
-@dataclass(frozen=True)
-class RunningJob:
-    """A job attempt a backend runs now."""
-
-    job_id: str
-    attempt: int
-    learners: int
-    handles: list[str] = field(default_factory=list)
-
-
 class Backend(abc.ABC):
-    """Turns a job attempt into running learners plus its job monitor, and removes them again."""
+    """Runs the processes of attempt plans; holds no lifecycle decisions and never touches etcd."""
 
     name: str = ""
-    # Every backend coordinates its learners through etcd; `halt` writes there.
-    _coord: Coordinator
 
     @abc.abstractmethod
-    def deploy(self, job: JobDeployment) -> list[str]:
-        """Start the attempt's job monitor and learners; handles (pids, pod names) for diagnostics.
+    def site(self, job_id: str, attempt: int) -> Site:
+        """Where the attempt will run (the lifecycle puts it into the plan's specs)."""
 
-        Idempotent per (job, attempt): a repeated call while they run starts
-        nothing and returns the same handles. A later attempt replaces an
-        earlier one; an earlier attempt than the one running is a Conflict.
+    @abc.abstractmethod
+    def launch(self, plan: AttemptPlan) -> list[Handle]:
+        """Start the plan's job monitor and controllers (monitor first); their handles.
+
+        On failure what was started stays recorded: the lifecycle stops the job.
         """
 
     @abc.abstractmethod
-    def kill(self, job_id: str) -> int:
-        """Stop and remove everything of a job, all attempts, and its etcd keys. Idempotent.
+    def stop(self, job_id: str) -> int:
+        """Stop everything of a job, every attempt, monitor first; forget it. How many were running."""
 
-        Returns how many processes (or pods) were still running.
-        """
+    @abc.abstractmethod
+    def observe(self, plan: AttemptPlan) -> JobView:
+        """What of the plan's attempt runs now and whether its monitor delivered the last state."""
 
-    def halt(self, job_id: str, attempt: int) -> None:
-        """Ask an attempt's learners to checkpoint and exit: the job's `halt` key (docs/CONTRACTS.md).
-
-        Idempotent; a halt for an attempt that no longer runs is ignored by
-        every controller (they compare the attempt).
-        """
-        self._coord.put(self._coord.keys.halt(job_id), {"attempt": attempt, "requested_at": time.time()})
+    @abc.abstractmethod
+    def restart_monitor(self, plan: AttemptPlan) -> Handle:
+        """Start the attempt's job monitor again (the lifecycle saw it gone before it delivered)."""
 
     @abc.abstractmethod
     def capacity(self) -> Capacity:
-        """The backend's total resources (not what is free: the Trainer accounts for usage)."""
-
-    @abc.abstractmethod
-    def running_jobs(self) -> list[RunningJob]:
-        """Attempts with something still running."""
+        """The backend's total resources (not what is free: the lifecycle and the Trainer account for usage)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook; most backends hold nothing
         """Release connections. Running jobs are left running."""

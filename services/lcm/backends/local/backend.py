@@ -1,0 +1,172 @@
+"""The embedded backend: every learner is a controller process on this machine.
+
+Per attempt, `<state_dir>/work/<job>/<attempt>/` holds the spec files the
+processes read (the plan's `LearnerSpec`s and `MonitorSpec`, docs/CONTRACTS.md),
+their logs, and the learners' working directories. The processes get the
+LCM's own TF_* settings in their environment, so an LCM built in a test
+reaches the same etcd as its learners. Which processes were started is kept
+in `ProcessRecords` so a restarted LCM sees them again.
+
+Stopping a job stops more than the recorded processes: a learner whose
+controller was SIGKILLed runs on as an orphan (the kernel's parent-death
+signal reaches only the controller's direct child, e.g. the learner's
+shell, not what that shell started), so `stop` also looks for every process
+that carries the job's TF_JOB_ID and working directory, or that runs one of
+the job's spec files. The monitor is stopped first, so it does not report
+the learners it sees dying.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+
+from services.common import proctree
+from services.common.errors import TrainforgeError
+from services.common.keys import MONITOR_DONE
+from services.common.settings import LcmSettings
+from services.lcm.backends.base import (
+    AttemptPlan,
+    Backend,
+    Capacity,
+    Handle,
+    JobView,
+    Observed,
+    Role,
+    Site,
+    process_name,
+)
+from services.lcm.backends.local import processes
+from services.lcm.backends.local.records import ProcessEntry, ProcessRecord, process_records
+from services.lcm.store import write_atomically
+
+log = logging.getLogger(__name__)
+
+KILL_GRACE = 10.0
+_MODULES = {Role.MONITOR: "services.jobmonitor", Role.CONTROLLER: "services.controller"}
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, settings: LcmSettings, *, kill_grace: float = KILL_GRACE):
+        self._settings = settings
+        self._kill_grace = kill_grace
+        self._python = settings.python or sys.executable
+        self._gpus = settings.local_gpus if settings.local_gpus >= 0 else processes.detect_gpus()
+        state = Path(settings.state_dir).resolve()
+        self._work = state / "work"
+        self._records = process_records(state)
+        self._lock = threading.Lock()
+        self._children: dict[int, subprocess.Popen] = {}
+
+    # -- processes ------------------------------------------------------------------
+
+    def _reap(self) -> None:
+        """Collect exited children so they do not linger as zombies."""
+        with self._lock:
+            for pid, popen in list(self._children.items()):
+                if popen.poll() is not None:
+                    del self._children[pid]
+
+    @staticmethod
+    def _spec_path(attempt_dir: Path, role: Role, rank: int | None) -> Path:
+        return attempt_dir / ("monitor.json" if role is Role.MONITOR else f"learner-{rank}.json")
+
+    def _spawn(self, record: ProcessRecord, role: Role, rank: int | None) -> ProcessRecord:
+        attempt_dir = record.attempt_dir
+        name = process_name(role, rank)
+        argv = [self._python, "-m", _MODULES[role], "--spec", str(self._spec_path(attempt_dir, role, rank))]
+        try:
+            popen, started = processes.spawn(argv, attempt_dir, attempt_dir / f"{name}.log",
+                                             processes.child_env(self._settings))
+        except OSError as e:
+            raise TrainforgeError(f"cannot start the {role.value} of job {record.job_id} with {self._python}: "
+                                  f"{e}") from None
+        with self._lock:
+            self._children[popen.pid] = popen
+        record = record.adding(ProcessEntry(role=role, rank=rank, pid=popen.pid, started=started))
+        self._records.put(record)
+        return record
+
+    # -- Backend --------------------------------------------------------------------
+
+    def site(self, job_id: str, attempt: int) -> Site:
+        return Site(attempt_dir=self._work / job_id / str(attempt), master_addr="127.0.0.1",
+                    master_port=processes.free_port())
+
+    def launch(self, plan: AttemptPlan) -> list[Handle]:
+        attempt_dir = plan.attempt_dir
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        # a launch of this attempt that is redone must not inherit the marker of the one before
+        (attempt_dir / MONITOR_DONE).unlink(missing_ok=True)
+        write_atomically(self._spec_path(attempt_dir, Role.MONITOR, None), plan.monitor.to_json())
+        for spec in plan.learners:
+            spec.workdir.mkdir(parents=True, exist_ok=True)
+            write_atomically(self._spec_path(attempt_dir, Role.CONTROLLER, spec.rank), spec.to_json())
+        record = ProcessRecord(job_id=plan.job_id, attempt=plan.attempt, attempt_dir=attempt_dir)
+        self._records.put(record)
+        record = self._spawn(record, Role.MONITOR, None)
+        for spec in plan.learners:
+            record = self._spawn(record, Role.CONTROLLER, spec.rank)
+        return [e.handle for e in record.processes]
+
+    def restart_monitor(self, plan: AttemptPlan) -> Handle:
+        record = self._records.get(plan.job_id)
+        if record is None or record.attempt != plan.attempt:
+            record = ProcessRecord(job_id=plan.job_id, attempt=plan.attempt, attempt_dir=plan.attempt_dir)
+        record = self._spawn(record.without(Role.MONITOR), Role.MONITOR, None)
+        return record.processes[-1].handle
+
+    def observe(self, plan: AttemptPlan) -> JobView:
+        self._reap()
+        record = self._records.get(plan.job_id)
+        done = (plan.attempt_dir / MONITOR_DONE).exists()
+        if record is None or record.attempt != plan.attempt:
+            return JobView(job_id=plan.job_id, monitor_done=done)
+        return JobView(job_id=plan.job_id, monitor_done=done, processes=tuple(
+            Observed(e.handle, processes.running(e.pid, e.started) is not None) for e in record.processes))
+
+    def stop(self, job_id: str) -> int:
+        """SIGTERM the monitor, then the controllers (each its process group) and every other process of
+        the job (orphaned learners, any attempt); SIGKILL what outlives the grace."""
+        self._reap()
+        record = self._records.get(job_id)
+        entries = record.processes if record else ()
+        under = record.attempt_dir if record else self._work / job_id
+        leaders = {e.pid: processes.running(e.pid, e.started) for e in entries}
+        alive = {pid for pid, proc in leaders.items() if proc is not None}
+        monitors = [(e.pid, leaders[e.pid]) for e in entries if e.role is Role.MONITOR]
+        controllers = [(e.pid, leaders[e.pid]) for e in entries if e.role is not Role.MONITOR]
+        self._report(job_id, processes.stop_groups(monitors, under, grace=self._kill_grace))
+        ours = set(proctree.with_descendants(p for _, p in controllers if p is not None))
+        orphans = [p for p in processes.job_processes(self._work / job_id, job_id) if p.pid not in ours]
+        if orphans:
+            log.info("job %s: stopping %d process(es) no live controller watches: %s", job_id, len(orphans),
+                     ", ".join(str(p.pid) for p in orphans))
+        self._report(job_id, processes.stop_groups(controllers, under, grace=self._kill_grace, extra=orphans))
+        self._reap()
+        self._records.forget(job_id)
+        return len(alive) + sum(p.pid not in alive for p in orphans)
+
+    def _report(self, job_id: str, stopped: proctree.Stopped) -> None:
+        if stopped.killed:
+            log.warning("job %s: SIGKILL for %d process(es) that outlived %gs: %s", job_id, len(stopped.killed),
+                        self._kill_grace, ", ".join(map(str, stopped.killed)))
+        if stopped.survivors:
+            log.error("job %s: processes survived SIGKILL: %s", job_id, ", ".join(map(str, stopped.survivors)))
+
+    def capacity(self) -> Capacity:
+        s = self._settings
+        return Capacity(backend=self.name, gpus=self._gpus, cpus=float(s.local_cpus or os.cpu_count() or 1),
+                        memory=int(s.local_memory or psutil.virtual_memory().total),
+                        max_learners=s.local_max_learners)
+
+    def close(self) -> None:
+        self._reap()

@@ -1,0 +1,152 @@
+"""Processes on this machine: how the local backend starts, recognises and stops them.
+
+Controllers and job monitors are spawned in their own sessions (so they
+outlive the LCM) with the LCM's TF_* settings spelled out in their
+environment and the project root on PYTHONPATH. A recorded process is ours
+only while its pid *and* start time match, so a reused pid is never
+mistaken for it. Stopping goes through `services.common.proctree`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+import psutil
+
+from services.common import proctree
+from services.common.settings import LcmSettings, StoreSettings
+
+# The project root: children import `services.*` from here even when not installed.
+_ROOT = Path(__file__).resolve().parents[4]
+
+
+def detect_gpus() -> int:
+    """How many GPUs `nvidia-smi -L` lists; 0 without nvidia-smi or when it fails."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    if out.returncode != 0:
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def child_env(settings: LcmSettings) -> dict[str, str]:
+    """The environment of controllers and monitors: ours, with the LCM's settings spelled out."""
+    env = dict(os.environ)
+    for name in StoreSettings.model_fields:
+        env[f"TF_{name.upper()}"] = _env_value(getattr(settings, name))
+    env["TF_LEASE_TTL"] = str(settings.lease_ttl)  # the monitors' claim; controllers get it in their spec
+    paths = [str(_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(_ROOT)]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def spawn(argv: list[str], cwd: Path, log_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen, float]:
+    """Start argv in its own session, output appended to log_path; the Popen and its start time.
+
+    OSError when it cannot start.
+    """
+    with open(log_path, "ab") as out:
+        popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                 cwd=cwd, env=env, start_new_session=True)
+    try:
+        started = psutil.Process(popen.pid).create_time()
+    except psutil.Error:
+        started = 0.0  # already gone; the record still names it for the logs
+    return popen, started
+
+
+def running(pid: int, started: float) -> psutil.Process | None:
+    """The process if it still runs (same pid *and* start time, not a zombie)."""
+    try:
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - started) > 1.0:
+            return None
+        return None if proc.status() == psutil.STATUS_ZOMBIE else proc
+    except psutil.Error:
+        return None
+
+
+def _inside(path: str | None, root: Path) -> bool:
+    return bool(path) and Path(path).is_relative_to(root)
+
+
+def job_processes(job_dir: Path, job_id: str) -> list[psutil.Process]:
+    """Every running process of one job, recorded or not.
+
+    Controllers and monitors run a spec file inside the job's directory;
+    learners (and whatever they start) carry the controller's TF_JOB_ID and a
+    TF_WORKDIR inside it. Both tests name a file of this LCM's state
+    directory, so another stack's job of the same id is never touched.
+    """
+    me = os.getpid()
+    out = []
+    for proc in psutil.process_iter(["status", "cmdline"]):
+        try:
+            if proc.pid == me or proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            argv = proc.info["cmdline"] or []
+            if any(a == "--spec" and _inside(b, job_dir) for a, b in zip(argv, argv[1:], strict=False)):
+                out.append(proc)
+                continue
+            env = proc.environ()
+            if env.get("TF_JOB_ID") == job_id and _inside(env.get("TF_WORKDIR"), job_dir):
+                out.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+def group_members(pgid: int, under: Path) -> list[psutil.Process]:
+    """Running processes of group `pgid` working inside `under`.
+
+    The directory check keeps a recycled pid's unrelated process group safe
+    when the recorded leader is gone: ours all run in the attempt directory.
+    """
+    out = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or os.getpgid(proc.pid) != pgid:
+                continue
+            if Path(proc.cwd()).is_relative_to(under):
+                out.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+def stop_groups(leaders: Iterable[tuple[int, psutil.Process | None]], under: Path, *, grace: float,
+                extra: Iterable[psutil.Process] = ()) -> proctree.Stopped:
+    """Stop recorded group leaders (pid, process-or-None when gone) with their groups, plus `extra`.
+
+    A leader that is gone still has its group stopped when members of it work
+    inside `under` (a controller SIGKILLed leaves its learner's shell behind).
+    """
+    targets: dict[int, psutil.Process] = {p.pid: p for p in extra}
+    groups: list[int] = []
+    for pid, leader in leaders:
+        members = ([leader] if leader else []) + group_members(pid, under)
+        if not members:
+            continue  # gone, or the pid now belongs to someone else
+        groups.append(pid)
+        targets.update({p.pid: p for p in members})
+    if not targets:
+        return proctree.Stopped()
+    return proctree.terminate(targets.values(), grace=grace, groups=groups)

@@ -1,0 +1,240 @@
+"""The Lifecycle: one owner of every job attempt, whatever backend runs it.
+
+It turns a validated request into an `AttemptPlan`, checks the backend has
+room (learners and GPUs, counting the other attempts it runs or is
+launching), writes the job's etcd `attempt` key (`AttemptInfo`) and, on a
+halt, its `halt` key (`HaltRequest`), and removes the job's etcd prefix when
+an attempt is replaced or the job is killed. Deploys are idempotent per
+(job, attempt); an older attempt than the recorded one is a Conflict; a
+newer one replaces it.
+
+Its records (`records.py`) survive an LCM restart; the next LCM reconciles
+them with what the backend observes (`reconcile`): an attempt with
+something running, or whose monitor never delivered its last state, is
+adopted; the rest forgotten. The supervision pass (`supervision.py`) reports
+lost controllers and starts dead monitors again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from services.common.adapters.etcd import Coordinator
+from services.common.contracts.etcd import AttemptInfo, HaltRequest
+from services.common.contracts.ids import check_job_id
+from services.common.errors import Conflict, ResourceExhausted
+from services.common.settings import LcmSettings
+from services.lcm.backends.base import AttemptPlan, Backend, Capacity, Handle, JobView
+from services.lcm.lifecycle.plan import JobDeployment, build_plan, check_attempt
+from services.lcm.lifecycle.records import AttemptRecord, attempt_records
+from services.lcm.lifecycle.supervision import Supervision, unfinished
+from services.lcm.lifecycle.types import RunningJob
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT = 300.0
+SUPERVISE_INTERVAL = 2.0
+
+
+class Lifecycle:
+    """Deploy, kill, halt and supervise job attempts on one backend."""
+
+    def __init__(self, backend: Backend, coordinator: Coordinator, state_dir: str | Path, *, lease_ttl: int = 10,
+                 start_timeout: float = START_TIMEOUT, supervise_interval: float = SUPERVISE_INTERVAL,
+                 own_coordinator: bool = False):
+        self.backend = backend
+        self._coord = coordinator
+        self._keys = coordinator.keys
+        self._own_coordinator = own_coordinator
+        self._lease_ttl = lease_ttl
+        self._start_timeout = start_timeout
+        self._records = attempt_records(Path(state_dir).resolve())
+        self._lock = threading.Lock()
+        self._job_locks: dict[str, threading.Lock] = {}
+        self._launching: set[str] = set()
+        self._supervision = Supervision(backend, coordinator, self._records, self._job_lock)
+        self.reconcile()
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._supervise, args=(supervise_interval,), name="lcm-supervisor",
+                                        daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_settings(cls, settings: LcmSettings, backend: Backend, coordinator: Coordinator | None = None,
+                      **kw) -> Lifecycle:
+        """A lifecycle on `backend`; it closes the coordinator only when it made it."""
+        own = coordinator is None
+        coord = coordinator or Coordinator(settings.etcd_endpoints, settings.etcd_prefix)
+        return cls(backend, coord, settings.state_dir, lease_ttl=settings.lease_ttl, own_coordinator=own, **kw)
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    def _job_lock(self, job_id: str) -> threading.Lock:
+        with self._lock:
+            return self._job_locks.setdefault(job_id, threading.Lock())
+
+    # -- restart --------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """Take over a previous LCM's records: adopt attempts still running or not yet reported; forget the rest."""
+        for record in self._records.load():
+            view = self.backend.observe(record.plan)
+            if view.alive:
+                # (one marked `killing` too: the Trainer asks again until its KillJob succeeds)
+                log.info("adopted job %s attempt %d: %s", record.job_id, record.attempt,
+                         ", ".join(map(str, view.handles)))
+            elif unfinished(record, view):
+                # everything died while no LCM watched (e.g. its monitor was killed and the learners
+                # finished): supervision starts the monitor again, which reports from etcd
+                log.info("adopted job %s attempt %d: nothing runs but its monitor never finished",
+                         record.job_id, record.attempt)
+            else:
+                self.backend.stop(record.job_id)
+                self._records.forget(record.job_id)
+                log.info("forgot job %s attempt %d: none of its processes runs", record.job_id, record.attempt)
+
+    # -- deploy ---------------------------------------------------------------------
+
+    def deploy(self, job: JobDeployment) -> list[Handle]:
+        """Start the attempt's monitor and learners; their handles.
+
+        Idempotent per (job, attempt): a repeated call while they run (or while
+        its monitor has yet to deliver the end) starts nothing but a dead
+        monitor, and returns the same handles. A later attempt replaces an
+        earlier one; an earlier attempt than the recorded one is a Conflict.
+        """
+        with self._job_lock(job.job_id):
+            existing = self._records.get(job.job_id)
+            if existing is not None:
+                if job.attempt < existing.attempt:
+                    raise Conflict(f"job {job.job_id}: attempt {job.attempt} is older than the deployed "
+                                   f"attempt {existing.attempt}")
+                view = self.backend.observe(existing.plan)
+                if job.attempt == existing.attempt and not existing.killing \
+                        and view.names() >= existing.plan.expected() and (view.alive or not view.monitor_done):
+                    # deployed already (a resent request): never a second run of the same attempt; a
+                    # dead monitor is started again and reports what became of it
+                    log.info("job %s attempt %d already deployed", job.job_id, job.attempt)
+                    self._supervision.revive_monitor(existing, view, spaced=False)
+                    return self.backend.observe(existing.plan).handles
+                log.info("job %s: replacing attempt %d with attempt %d", job.job_id, existing.attempt, job.attempt)
+                self._remove(existing)
+            plan = self._reserve(job)
+            try:
+                self._coord.put(self._keys.attempt(job.job_id), AttemptInfo(
+                    attempt=job.attempt, learners=job.learners, checkpoint_uri=job.checkpoint_uri).value())
+                handles = self.backend.launch(plan)
+            except BaseException:
+                self.backend.stop(job.job_id)
+                self._records.forget(job.job_id)
+                raise
+            finally:
+                with self._lock:
+                    self._launching.discard(job.job_id)
+            log.info("job %s attempt %d deployed: %s", job.job_id, job.attempt, ", ".join(map(str, handles)))
+            return handles
+
+    def _reserve(self, job: JobDeployment) -> AttemptPlan:
+        """Check the backend has room, plan the attempt and record it before anything starts."""
+        cap = self.backend.capacity()
+        with self._lock:
+            # an attempt being launched on another thread holds its share before anything of it runs
+            others = [r for r in self._records.all() if r.job_id != job.job_id
+                      and (r.job_id in self._launching or self.backend.observe(r.plan).alive)]
+            running = sum(r.plan.world_size for r in others)
+            if running + job.learners > cap.max_learners:
+                raise ResourceExhausted(f"needs {job.learners} learner(s); the {cap.backend} backend runs at most "
+                                        f"{cap.max_learners} and {running} are running")
+            used = {g for r in others for g in r.plan.all_gpus}
+            free = [g for g in range(cap.gpus) if g not in used]
+            if job.gpus > len(free):
+                raise ResourceExhausted(f"needs {job.gpus} GPU(s); the {cap.backend} backend has {len(free)} of "
+                                        f"{cap.gpus} free")
+            plan = build_plan(job, self.backend.site(job.job_id, job.attempt), free[:job.gpus],
+                              lease_ttl=self._lease_ttl, start_timeout=self._start_timeout)
+            self._records.put(AttemptRecord(plan=plan))
+            self._launching.add(job.job_id)
+            return plan
+
+    # -- kill and halt ----------------------------------------------------------------
+
+    def _remove(self, record: AttemptRecord | None, job_id: str = "") -> int:
+        """Mark the record `killing`, stop everything of the job, clear its etcd keys, forget it."""
+        job_id = record.job_id if record else job_id
+        if record is not None and not record.killing:
+            self._records.put(record.model_copy(update={"killing": True}))
+        killed = self.backend.stop(job_id)
+        self._coord.delete_prefix(self._keys.job(job_id))
+        self._records.forget(job_id)
+        return killed
+
+    def mark_killing(self, job_id: str) -> None:
+        """Record that the job is being removed (what `kill` does first; tests use it to crash halfway)."""
+        record = self._records.get(job_id)
+        if record is not None and not record.killing:
+            self._records.put(record.model_copy(update={"killing": True}))
+
+    def kill(self, job_id: str) -> int:
+        """Stop and remove everything of a job, all attempts, and its etcd keys. Idempotent.
+
+        Returns how many processes (or pods) were still running.
+        """
+        check_job_id(job_id)
+        with self._job_lock(job_id):
+            killed = self._remove(self._records.get(job_id), job_id)
+        log.info("job %s killed: %d process(es) were running", job_id, killed)
+        return killed
+
+    def halt(self, job_id: str, attempt: int) -> None:
+        """Ask an attempt's learners to checkpoint and exit: the job's `halt` key (docs/CONTRACTS.md).
+
+        Idempotent; a halt for an attempt that no longer runs is ignored by
+        every controller (they compare the attempt).
+        """
+        check_job_id(job_id)
+        check_attempt(attempt)
+        self._coord.put(self._keys.halt(job_id), HaltRequest(attempt=attempt).value())
+
+    # -- observation ------------------------------------------------------------------
+
+    def capacity(self) -> Capacity:
+        """The backend's total resources (not what is free: the Trainer accounts for usage)."""
+        return self.backend.capacity()
+
+    def view(self, job_id: str) -> JobView | None:
+        record = self._records.get(job_id)
+        return self.backend.observe(record.plan) if record else None
+
+    def running_jobs(self) -> list[RunningJob]:
+        """Attempts with something still running."""
+        out = []
+        for record in self._records.all():
+            view = self.backend.observe(record.plan)
+            if view.alive:
+                out.append(RunningJob(record.job_id, record.attempt, record.plan.world_size, view.handles))
+        return out
+
+    # -- supervision ------------------------------------------------------------------
+
+    def _supervise(self, interval: float) -> None:
+        while not self._closing.wait(interval):
+            try:
+                self.supervise_once()
+            except Exception:
+                log.exception("supervision pass failed")
+
+    def supervise_once(self) -> None:
+        """One look at every attempt: restart dead monitors, report lost controllers."""
+        self._supervision.run_once()
+
+    def close(self) -> None:
+        """Stop supervising and release connections; running jobs are left running."""
+        self._closing.set()
+        self._thread.join(10)
+        self.backend.close()
+        if self._own_coordinator:
+            self._coord.close()

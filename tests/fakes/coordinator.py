@@ -1,0 +1,47 @@
+"""A dict in place of etcd: just the Coordinator calls the LCM's lifecycle makes (no leases, no watches)."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+from services.common.keys import Keys
+
+
+class MemoryCoordinator:
+    def __init__(self, prefix: str = "/trainforge"):
+        self.keys = Keys(prefix)
+        self.data: dict[str, dict] = {}
+        self._lock = threading.Lock()
+
+    def put(self, key: str, value: dict, lease: object = None) -> None:
+        with self._lock:
+            self.data[key] = copy.deepcopy(value)
+
+    def get(self, key: str) -> tuple[dict | None, int]:
+        with self._lock:
+            value = self.data.get(key)
+        return (copy.deepcopy(value), 1) if value is not None else (None, 0)
+
+    def list(self, prefix: str) -> tuple[dict[str, dict], int]:
+        with self._lock:
+            return {k: copy.deepcopy(v) for k, v in self.data.items() if k.startswith(prefix)}, 1
+
+    def create(self, key: str, value: dict, lease: object = None) -> bool:
+        with self._lock:
+            if key in self.data:
+                return False
+            self.data[key] = copy.deepcopy(value)
+            return True
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self.data.pop(key, None)
+
+    def delete_prefix(self, prefix: str) -> None:
+        with self._lock:
+            for key in [k for k in self.data if k.startswith(prefix)]:
+                del self.data[key]
+
+    def close(self) -> None:
+        pass
