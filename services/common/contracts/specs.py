@@ -1,6 +1,6 @@
 """The spec files a backend hands the processes it starts: one per learner's controller, one per job monitor.
 
-The LCM's lifecycle builds them (`services/lcm/lifecycle.py`); the
+The LCM's lifecycle builds them (`services/lcm/lifecycle/plan.py`); the
 controller and the job monitor parse them at start-up, so a malformed spec
 fails at once with every bad field named instead of somewhere in the middle
 of a run. Unknown keys are ignored: a newer LCM may add fields before an
