@@ -179,9 +179,12 @@ class ReleaseResources(Rule):
 
 
 class QueueChanged(Rule):
-    """A job entered the queue (admitted, resumed, restarted) or left it without running."""
+    """A job entered the queue (admitted, resumed) or left it without running.
 
-    FROM = ALL
+    A restart's requeue leaves the ACTIVE states: ReleaseResources wakes the dispatcher for it.
+    """
+
+    FROM = _NOT_ACTIVE
     TO = frozenset({JobState.QUEUED})
 
     def after(self, frm: JobState, job: JobRecord, actions: Actions) -> None:
@@ -203,9 +206,6 @@ class RequeueAfterBackoff(Rule):
         fields = {**next_attempt(job, not_before=now + job.restart_delay), "cleanup_pending": False}
         return Proposal(JobState.QUEUED, f"restart {job.restarts}: queued as attempt {job.attempt + 1}, "
                         "from the last checkpoint", fields)
-
-    def after(self, frm: JobState, job: JobRecord, actions: Actions) -> None:
-        actions.wake()
 
 
 DEFAULT_RULES: tuple[Rule, ...] = (HaltedDespiteFailure(), RestartOrFail(), NoRestartLeft(), Deploy(),
