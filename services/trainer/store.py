@@ -106,7 +106,10 @@ def _value(value: Any) -> Any:
 
 
 def _document(fields: Mapping[str, Any]) -> dict:
-    """Record fields (by the record's names) as document fields."""
+    """Record fields (by the record's names) as document fields; a name the record lacks is refused."""
+    unknown = sorted(set(fields) - set(JobRecord.model_fields))
+    if unknown:
+        raise ValueError(f"not fields of a job record: {', '.join(unknown)}")
     return {_key(name): _value(value) for name, value in fields.items()}
 
 

@@ -180,3 +180,23 @@ def test_list_is_newest_first_scoped_and_filtered(store):
     assert [d.id for d in store.list("t", limit=2)] == ["c", "b"]
     assert [d.id for d in store.list("t", states_filter=[JobState.QUEUED])] == ["c", "a"]
     assert sorted(d.id for d in store.in_states([JobState.QUEUED])) == ["a", "c", "x"]
+
+
+def test_a_record_reads_history_in_key_order_and_learners_typed(store, mongo_db, unique):
+    queued(store)
+    scrambled = {
+        "00000000000000000003aaaa": {"from": 1, "to": 2, "reason": "admitted", "actor": "trainer", "ts": 3.0},
+        "00000000000000000001aaaa": {"from": 0, "to": 1, "reason": "submitted", "actor": "k1", "ts": 1.0},
+    }
+    mongo_db[f"jobs_{unique}"].update_one({"_id": "j1"}, {"$set": {
+        "history": scrambled, "learners": {"1": {"rank": 1, "state": 2, "exit_code": 0, "attempt": 1}}}})
+    job = store.find("j1")
+    assert [(e.from_state, e.to_state, e.ts) for e in job.history] == [
+        (JobState.JOB_STATE_UNSPECIFIED, JobState.PENDING, 1.0), (JobState.PENDING, JobState.QUEUED, 3.0)]
+    assert job.learners == {"1": LearnerReport(rank=1, state=2, attempt=1)}
+
+
+def test_a_change_must_name_record_fields(store):
+    queued(store)
+    with pytest.raises(ValueError, match="not fields of a job record: bogus"):
+        store.set_fields("j1", {"bogus": 1}, state=JobState.QUEUED)

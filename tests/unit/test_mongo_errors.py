@@ -49,3 +49,10 @@ def test_a_store_without_a_server_raises_unavailable():
             QuotaStore(db).get("t")
     finally:
         db.client.close()
+
+
+def test_a_duplicate_key_names_the_fields_of_the_index_at_fault():
+    error = DuplicateKeyError("E11000", details={"keyPattern": {"team": 1, "idempotency_key": 1}})
+    conflict = mongo.translate(error, "the job store")
+    assert conflict.message == "the job store: a record with this team, idempotency_key already exists"
+    assert [d["field"] for d in conflict.details] == ["team", "idempotency_key"]

@@ -57,8 +57,10 @@ def connect(url: str, db: str, timeout_ms: int = 5000) -> Database:
 def translate(e: PyMongoError, what: str = "MongoDB") -> TrainforgeError:
     """The domain error a driver error means; `what` names the store in the message."""
     if isinstance(e, DuplicateKeyError):
-        return Conflict(f"{what}: a record with this key already exists",
-                        details=[{"field": "_id", "message": "duplicate key"}])
+        # the unique index at fault names the fields (servers that do not say: the id)
+        fields = list((e.details or {}).get("keyPattern") or {}) or ["_id"]
+        return Conflict(f"{what}: a record with this {', '.join(fields)} already exists",
+                        details=[{"field": f, "message": "already taken"} for f in fields])
     if isinstance(e, _UNAVAILABLE) or getattr(e, "timeout", False):
         return Unavailable(f"{what} unavailable: {e}")
     return TrainforgeError(f"{what} failed: {e}")
