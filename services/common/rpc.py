@@ -216,6 +216,7 @@ class ServerInterceptor(grpc.ServerInterceptor):
             finally:
                 code = context.code() or code
                 stats.record(method, code, time.monotonic() - started)
+                log.debug("%s [%s] %s in %.3fs", method, rid, code.name, time.monotonic() - started)
                 if code != grpc.StatusCode.OK:
                     log.info("%s [%s] %s: %s", method, rid, code.name, _text(context.details()))
                 _request_id.reset(token)

@@ -32,12 +32,13 @@ from services.trainer.attempts import next_attempt
 from services.trainer.dispatcher import Dispatcher
 from services.trainer.quotas import QuotaStore
 from services.trainer.record import JobRecord, LearnerReport
-from services.trainer.rules import ACTOR, Proposal
+from services.trainer.rules import ACTOR, Proposal, RequestHalt
 from services.trainer.store import AlreadySubmitted, JobStore
 
 log = logging.getLogger(__name__)
 
-_HALTABLE = (JobState.DEPLOYING, JobState.RUNNING)
+# what may be halted is the halt rule's to say
+_HALTABLE = RequestHalt.FROM
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 _FIELDS = {"gpus": "resources.gpus", "cpus": "resources.cpus", "memory": "resources.memory",

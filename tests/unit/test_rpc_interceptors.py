@@ -105,3 +105,26 @@ def test_call_stats_add_up_and_reset():
     assert (got.calls, dict(got.errors), got.mean_seconds, got.max_seconds) == (2, {"UNAVAILABLE": 1}, 1.0, 1.5)
     stats.reset()
     assert stats.snapshot() == {}
+
+
+def test_a_server_logs_the_request_id_and_hands_it_on_to_the_calls_it_makes(stats, caplog):
+    inner, _, _ = stats
+
+    class Relay(lcm_pb2_grpc.LifecycleManagerServicer):
+        @rpc.handler
+        def Health(self, request, context):  # noqa: ANN001
+            return rpc.call(inner.Health, lcm_pb2.LcmHealthRequest())  # a call made while serving one
+
+    server, port = rpc.make_server("127.0.0.1:0", max_workers=2, interceptors=[rpc.ServerInterceptor()])
+    lcm_pb2_grpc.add_LifecycleManagerServicer_to_server(Relay(), server)
+    server.start()
+    channel = rpc.channel(f"127.0.0.1:{port}")
+    try:
+        with caplog.at_level("DEBUG", logger="services.common.rpc"):
+            relayed = lcm_pb2_grpc.LifecycleManagerStub(channel).Health(
+                lcm_pb2.LcmHealthRequest(), metadata=[(rpc.REQUEST_ID, "req-7")], timeout=10)
+    finally:
+        channel.close()
+        server.stop(0).wait()
+    assert relayed.status == "req-7"  # the inner server saw the outer call's id
+    assert f"{HEALTH} [req-7] OK" in caplog.text
