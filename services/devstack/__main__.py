@@ -18,7 +18,8 @@ from services.devstack.components import ComponentStatus, StackError
 
 
 def _emit(as_json: bool, kind: str, body: Any, text: str) -> None:
-    print(json.dumps({kind: body}) if as_json else text, flush=True)
+    if as_json or text:
+        print(json.dumps({kind: body}) if as_json else text, flush=True)
 
 
 def _component(as_json: bool) -> launcher.Report:
