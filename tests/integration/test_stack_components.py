@@ -7,8 +7,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from services.common.settings import ApiSettings, LcmSettings, StoreSettings, TrainerSettings
@@ -24,6 +26,7 @@ from services.devstack.components import (
     Status,
     base_env,
 )
+from tests.servers import free_port
 from trainforge import stack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,3 +124,27 @@ def test_the_cli_side_turns_launcher_failures_into_one_stack_error(tmp_path, mon
     # the launcher could not even start: its last line of stderr
     with pytest.raises(stack.StackError, match="services.devstack nonsense` failed: .*invalid choice"):
         stack.run("nonsense", tmp_path)
+
+
+def test_a_component_that_dies_or_never_gets_healthy_is_named_with_its_log_tail(tmp_path):
+    from services.common import proctree
+    from services.devstack.components import Component, Health, StackError
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "pids").mkdir()
+    ports = {name: free_port() for name in PORT_NAMES}
+    plan = Plan(tmp_path, "stack-under-test", ports)
+
+    def component(name, code):
+        return Component(name, lambda _: [sys.executable, "-c", code], lambda _: Health(False, "never healthy"), ("api",),
+                         lambda _: "nowhere")
+
+    dies = component("dies", "import sys; print('boom: no config'); sys.exit(3)")
+    with pytest.raises(StackError, match=r"^dies exited while starting; see .*dies\.log: .*boom: no config"):
+        launcher._start(dies, plan, base_env(), lambda s: None, time.monotonic() + 30)
+    hangs = component("hangs", "import time; print('waiting for godot', flush=True); time.sleep(600)")
+    with pytest.raises(StackError, match=r"^hangs \(pid \d+\) did not become healthy in time: never healthy; "
+                                         r"see .*hangs\.log: .*waiting for godot"):
+        launcher._start(hangs, plan, base_env(), lambda s: None, time.monotonic() + 1)
+    pid = int((tmp_path / "pids" / "hangs.pid").read_text())
+    assert proctree.terminate([psutil.Process(pid)], grace=5).terminated == [pid]
