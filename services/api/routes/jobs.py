@@ -76,8 +76,31 @@ def list_jobs(
     state: Annotated[list[str] | None, Query(
         description="only jobs in these states (repeat or comma-separate), e.g. running,queued")] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="most jobs returned")] = 50,
+    label: Annotated[list[str] | None, Query(
+        description="only jobs whose manifest has this label, as key=value (repeat: all must match)",
+        max_length=16)] = None,
 ) -> dict:
-    return {"jobs": trainer.list_jobs(tenant.team, limit=limit, states=parse_states(state))}
+    wanted = parse_labels(label)
+    if not wanted:
+        return {"jobs": trainer.list_jobs(tenant.team, limit=limit, states=parse_states(state))}
+    # Labels live in the manifest, which the Trainer does not index: filter the newest LABEL_SCAN jobs.
+    jobs = trainer.list_jobs(tenant.team, limit=LABEL_SCAN, states=parse_states(state))
+    return {"jobs": [j for j in jobs if wanted.items() <= (j.get("manifest") or {}).get("labels", {}).items()][:limit]}
+
+
+# How many of the newest jobs a label filter looks at.
+LABEL_SCAN = 1000
+
+
+def parse_labels(values: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for value in values or []:
+        key, sep, val = value.partition("=")
+        if not sep or not key:
+            raise InvalidArgument(f"label: {value!r} is not key=value",
+                                  details=[{"field": "label", "message": "must be key=value"}])
+        out[key] = val
+    return out
 
 
 @router.get("/{job_id}", response_model=Job, responses=_NOT_FOUND, summary="One job")
