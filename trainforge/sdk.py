@@ -232,7 +232,8 @@ class Client:
         """The team's jobs, newest first; label: "key=value" (several: all must match)."""
         params: dict[str, Any] = {"limit": limit}
         if state:
-            params["state"] = [state] if isinstance(state, str) else list(state)
+            # The API takes lowercase names (its schema enumerates them): "RUNNING" from a user is "running".
+            params["state"] = [s.strip().lower() for s in ([state] if isinstance(state, str) else state)]
         if label:
             params["label"] = [label] if isinstance(label, str) else list(label)
         return self._request("GET", "/v1/jobs", params=params)["jobs"]
