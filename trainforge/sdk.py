@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import tenacity
 
-from trainforge import packing, uploads
+from trainforge import models, packing, uploads
 
 TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
 # Times one request is retried after a 429 (too many requests) before the error is raised.
@@ -278,6 +278,11 @@ class Client:
     def revoke_key(self, key_id: str) -> dict:
         """Revoke one of the team's keys (team admins); effective from the next request."""
         return self._request("DELETE", f"/v1/team/keys/{key_id}")
+
+    @property
+    def typed(self) -> models.Typed:
+        """These calls with typed results (trainforge/models.py)."""
+        return models.Typed(self)
 
     @property
     def admin(self) -> Admin:
