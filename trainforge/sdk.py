@@ -16,11 +16,14 @@ import tarfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import tenacity
 import yaml
+
+if TYPE_CHECKING:
+    from trainforge.results import Results
 
 TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
 # Times one request is retried after a 429 (too many requests) before the error is raised.
@@ -228,6 +231,13 @@ class Client:
     def admin(self) -> Admin:
         """Platform-admin operations (every team, quotas, usage, keys, the audit log)."""
         return Admin(self)
+
+    @property
+    def results(self) -> Results:
+        """A job's outputs and checkpoints: listings and verified downloads (trainforge.results)."""
+        from trainforge.results import Results
+
+        return Results(self)
 
     # -- logs -----------------------------------------------------------------
 
