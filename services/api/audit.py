@@ -26,8 +26,8 @@ import anyio.to_thread
 from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.common.adapters import mongo
 from services.common.adapters.mongo import DESCENDING, Database, PyMongoError
-from services.common.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class AuditLog:
         try:
             self._entries.insert_one(dict(entry))
         except PyMongoError as e:
-            raise Unavailable(f"audit log unavailable: {e}") from None
+            raise mongo.translate(e, "audit log") from None
 
     def query(self, *, team: str | None = None, since: float | None = None, limit: int = 100) -> list[dict]:
         """Newest first. `team` matches entries made by the team's keys and entries about the team."""
@@ -63,7 +63,7 @@ class AuditLog:
         try:
             docs = list(self._entries.find(where).sort("ts", DESCENDING).limit(limit))
         except PyMongoError as e:
-            raise Unavailable(f"audit log unavailable: {e}") from None
+            raise mongo.translate(e, "audit log") from None
         return [_public(d) for d in docs]
 
 

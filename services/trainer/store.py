@@ -44,7 +44,7 @@ from services.common.adapters.mongo import (
     Database,
     DuplicateKeyError,
     ReturnDocument,
-    mapped,
+    mapped_as,
     ping,
 )
 from services.common.errors import Conflict, NotFound
@@ -54,6 +54,8 @@ from services.trainer.admission import Usage, demand
 from services.trainer.record import JobRecord, LearnerReport, StatusEvent
 
 log = logging.getLogger(__name__)
+# What a client reads when MongoDB fails under this store ("job store unavailable; retry shortly").
+mapped = mapped_as("job store")
 
 COLLECTION = "jobs"
 # A job's state changes a handful of times in its life; more lost races than
