@@ -24,6 +24,7 @@ import yaml
 
 if TYPE_CHECKING:
     from trainforge.results import Results
+    from trainforge.team_secrets import Secrets
 
 TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
 # Times one request is retried after a 429 (too many requests) before the error is raised.
@@ -238,6 +239,13 @@ class Client:
         from trainforge.results import Results
 
         return Results(self)
+
+    @property
+    def secrets(self) -> Secrets:
+        """The team's secrets: set, list (names only), delete (trainforge.team_secrets)."""
+        from trainforge.team_secrets import Secrets
+
+        return Secrets(self)
 
     # -- logs -----------------------------------------------------------------
 

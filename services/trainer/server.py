@@ -19,11 +19,13 @@ from protos import trainer_pb2_grpc
 from services.common import rpc
 from services.common.adapters.mongo import Database, connect
 from services.common.errors import Unavailable
+from services.common.secrets import SecretBox, SecretStore, load_key
 from services.common.settings import TrainerSettings
 from services.trainer.dispatcher import Dispatcher
 from services.trainer.lcm_client import GrpcLcm, Lcm
 from services.trainer.quotas import COLLECTION as QUOTA_COLLECTION
 from services.trainer.quotas import QuotaStore
+from services.trainer.secret_env import SecretResolvingLcm
 from services.trainer.service import JobService
 from services.trainer.servicer import TrainerServicer
 from services.trainer.store import COLLECTION, JobStore
@@ -76,6 +78,9 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
         grpc_lcm = GrpcLcm(settings.lcm_address, timeout=settings.lcm_timeout)
         closers.append(grpc_lcm.close)
         lcm = grpc_lcm
+    # the key is checked before anything else starts: without one (outside dev mode) no secret could be read
+    key = load_key(settings.secrets_key, dev_mode=settings.dev_mode, state_dir=settings.state_dir)
+    lcm = SecretResolvingLcm(lcm, SecretStore(db, SecretBox(key)).reveal)
     store = JobStore(db, collection)
     quotas = QuotaStore(db, quota_collection)
     dispatcher = Dispatcher(store, lcm, quotas=quotas, interval=settings.dispatch_interval)
