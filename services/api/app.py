@@ -32,6 +32,7 @@ from services.api.routes import admin as admin_routes
 from services.api.routes import auth as auth_routes
 from services.api.routes import health as health_routes
 from services.api.routes import jobs as job_routes
+from services.api.routes import notifications as notification_routes
 from services.api.routes import outputs as output_routes
 from services.api.routes import secrets as secret_routes
 from services.api.routes import team as team_routes
@@ -253,6 +254,6 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
     # outermost, so refusals (413, 401, 429) and crashes are audited too
     app.add_middleware(AuditMiddleware, audit=audit)
 
-    for module in (job_routes, output_routes, secret_routes, team_routes, auth_routes, admin_routes, health_routes):
+    for module in (job_routes, output_routes, secret_routes, notification_routes, team_routes, auth_routes, admin_routes, health_routes):
         app.include_router(_publish_roles(module.router))
     return app

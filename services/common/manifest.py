@@ -146,6 +146,13 @@ class SecretRef(_Strict):
         return v
 
 
+class Notify(_Strict):
+    """Where the job's terminal and halted states are announced (signed POSTs; services/common/webhooks.py)."""
+
+    webhook: str = Field(description="an http(s) URL that receives a signed JSON POST per terminal or halted state",
+                         max_length=2048, pattern=r"^https?://[^\s]+$")
+
+
 class Manifest(_Strict):
     name: str = Field(description="lowercase letters, digits and '-', at most 63 characters")
     framework: Framework = Framework.TORCH
@@ -162,6 +169,7 @@ class Manifest(_Strict):
     checkpoint: Checkpoint = Checkpoint()
     priority: Priority = Priority.NORMAL
     image: str | None = Field(None, description="container image (kubernetes and docker backends)")
+    notify: Notify | None = Field(None, description="{webhook: URL}: announce terminal and halted states")
 
     @field_validator("name")
     @classmethod

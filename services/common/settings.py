@@ -84,6 +84,9 @@ class ApiSettings(StoreSettings):
 class TrainerSettings(StoreSettings):
     dispatch_interval: float = Field(1.0, gt=0, le=60, description="seconds between queue passes")
     lcm_timeout: float = Field(30.0, gt=0, le=600, description="seconds an LCM call may take")
+    webhook_max_tries: int = Field(8, ge=1, le=100, description="POSTs of one webhook delivery before it fails")
+    webhook_backoff: float = Field(1.0, gt=0, le=3600, description="seconds before a failed delivery's first retry; "
+                                                                    "later waits double, up to 300 s")
     secrets_key: str = Field("", description="Fernet key encrypting team secrets at rest; required outside dev "
                                           "mode (dev mode: generated into <state_dir>/secrets.key)")
 
