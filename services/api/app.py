@@ -29,6 +29,7 @@ from services.api.deps import REQUIRED_ROLE
 from services.api.identity import IdentityStore, Role
 from services.api.ratelimit import RateLimiter
 from services.api.routes import admin as admin_routes
+from services.api.routes import admin_jobs as admin_job_routes
 from services.api.routes import auth as auth_routes
 from services.api.routes import health as health_routes
 from services.api.routes import jobs as job_routes
@@ -254,6 +255,7 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
     # outermost, so refusals (413, 401, 429) and crashes are audited too
     app.add_middleware(AuditMiddleware, audit=audit)
 
-    for module in (job_routes, output_routes, secret_routes, notification_routes, team_routes, auth_routes, admin_routes, health_routes):
+    for module in (job_routes, output_routes, secret_routes, notification_routes, team_routes, auth_routes,
+                   admin_routes, admin_job_routes, health_routes):
         app.include_router(_publish_roles(module.router))
     return app

@@ -7,15 +7,19 @@ nothing across teams.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Header, Path, Query, Request, Response, UploadFile
 
+from services.api import paging
+from services.api.access import unix
 from services.api.audit import note_target
 from services.api.deps import LogsDep, ObjectsDep, SettingsDep, TenantDep, TrainerDep
 from services.api.logs import read_job_logs
 from services.api.schemas import ErrorResponse, Job, JobList, LogPage, error_responses
 from services.api.submit import submit_job
+from services.api.trainer_client import TrainerApi
 from services.common.errors import InvalidArgument
 from services.common.states import JobState, job_state
 
@@ -76,8 +80,26 @@ def list_jobs(
     state: Annotated[list[str] | None, Query(
         description="only jobs in these states (repeat or comma-separate), e.g. running,queued")] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="most jobs returned")] = 50,
+    cursor: Annotated[str | None, Query(max_length=512, description="`next_cursor` of the previous page")] = None,
+    name: Annotated[str | None, Query(max_length=63, description="only jobs with this name")] = None,
+    since: Annotated[float | dt.datetime | None, Query(
+        description="only jobs created at or after this time: ISO-8601 (UTC when no offset) or unix seconds")] = None,
+    until: Annotated[float | dt.datetime | None, Query(description="only jobs created before this time")] = None,
 ) -> dict:
-    return {"jobs": trainer.list_jobs(tenant.team, limit=limit, states=parse_states(state))}
+    """Pages of at most `limit` jobs; `next_cursor` is null on the last page."""
+    return list_page(trainer, tenant.team, limit=limit, states=parse_states(state), cursor=cursor, name=name,
+                     since=since, until=until)
+
+
+def list_page(trainer: TrainerApi, team: str, *, limit: int, states: list[JobState], cursor: str | None,
+              name: str | None, since: dt.datetime | float | None, until: dt.datetime | float | None) -> dict:
+    """One page of a team's jobs (also the admin's listing of any team)."""
+    before = paging.decode(cursor)
+    after_ts, before_ts = unix(since, "since") or 0.0, unix(until, "until") or 0.0
+    jobs, next_cursor = paging.page(
+        lambda n: trainer.list_jobs(team, limit=n, states=states, name=name or "", created_after=after_ts,
+                                    created_before=before_ts, before=before), limit, paging.job_key)
+    return {"jobs": jobs, "next_cursor": next_cursor}
 
 
 @router.get("/{job_id}", response_model=Job, responses=_NOT_FOUND, summary="One job")

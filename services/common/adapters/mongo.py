@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pymongo
+from bson import ObjectId
+from bson.errors import InvalidId
 from pymongo import ASCENDING, DESCENDING, ReturnDocument
 from pymongo.collection import Collection
 from pymongo.database import Database
@@ -45,7 +47,8 @@ from pymongo.errors import (
 
 from services.common.errors import Conflict, TrainforgeError, Unavailable
 
-__all__ = ["ASCENDING", "DESCENDING", "ReturnDocument", "Collection", "Database", "DuplicateKeyError",
+__all__ = ["ASCENDING", "DESCENDING", "ReturnDocument", "Collection", "Database", "DuplicateKeyError", "InvalidId",
+           "ObjectId",
            "PyMongoError", "connect", "mapped", "mapped_as", "mapped_errors", "translate"]
 
 log = logging.getLogger(__name__)
