@@ -97,7 +97,7 @@ def platform(mongo_server, mongo_db, logstore, tmp_path, unique):
                      logs=logstore, objects=LocalStore(tmp_path / "objects"))
     try:
         with serve_app(app) as url, httpx.Client(base_url=url, timeout=30) as http:
-            yield SimpleNamespace(http=http, trainer=trainer, settings=settings,
+            yield SimpleNamespace(http=http, trainer=trainer, settings=settings, url=url, keys=keys,
                                   h={k: {"Authorization": f"Bearer {v}"} for k, v in keys.items()})
     finally:
         client.close()
@@ -177,3 +177,26 @@ def test_a_pending_delivery_survives_a_trainer_restart(mongo_server, mongo_db, l
             assert len(down.accepted()) == 1
     finally:
         down.close()
+
+
+def test_the_cli_sets_the_team_webhook_and_shows_a_jobs_deliveries(mongo_server, mongo_db, logstore, tmp_path, unique,
+                                                                   receiver):
+    from click.testing import CliRunner
+
+    from trainforge import cli
+
+    with platform(mongo_server, mongo_db, logstore, tmp_path, unique) as p:
+        def run(who, *args):
+            env = {"TF_STATE_DIR": str(tmp_path / "cli"), "TRAINFORGE_API_URL": p.url, "TRAINFORGE_API_KEY": p.keys[who]}
+            result = CliRunner().invoke(cli.main, list(args), env=env, catch_exceptions=False)
+            assert result.exit_code == 0, result.output
+            return json.loads(result.stdout)
+
+        hook = run("admin", "webhook", "set", f"{receiver.url}/team", "--json")
+        assert hook["webhook"] == f"{receiver.url}/team" and hook["signing_secret"].startswith("whsec_")
+        job_id = submit(p, None)
+        p.http.post(f"/v1/jobs/{job_id}/cancel", headers=p.h["member"])
+        wait_for(lambda: receiver.accepted("/team"), 30, "the delivery")
+        shown = wait_for(lambda: [d for d in run("member", "notifications", job_id, "--json")["deliveries"]
+                                  if d["status"] == "delivered"], 30, "the delivery to be recorded")
+        assert shown[0]["event"]["type"] == "job.cancelled"
