@@ -8,20 +8,29 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DeployJobRequest(_message.Message):
-    __slots__ = ("job_id", "team", "attempt", "manifest_json", "code_uri", "checkpoint_uri")
+    __slots__ = ("job_id", "team", "attempt", "manifest_json", "code_uri", "checkpoint_uri", "secret_env")
+    class SecretEnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TEAM_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_JSON_FIELD_NUMBER: _ClassVar[int]
     CODE_URI_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
+    SECRET_ENV_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     team: str
     attempt: int
     manifest_json: str
     code_uri: str
     checkpoint_uri: str
-    def __init__(self, job_id: _Optional[str] = ..., team: _Optional[str] = ..., attempt: _Optional[int] = ..., manifest_json: _Optional[str] = ..., code_uri: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ...) -> None: ...
+    secret_env: _containers.ScalarMap[str, str]
+    def __init__(self, job_id: _Optional[str] = ..., team: _Optional[str] = ..., attempt: _Optional[int] = ..., manifest_json: _Optional[str] = ..., code_uri: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., secret_env: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class DeployJobResponse(_message.Message):
     __slots__ = ("handles",)

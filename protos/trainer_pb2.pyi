@@ -97,14 +97,24 @@ class GetJobRequest(_message.Message):
     def __init__(self, team: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("team", "limit", "states")
+    __slots__ = ("team", "limit", "states", "name", "created_after", "created_before", "before_created_at", "before_id")
     TEAM_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_ID_FIELD_NUMBER: _ClassVar[int]
     team: str
     limit: int
     states: _containers.RepeatedScalarFieldContainer[_common_pb2.JobState]
-    def __init__(self, team: _Optional[str] = ..., limit: _Optional[int] = ..., states: _Optional[_Iterable[_Union[_common_pb2.JobState, str]]] = ...) -> None: ...
+    name: str
+    created_after: float
+    created_before: float
+    before_created_at: float
+    before_id: str
+    def __init__(self, team: _Optional[str] = ..., limit: _Optional[int] = ..., states: _Optional[_Iterable[_Union[_common_pb2.JobState, str]]] = ..., name: _Optional[str] = ..., created_after: _Optional[float] = ..., created_before: _Optional[float] = ..., before_created_at: _Optional[float] = ..., before_id: _Optional[str] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs",)

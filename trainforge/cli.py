@@ -18,7 +18,18 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainforge import cli_account, cli_admin, clikit, cliopts, config, exitcodes, stack
+from trainforge import (
+    cli_account,
+    cli_admin,
+    cli_notify,
+    cli_outputs,
+    cli_secrets,
+    clikit,
+    cliopts,
+    config,
+    exitcodes,
+    stack,
+)
 from trainforge.clikit import emit_json as _emit_json
 from trainforge.clikit import json_flag as _json_flag
 from trainforge.clikit import out as _out
@@ -412,6 +423,11 @@ def usage(ctx: click.Context, as_json: bool) -> None:
 main.add_command(cli_admin.admin)
 main.add_command(cli_account.login)
 main.add_command(cli_account.completion)
+main.add_command(cli_outputs.download)
+main.add_command(cli_outputs.checkpoints)
+main.add_command(cli_secrets.secret)
+main.add_command(cli_notify.notifications)
+main.add_command(cli_notify.webhook)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,16 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import tenacity
 
 from trainforge import models, packing, uploads
+
+if TYPE_CHECKING:
+    from trainforge.results import Results
+    from trainforge.team_secrets import Secrets
 
 TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
 # Times one request is retried after a 429 (too many requests) before the error is raised.
@@ -288,6 +292,20 @@ class Client:
     def admin(self) -> Admin:
         """Platform-admin operations (every team, quotas, usage, keys, the audit log)."""
         return Admin(self)
+
+    @property
+    def results(self) -> Results:
+        """A job's outputs and checkpoints: listings and verified downloads (trainforge.results)."""
+        from trainforge.results import Results
+
+        return Results(self)
+
+    @property
+    def secrets(self) -> Secrets:
+        """The team's secrets: set, list (names only), delete (trainforge.team_secrets)."""
+        from trainforge.team_secrets import Secrets
+
+        return Secrets(self)
 
     # -- logs -----------------------------------------------------------------
 

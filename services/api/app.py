@@ -29,9 +29,13 @@ from services.api.deps import REQUIRED_ROLE
 from services.api.identity import IdentityStore, Role
 from services.api.ratelimit import RateLimiter
 from services.api.routes import admin as admin_routes
+from services.api.routes import admin_jobs as admin_job_routes
 from services.api.routes import auth as auth_routes
 from services.api.routes import health as health_routes
 from services.api.routes import jobs as job_routes
+from services.api.routes import notifications as notification_routes
+from services.api.routes import outputs as output_routes
+from services.api.routes import secrets as secret_routes
 from services.api.routes import team as team_routes
 from services.api.tokens import TokenCodec
 from services.api.trainer_client import TrainerApi, TrainerClient
@@ -39,6 +43,7 @@ from services.common.adapters import mongo
 from services.common.adapters.logstore import LogStore
 from services.common.adapters.objectstore import ObjectStore, store_from_settings
 from services.common.errors import TrainforgeError
+from services.common.secrets import SecretStore, load_key
 from services.common.settings import ApiSettings
 
 log = logging.getLogger(__name__)
@@ -196,13 +201,15 @@ def _publish_roles(router: APIRouter) -> APIRouter:
 
 def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, identity: IdentityStore | None = None,
                logs: LogStore | None = None, objects: ObjectStore | None = None, audit: AuditLog | None = None,
-               limiter: RateLimiter | None = None) -> FastAPI:
+               limiter: RateLimiter | None = None, secrets: SecretStore | None = None) -> FastAPI:
     """The REST API; collaborators not given are built from settings and closed at shutdown.
 
     Raises ValueError for settings it cannot serve with (an unsupported JWT algorithm or a
-    signing secret too short for it).
+    signing secret too short for it, no secrets key outside dev mode).
     """
     tokens = TokenCodec.from_settings(settings)
+    if secrets is None and not settings.dev_mode:
+        load_key(settings.secrets_key, dev_mode=False, state_dir=settings.state_dir)  # refuse to start without one
     owned: list[Callable[[], Any]] = []
     if trainer is None:
         trainer = TrainerClient(settings.trainer_address)
@@ -238,6 +245,7 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
     app.state.tokens = tokens
     app.state.audit = audit
     app.state.limiter = limiter
+    app.state.secrets = secrets  # None: made on first use (services.api.routes.secrets), so building touches nothing
 
     app.add_exception_handler(TrainforgeError, _domain_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -247,6 +255,7 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
     # outermost, so refusals (413, 401, 429) and crashes are audited too
     app.add_middleware(AuditMiddleware, audit=audit)
 
-    for module in (job_routes, team_routes, auth_routes, admin_routes, health_routes):
+    for module in (job_routes, output_routes, secret_routes, notification_routes, team_routes, auth_routes,
+                   admin_routes, admin_job_routes, health_routes):
         app.include_router(_publish_roles(module.router))
     return app

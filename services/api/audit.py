@@ -26,8 +26,9 @@ import anyio.to_thread
 from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.common.adapters.mongo import DESCENDING, Database, PyMongoError
-from services.common.errors import Unavailable
+from services.common.adapters import mongo
+from services.common.adapters.mongo import DESCENDING, Database, InvalidId, ObjectId, PyMongoError
+from services.common.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 
@@ -51,20 +52,39 @@ class AuditLog:
         try:
             self._entries.insert_one(dict(entry))
         except PyMongoError as e:
-            raise Unavailable(f"audit log unavailable: {e}") from None
+            raise mongo.translate(e, "audit log") from None
 
-    def query(self, *, team: str | None = None, since: float | None = None, limit: int = 100) -> list[dict]:
-        """Newest first. `team` matches entries made by the team's keys and entries about the team."""
-        where: dict = {}
+    def query(self, *, team: str | None = None, since: float | None = None, limit: int = 100,
+              until: float | None = None, before: tuple[float, str] | None = None) -> list[dict]:
+        """Newest first (then by id). `team` matches entries made by the team's keys and entries about the
+        team; `before` is the last (ts, id) of the previous page."""
+        clauses: list[dict] = []
         if team is not None:
-            where["$or"] = [{"team": team}, {"target_team": team}]
+            clauses.append({"$or": [{"team": team}, {"target_team": team}]})
+        ts: dict = {}
         if since is not None:
-            where["ts"] = {"$gte": since}
+            ts["$gte"] = since
+        if until is not None:
+            ts["$lt"] = until
+        if ts:
+            clauses.append({"ts": ts})
+        if before is not None:
+            clauses.append({"$or": [{"ts": {"$lt": before[0]}},
+                                    {"ts": before[0], "_id": {"$lt": _object_id(before[1])}}]})
+        where: dict = {"$and": clauses} if len(clauses) > 1 else (clauses[0] if clauses else {})
         try:
-            docs = list(self._entries.find(where).sort("ts", DESCENDING).limit(limit))
+            docs = list(self._entries.find(where).sort([("ts", DESCENDING), ("_id", DESCENDING)]).limit(limit))
         except PyMongoError as e:
-            raise Unavailable(f"audit log unavailable: {e}") from None
+            raise mongo.translate(e, "audit log") from None
         return [_public(d) for d in docs]
+
+
+def _object_id(text: str) -> ObjectId:
+    try:
+        return ObjectId(text)
+    except (InvalidId, TypeError):
+        raise InvalidArgument("cursor: not a cursor this API returned",
+                              details=[{"field": "cursor", "message": "invalid"}]) from None
 
 
 def _public(doc: Mapping) -> dict:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from services.common.adapters import mongo
 from services.common.adapters.mongo import Database, DuplicateKeyError, PyMongoError
-from services.common.errors import Conflict, InvalidArgument, NotFound, Unauthenticated, Unavailable
+from services.common.errors import Conflict, InvalidArgument, NotFound, Unauthenticated
 
 KEY_PREFIX = "tf_"
 KEY_ID = re.compile(r"^[0-9a-f]{8}$")
@@ -149,14 +149,14 @@ class IdentityStore:
             result = self._teams.update_one({"_id": name}, {"$setOnInsert": {"created_at": _now(), "disabled": False}},
                                             upsert=True)
         except PyMongoError as e:
-            raise Unavailable(f"identity store unavailable: {e}") from None
+            raise mongo.translate(e, "identity store") from None
         return result.upserted_id is not None
 
     def get_team(self, name: str) -> dict | None:
         try:
             return self._teams.find_one({"_id": name})
         except PyMongoError as e:
-            raise Unavailable(f"identity store unavailable: {e}") from None
+            raise mongo.translate(e, "identity store") from None
 
     def team(self, name: str) -> dict:
         """A team as shown to admins; NotFound when there is no such team."""
@@ -169,7 +169,7 @@ class IdentityStore:
         try:
             docs = list(self._teams.find())
         except PyMongoError as e:
-            raise Unavailable(f"identity store unavailable: {e}") from None
+            raise mongo.translate(e, "identity store") from None
         return sorted((public_team(d) for d in docs), key=lambda t: t["name"])
 
     def set_team_disabled(self, name: str, disabled: bool) -> dict:
@@ -178,7 +178,7 @@ class IdentityStore:
         try:
             result = self._teams.update_one({"_id": name}, {"$set": update})
         except PyMongoError as e:
-            raise Unavailable(f"identity store unavailable: {e}") from None
+            raise mongo.translate(e, "identity store") from None
         if result.matched_count == 0:
             raise NotFound(f"team {name!r} not found")
         return self.team(name)
@@ -207,7 +207,7 @@ class IdentityStore:
             except DuplicateKeyError:
                 continue
             except PyMongoError as e:
-                raise Unavailable(f"identity store unavailable: {e}") from None
+                raise mongo.translate(e, "identity store") from None
         raise Conflict("could not allocate a unique key id; try again")
 
     def issue_key(self, team: str, name: str, role: Role | str = Role.MEMBER, *,
@@ -225,7 +225,7 @@ class IdentityStore:
                                   {"$set": {"revoked": True, "revoked_at": _now()}})
             doc = self._keys.find_one(query)
         except PyMongoError as e:
-            raise Unavailable(f"identity store unavailable: {e}") from None
+            raise mongo.translate(e, "identity store") from None
         if doc is None:
             raise NotFound(f"API key {key_id} not found")
         return public_key(doc)
@@ -235,7 +235,7 @@ class IdentityStore:
         try:
             docs = list(self._keys.find({"team": team}))
         except PyMongoError as e:
-            raise Unavailable(f"identity store unavailable: {e}") from None
+            raise mongo.translate(e, "identity store") from None
         return sorted((public_key(d) for d in docs), key=lambda d: d["created_at"])
 
     # -- authentication -----------------------------------------------------------
@@ -267,7 +267,7 @@ class IdentityStore:
         try:
             return self._keys.find_one({"_id": key_id})
         except PyMongoError as e:
-            raise Unavailable(f"identity store unavailable: {e}") from None
+            raise mongo.translate(e, "identity store") from None
 
     def _live(self, doc: dict, *, via: str) -> Tenant:
         if doc.get("revoked"):
@@ -283,5 +283,5 @@ class IdentityStore:
             try:
                 self._keys.update_one({"_id": doc["_id"]}, {"$set": {"last_used_at": now}})
             except PyMongoError as e:
-                raise Unavailable(f"identity store unavailable: {e}") from None
+                raise mongo.translate(e, "identity store") from None
         return Tenant(team=doc["team"], key_id=doc["_id"], role=Role(doc["role"]), via=via)

@@ -74,6 +74,7 @@ class Job(BaseModel):
 
 class JobList(BaseModel):
     jobs: list[Job]
+    next_cursor: str | None = Field(None, description="pass back as `cursor` for the next page; null: no more")
 
 
 class LogLine(BaseModel):
@@ -303,3 +304,4 @@ class AuditEntry(BaseModel):
 
 class AuditPage(BaseModel):
     entries: list[AuditEntry]
+    next_cursor: str | None = Field(None, description="pass back as `cursor` for the next page; null: no more")

@@ -25,7 +25,9 @@ class TrainerApi(Protocol):
 
     def get_job(self, team: str, job_id: str) -> dict: ...
 
-    def list_jobs(self, team: str, *, limit: int = 50, states: Iterable[JobState] = ()) -> list[dict]: ...
+    def list_jobs(self, team: str, *, limit: int = 50, states: Iterable[JobState] = (), name: str = "",
+                  created_after: float = 0.0, created_before: float = 0.0,
+                  before: tuple[float, str] | None = None) -> list[dict]: ...
 
     def cancel_job(self, team: str, job_id: str, *, actor: str) -> dict: ...
 
@@ -129,8 +131,13 @@ class TrainerClient:
         req = trainer_pb2.GetJobRequest(team=team, job_id=job_id)
         return job_to_json(rpc.call(self._stub.GetJob, req, self._timeout))
 
-    def list_jobs(self, team: str, *, limit: int = 50, states: Iterable[JobState] = ()) -> list[dict]:
-        req = trainer_pb2.ListJobsRequest(team=team, limit=limit, states=[int(s) for s in states])
+    def list_jobs(self, team: str, *, limit: int = 50, states: Iterable[JobState] = (), name: str = "",
+                  created_after: float = 0.0, created_before: float = 0.0,
+                  before: tuple[float, str] | None = None) -> list[dict]:
+        req = trainer_pb2.ListJobsRequest(team=team, limit=limit, states=[int(s) for s in states], name=name,
+                                          created_after=created_after, created_before=created_before,
+                                          before_created_at=before[0] if before else 0.0,
+                                          before_id=before[1] if before else "")
         resp = rpc.call(self._stub.ListJobs, req, self._timeout)
         return [job_to_json(j) for j in resp.jobs]
 

@@ -28,6 +28,9 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _MAX_MEMORY = 16 * 2**40
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+# A team secret's name (services/common/secrets.py): what `env: {VAR: {secret: <name>}}` may refer to.
+SECRET_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+SECRET_NAME_RULE = "1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit"
 _GPU_TYPE = re.compile(r"^[a-z0-9-]{1,32}$")
 # One requirement specifier (PEP 508 name, extras, version, marker or URL); never an installer option.
 _REQUIREMENT = re.compile(r"^[A-Za-z0-9][^\s\n\r;#]*(\s*;[^\n\r#]*)?$|^[A-Za-z0-9][A-Za-z0-9._\[\], -]*[<>=!~@][^\n\r#]*$")
@@ -132,6 +135,29 @@ def _relative_path(v: str) -> str:
     return v
 
 
+class SecretRef(_Strict):
+    """`{secret: name}`: the value of the team's secret `name`, put into the learner's environment at start.
+
+    Only the reference is part of the job; the value never is (services/common/secrets.py).
+    """
+
+    secret: str = Field(description=f"the name of a team secret: {SECRET_NAME_RULE}")
+
+    @field_validator("secret")
+    @classmethod
+    def _secret(cls, v: str) -> str:
+        if not SECRET_NAME.match(v):
+            raise ValueError(f"must be {SECRET_NAME_RULE}")
+        return v
+
+
+class Notify(_Strict):
+    """Where the job's terminal and halted states are announced (signed POSTs; services/common/webhooks.py)."""
+
+    webhook: str = Field(description="an http(s) URL that receives a signed JSON POST per terminal or halted state",
+                         max_length=2048, pattern=r"^https?://[^\s]+$")
+
+
 class Manifest(_Strict):
     name: str = Field(description="lowercase letters, digits and '-', at most 63 characters")
     framework: Framework = Framework.TORCH
@@ -139,7 +165,8 @@ class Manifest(_Strict):
     resources: Resources = Resources()
     command: str = Field(min_length=1, description="run in the learner's working directory; {{param}} is filled from params")
     params: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str | SecretRef] = Field(
+        default_factory=dict, description="the learner's environment; a value {secret: name} is a team secret")
     code: str | None = Field(None, description="a local folder the CLI packs and uploads")
     data: list[DataSource] = Field(default_factory=list)
     outputs: str = Field("outputs/", description="folder uploaded when the learners finish")
@@ -153,6 +180,7 @@ class Manifest(_Strict):
     labels: dict[str, str] = Field(default_factory=dict, description="key: value pairs to filter jobs by")
     timeout: Duration | None = Field(None, description="the longest the learners may run, e.g. 2h; "
                                                        "exceeding it fails the job (checkpoints are kept)")
+    notify: Notify | None = Field(None, description="{webhook: URL}: announce terminal and halted states")
 
     @field_validator("name")
     @classmethod
@@ -178,7 +206,7 @@ class Manifest(_Strict):
 
     @field_validator("env")
     @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+    def _env(cls, v: dict[str, str | SecretRef]) -> dict[str, str | SecretRef]:
         bad = [k for k in v if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
         if bad:
             raise ValueError(f"invalid variable names: {', '.join(sorted(bad))}")
@@ -217,6 +245,14 @@ class Manifest(_Strict):
         if v is not None and v <= 0:
             raise ValueError("must be greater than 0; leave it out for no limit")
         return v
+
+    def plain_env(self) -> dict[str, str]:
+        """The env values given in the manifest itself (no secrets)."""
+        return {k: v for k, v in self.env.items() if isinstance(v, str)}
+
+    def secret_env(self) -> dict[str, str]:
+        """Variable -> the name of the team secret it takes its value from."""
+        return {k: v.secret for k, v in self.env.items() if isinstance(v, SecretRef)}
 
     @model_validator(mode="after")
     def _placeholders(self) -> Manifest:

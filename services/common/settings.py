@@ -71,6 +71,8 @@ class ApiSettings(StoreSettings):
     rate_limit_per_second: float = Field(20.0, ge=0, le=1e6,
                                          description="requests per second one API key may make (0: no limit)")
     rate_limit_burst: int = Field(40, ge=1, le=1_000_000, description="requests one API key may make at once")
+    secrets_key: str = Field("", description="Fernet key encrypting team secrets at rest; required outside dev "
+                                          "mode (dev mode: generated into <state_dir>/secrets.key)")
 
     @model_validator(mode="after")
     def _no_default_secret(self) -> ApiSettings:
@@ -82,6 +84,11 @@ class ApiSettings(StoreSettings):
 class TrainerSettings(StoreSettings):
     dispatch_interval: float = Field(1.0, gt=0, le=60, description="seconds between queue passes")
     lcm_timeout: float = Field(30.0, gt=0, le=600, description="seconds an LCM call may take")
+    webhook_max_tries: int = Field(8, ge=1, le=100, description="POSTs of one webhook delivery before it fails")
+    webhook_backoff: float = Field(1.0, gt=0, le=3600, description="seconds before a failed delivery's first retry; "
+                                                                    "later waits double, up to 300 s")
+    secrets_key: str = Field("", description="Fernet key encrypting team secrets at rest; required outside dev "
+                                          "mode (dev mode: generated into <state_dir>/secrets.key)")
 
 
 class LcmSettings(StoreSettings):

@@ -54,7 +54,9 @@ def learner_env(spec: LearnerSpec, base: dict[str, str] | None = None,
     env = {k: v for k, v in base.items() if k in _INHERITED or k.startswith("LC_")}
     env["PYTHONUNBUFFERED"] = "1"
     env["OMP_NUM_THREADS"] = str(max(1, math.floor(spec.manifest.resources.cpus)))
-    env.update({k: v for k, v in spec.manifest.env.items() if not k.startswith("TF_")})
+    env.update({k: v for k, v in spec.manifest.plain_env().items() if not k.startswith("TF_")})
+    # the values of the team secrets the manifest names ({secret: name}), from the 0600 spec file only
+    env.update({k: v for k, v in spec.secret_env.items() if not k.startswith("TF_")})
     # One learner per process group and per device set: its local rank is 0 of 1
     # (frameworks/torch/launch.py explains why).
     env.update(ddp_env(spec.rank, spec.world_size, spec.master_addr, spec.master_port))

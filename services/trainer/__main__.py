@@ -25,6 +25,9 @@ def main() -> int:
     except TrainforgeError as e:
         log.error("cannot start the Trainer: %s", e.message)
         return 1
+    except ValueError as e:  # settings it cannot serve with, e.g. no secrets key outside dev mode
+        log.error("cannot start the Trainer: %s", e)
+        return 1
     stop.wait()
     log.info("stopping")
     trainer.stop()

@@ -7,6 +7,7 @@ the LCM's gRPC errors into the platform's domain errors.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from protos import lcm_pb2, lcm_pb2_grpc
@@ -16,8 +17,11 @@ from services.trainer.admission import Capacity, Usage
 
 class Lcm(Protocol):
     def deploy_job(self, job_id: str, team: str, attempt: int, manifest_json: str, code_uri: str,
-                   checkpoint_uri: str = "") -> list[str]:
-        """Start one attempt's learners; idempotent per (job_id, attempt). The backend's handles."""
+                   checkpoint_uri: str = "", *, secret_env: Mapping[str, str] | None = None) -> list[str]:
+        """Start one attempt's learners; idempotent per (job_id, attempt). The backend's handles.
+
+        secret_env: the values of the team secrets the manifest's env names, by variable (secret_env.py).
+        """
 
     def kill_job(self, job_id: str, reason: str = "") -> int:
         """Remove everything of a job; idempotent. How many processes/pods were killed."""
@@ -36,10 +40,10 @@ class GrpcLcm:
         self._timeout = timeout
 
     def deploy_job(self, job_id: str, team: str, attempt: int, manifest_json: str, code_uri: str,
-                   checkpoint_uri: str = "") -> list[str]:
+                   checkpoint_uri: str = "", *, secret_env: Mapping[str, str] | None = None) -> list[str]:
         request = lcm_pb2.DeployJobRequest(job_id=job_id, team=team, attempt=attempt,
                                            manifest_json=manifest_json, code_uri=code_uri,
-                                           checkpoint_uri=checkpoint_uri)
+                                           checkpoint_uri=checkpoint_uri, secret_env=dict(secret_env or {}))
         return list(rpc.call(self._stub.DeployJob, request, self._timeout).handles)
 
     def kill_job(self, job_id: str, reason: str = "") -> int:

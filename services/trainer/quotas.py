@@ -16,11 +16,12 @@ import re
 import time
 from collections.abc import Mapping
 
-from services.common.adapters.mongo import Database, mapped
+from services.common.adapters.mongo import Database, mapped_as
 from services.common.errors import InvalidArgument
 from services.trainer.admission import Quota
 
 COLLECTION = "quotas"
+mapped = mapped_as("quota store")
 # The rule of the manifest's resources.gpu_type, which a type quota must be able to match.
 _GPU_TYPE = re.compile(r"^[a-z0-9-]{1,32}$")
 # Quota.gpus and the per-type limits are int32 on the wire, memory int64.

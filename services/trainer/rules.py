@@ -208,6 +208,21 @@ class RequeueAfterBackoff(Rule):
                         "from the last checkpoint", fields)
 
 
+class Announce(Rule):
+    """Terminal and HALTED states are announced to the job's webhooks (enqueued to the notifier's outbox).
+
+    Not in DEFAULT_RULES: the Trainer's wiring adds it with its notifier's `enqueue`.
+    """
+
+    TO = states.TERMINAL | {JobState.HALTED}
+
+    def __init__(self, enqueue: Callable[[JobRecord], None]):
+        self._enqueue = enqueue
+
+    def after(self, frm: JobState, job: JobRecord, actions: Actions) -> None:
+        self._enqueue(job)
+
+
 DEFAULT_RULES: tuple[Rule, ...] = (HaltedDespiteFailure(), RestartOrFail(), NoRestartLeft(), Deploy(),
                                    RequestHalt(), CleanUpAttempt(), ReleaseResources(), QueueChanged(),
                                    LeftQueue(), RequeueAfterBackoff())

@@ -10,6 +10,7 @@ the dispatcher, then closes connections.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,11 +20,16 @@ from protos import trainer_pb2_grpc
 from services.common import rpc
 from services.common.adapters.mongo import Database, connect
 from services.common.errors import Unavailable
+from services.common.secrets import SecretBox, SecretStore, load_key
 from services.common.settings import TrainerSettings
+from services.common.webhooks import Outbox, TeamWebhooks
 from services.trainer.dispatcher import Dispatcher
 from services.trainer.lcm_client import GrpcLcm, Lcm
+from services.trainer.notifier import ANNOUNCED, RECONCILE_WINDOW, Notifier
 from services.trainer.quotas import COLLECTION as QUOTA_COLLECTION
 from services.trainer.quotas import QuotaStore
+from services.trainer.rules import DEFAULT_RULES, Announce
+from services.trainer.secret_env import SecretResolvingLcm
 from services.trainer.service import JobService
 from services.trainer.servicer import TrainerServicer
 from services.trainer.store import COLLECTION, JobStore
@@ -40,6 +46,7 @@ class Trainer:
     dispatcher: Dispatcher
     service: JobService
     _closers: list[Callable[[], None]] = field(default_factory=list)
+    notifier: Notifier | None = None
 
     @property
     def address(self) -> str:
@@ -53,13 +60,28 @@ class Trainer:
             self.stop(grace=0)
             raise
         self.dispatcher.start()
+        if self.notifier is not None:
+            self.notifier.start()
+            self._reconcile_notifications()
         self.server.start()
         log.info("trainer serving on %s", self.address)
         return self
 
+    def _reconcile_notifications(self) -> None:
+        """Queue again what a Trainer that died between a commit and its enqueue would have lost."""
+        try:
+            ended = self.store.in_states(ANNOUNCED, fields=["updated_at"])
+            cutoff = time.time() - RECONCILE_WINDOW
+            jobs = [self.store.find(j.id) for j in ended if j.updated_at >= cutoff]
+            self.notifier.reconcile([j for j in jobs if j is not None])
+        except Unavailable as e:
+            log.warning("could not reconcile webhook notifications: %s", e.message)
+
     def stop(self, grace: float = 5.0) -> None:
         self.server.stop(grace).wait()
         self.dispatcher.stop()
+        if self.notifier is not None:
+            self.notifier.stop()
         for close in self._closers:
             close()
         log.info("trainer stopped")
@@ -76,14 +98,21 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
         grpc_lcm = GrpcLcm(settings.lcm_address, timeout=settings.lcm_timeout)
         closers.append(grpc_lcm.close)
         lcm = grpc_lcm
+    # the key is checked before anything else starts: without one (outside dev mode) no secret could be read
+    key = load_key(settings.secrets_key, dev_mode=settings.dev_mode, state_dir=settings.state_dir)
+    box = SecretBox(key)
+    lcm = SecretResolvingLcm(lcm, SecretStore(db, box).reveal)
     store = JobStore(db, collection)
     quotas = QuotaStore(db, quota_collection)
-    dispatcher = Dispatcher(store, lcm, quotas=quotas, interval=settings.dispatch_interval)
+    notifier = Notifier(Outbox(db), TeamWebhooks(db, box), max_tries=settings.webhook_max_tries,
+                        initial_backoff=settings.webhook_backoff)
+    dispatcher = Dispatcher(store, lcm, quotas=quotas, interval=settings.dispatch_interval,
+                            rules=(*DEFAULT_RULES, Announce(notifier.enqueue)))
     service = JobService(store, dispatcher, quotas)
     server, port = rpc.make_server(settings.trainer_address)
     trainer_pb2_grpc.add_TrainerServicer_to_server(TrainerServicer(service), server)
     host = settings.trainer_address.rsplit(":", 1)[0]
-    return Trainer(server, port, host, store, dispatcher, service, closers)
+    return Trainer(server, port, host, store, dispatcher, service, closers, notifier)
 
 
 def serve(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | None = None,

@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 # what may be halted is the halt rule's to say
 _HALTABLE = RequestHalt.FROM
 DEFAULT_LIMIT = 100
-MAX_LIMIT = 1000
+# one more than the API's largest page (1000), so it can tell whether another page follows
+MAX_LIMIT = 1001
 _FIELDS = {"gpus": "resources.gpus", "cpus": "resources.cpus", "memory": "resources.memory",
            "learners": "learners", "gpu_type": "resources.gpu_type", "jobs": "team"}
 # The API accepts Idempotency-Key headers of up to 255 characters.
@@ -133,7 +134,9 @@ class JobService:
     def get(self, team: str, job_id: str) -> JobRecord:
         return self._store.get(team, job_id)
 
-    def list(self, team: str, *, states_filter: list[JobState] | None = None, limit: int = 0) -> list[JobRecord]:
+    def list(self, team: str, *, states_filter: list[JobState] | None = None, limit: int = 0,
+             **filters: Any) -> list[JobRecord]:
+        """A team's jobs, newest first; `filters` are JobStore.list's (name, created_after/before, before)."""
         if limit < 0:
             raise InvalidArgument("limit must not be negative",
                                   details=[{"field": "limit", "message": "must be >= 0"}])
@@ -142,7 +145,7 @@ class JobService:
             raise InvalidArgument("states: JOB_STATE_UNSPECIFIED is not a state a job can be in",
                                   details=[{"field": "states", "message": "unspecified state"}])
         limit = min(limit or DEFAULT_LIMIT, MAX_LIMIT)
-        return self._store.list(team, states_filter=states_filter or [], limit=limit)
+        return self._store.list(team, states_filter=states_filter or [], limit=limit, **filters)
 
     def cancel(self, team: str, job_id: str, actor: str) -> JobRecord:
         """Any non-terminal job ends CANCELLED; cancelling it again returns it unchanged."""

@@ -107,7 +107,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     @handler
     def ListJobs(self, request: trainer_pb2.ListJobsRequest, context: Ctx) -> trainer_pb2.ListJobsResponse:
         wanted = [job_state(s, "states") for s in request.states]
-        jobs = self._service.list(request.team, states_filter=wanted, limit=request.limit)
+        before = (request.before_created_at, request.before_id) if request.before_id else None
+        jobs = self._service.list(request.team, states_filter=wanted, limit=request.limit, name=request.name,
+                                  created_after=request.created_after, created_before=request.created_before,
+                                  before=before)
         return trainer_pb2.ListJobsResponse(jobs=[job_to_proto(j) for j in jobs])
 
     @handler

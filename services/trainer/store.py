@@ -44,7 +44,7 @@ from services.common.adapters.mongo import (
     Database,
     DuplicateKeyError,
     ReturnDocument,
-    mapped,
+    mapped_as,
     ping,
 )
 from services.common.errors import Conflict, NotFound
@@ -54,6 +54,8 @@ from services.trainer.admission import Usage, demand
 from services.trainer.record import JobRecord, LearnerReport, StatusEvent
 
 log = logging.getLogger(__name__)
+# What a client reads when MongoDB fails under this store ("job store unavailable; retry shortly").
+mapped = mapped_as("job store")
 
 COLLECTION = "jobs"
 # A job's state changes a handful of times in its life; more lost races than
@@ -218,12 +220,25 @@ class JobStore:
         return job
 
     @mapped
-    def list(self, team: str, *, states_filter: Iterable[JobState] = (), limit: int = 100) -> list[JobRecord]:
-        """A team's jobs, newest first."""
+    def list(self, team: str, *, states_filter: Iterable[JobState] = (), limit: int = 100, name: str = "",
+             created_after: float = 0.0, created_before: float = 0.0,
+             before: tuple[float, str] | None = None) -> list[JobRecord]:
+        """A team's jobs, newest first (then by id, descending); `before` is the last (created_at, id) seen."""
         query: dict = {"team": team}
         wanted = [int(s) for s in states_filter]
         if wanted:
             query["state"] = {"$in": wanted}
+        if name:
+            query["name"] = name
+        created: dict = {}
+        if created_after:
+            created["$gte"] = created_after
+        if created_before:
+            created["$lt"] = created_before
+        if created:
+            query["created_at"] = created
+        if before is not None:
+            query["$or"] = [{"created_at": {"$lt": before[0]}}, {"created_at": before[0], "_id": {"$lt": before[1]}}]
         cursor = self._jobs.find(query).sort([("created_at", DESCENDING), ("_id", DESCENDING)])
         return _records(cursor.limit(limit))
 

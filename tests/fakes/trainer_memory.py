@@ -67,11 +67,16 @@ class InMemoryTrainer:
         with self._lock:
             return self._public(self._find(team, job_id))
 
-    def list_jobs(self, team: str, *, limit: int = 50, states: Iterable[JobState] = ()) -> list[dict]:
+    def list_jobs(self, team: str, *, limit: int = 50, states: Iterable[JobState] = (), name: str = "",
+                  created_after: float = 0.0, created_before: float = 0.0,
+                  before: tuple[float, str] | None = None) -> list[dict]:
         wanted = {job_state_name(s) for s in states}
         with self._lock:
-            jobs = [j for j in self._jobs.values() if j["team"] == team and (not wanted or j["state"] in wanted)]
-            jobs.sort(key=lambda j: j["created_at"], reverse=True)
+            jobs = [j for j in self._jobs.values() if j["team"] == team and (not wanted or j["state"] in wanted)
+                    and (not name or j["name"] == name) and j["created_at"] >= created_after
+                    and (not created_before or j["created_at"] < created_before)
+                    and (before is None or (j["created_at"], j["id"]) < before)]
+            jobs.sort(key=lambda j: (j["created_at"], j["id"]), reverse=True)
             return [self._public(j) for j in jobs[:limit or None]]
 
     def cancel_job(self, team: str, job_id: str, *, actor: str) -> dict:

@@ -29,6 +29,7 @@ from services.trainer.store import JobStore
 from tests.servers import free_port, wait_for
 
 GI = 2**30
+SECRETS_KEY = "0" * 43 + "="  # a well-formed Fernet key (32 zero-ish bytes), for processes outside dev mode
 
 
 class FakeLcm(lcm_pb2_grpc.LifecycleManagerServicer):
@@ -321,11 +322,22 @@ def test_restart_admits_jobs_left_pending(mongo_server, mongo_db, unique, tmp_pa
         trainer.stop(grace=0)
 
 
+def test_the_process_refuses_to_start_without_a_secrets_key_outside_dev_mode(mongo_server, unique, tmp_path):
+    env = {**os.environ, "TF_MONGO_URL": mongo_server.url, "TF_MONGO_DB": f"tf{unique}",
+           "TF_TRAINER_ADDRESS": f"127.0.0.1:{free_port()}", "TF_STATE_DIR": str(tmp_path)}
+    env.pop("TF_SECRETS_KEY", None)
+    env.pop("TF_DEV_MODE", None)
+    done = subprocess.run([sys.executable, "-m", "services.trainer"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1 and "secrets_key (TF_SECRETS_KEY) is required" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_the_process_serves_and_stops_on_sigterm(mongo_server, unique, tmp_path):
     port = free_port()
     env = {**os.environ, "TF_MONGO_URL": mongo_server.url, "TF_MONGO_DB": f"tf{unique}",
            "TF_TRAINER_ADDRESS": f"127.0.0.1:{port}", "TF_LCM_ADDRESS": f"127.0.0.1:{free_port()}",
-           "TF_STATE_DIR": str(tmp_path)}
+           "TF_STATE_DIR": str(tmp_path), "TF_SECRETS_KEY": SECRETS_KEY}
     proc = subprocess.Popen([sys.executable, "-m", "services.trainer"], env=env, stderr=subprocess.PIPE,
                             text=True)
     channel = rpc.channel(f"127.0.0.1:{port}")

@@ -11,7 +11,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 
-from services.api import access
+from services.api import access, paging
 from services.api.audit import note_target
 from services.api.deps import AuditDep, IdentityDep, PlatformAdminDep, TrainerDep
 from services.api.schemas import (
@@ -116,6 +116,13 @@ def audit_log(
     since: Annotated[dt.datetime | float | None, Query(
         description="only entries at or after this time: ISO-8601 (UTC when no offset) or unix seconds")] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="most entries returned")] = 100,
+    until: Annotated[float | dt.datetime | None, Query(description="only entries before this time")] = None,
+    cursor: Annotated[str | None, Query(max_length=512, description="`next_cursor` of the previous page")] = None,
 ) -> dict:
-    """Every state-changing request (POST, PUT, PATCH, DELETE): who, what, when, and its HTTP status."""
-    return {"entries": audit.query(team=team, since=access.unix(since, "since"), limit=limit)}
+    """Every state-changing request (POST, PUT, PATCH, DELETE): who, what, when, and its HTTP status.
+    Pages of at most `limit` entries; `next_cursor` is null on the last page."""
+    before = paging.decode(cursor)
+    entries, next_cursor = paging.page(
+        lambda n: audit.query(team=team, since=access.unix(since, "since"), until=access.unix(until, "until"),
+                              limit=n, before=before), limit, lambda e: (float(e["ts"]), e["id"]))
+    return {"entries": entries, "next_cursor": next_cursor}

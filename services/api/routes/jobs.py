@@ -7,17 +7,21 @@ nothing across teams.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Header, Path, Query, Request, Response, UploadFile
 from pydantic import StringConstraints, WithJsonSchema
 
+from services.api import paging
+from services.api.access import unix
 from services.api.audit import note_target
 from services.api.deps import LogsDep, ObjectsDep, SettingsDep, TenantDep, TrainerDep
 from services.api.logs import read_job_logs
 from services.api.schemas import ErrorResponse, Job, JobList, LogPage, error_responses
 from services.api.submit import submit_job
+from services.api.trainer_client import TrainerApi
 from services.common.contracts import ids
 from services.common.errors import InvalidArgument
 from services.common.states import JobState, job_state
@@ -107,16 +111,28 @@ def list_jobs(
     label: Annotated[list[LabelFilter] | None, Query(
         description="only jobs whose manifest has this label, as key=value (repeat: all must match)",
         max_length=16)] = None,
+    cursor: Annotated[str | None, Query(max_length=512, description="`next_cursor` of the previous page")] = None,
+    name: Annotated[str | None, Query(max_length=63, description="only jobs with this name")] = None,
+    since: Annotated[float | dt.datetime | None, Query(
+        description="only jobs created at or after this time: ISO-8601 (UTC when no offset) or unix seconds")] = None,
+    until: Annotated[float | dt.datetime | None, Query(description="only jobs created before this time")] = None,
 ) -> dict:
+    """Pages of at most `limit` jobs; `next_cursor` is null on the last page."""
     wanted = parse_labels(label)
     if not wanted:
-        return {"jobs": trainer.list_jobs(tenant.team, limit=limit, states=parse_states(state))}
-    # Labels live in the manifest, which the Trainer does not index: filter the newest LABEL_SCAN jobs.
-    jobs = trainer.list_jobs(tenant.team, limit=LABEL_SCAN, states=parse_states(state))
-    return {"jobs": [j for j in jobs if wanted.items() <= (j.get("manifest") or {}).get("labels", {}).items()][:limit]}
+        return list_page(trainer, tenant.team, limit=limit, states=parse_states(state), cursor=cursor, name=name,
+                         since=since, until=until)
+    # Labels live in the manifest, which the Trainer does not index: filter the next LABEL_SCAN jobs
+    # after the cursor, and continue after the last one returned.
+    page = list_page(trainer, tenant.team, limit=LABEL_SCAN, states=parse_states(state), cursor=cursor,
+                     name=name, since=since, until=until)
+    jobs = [j for j in page["jobs"] if wanted.items() <= (j.get("manifest") or {}).get("labels", {}).items()]
+    if len(jobs) > limit:
+        return {"jobs": jobs[:limit], "next_cursor": paging.encode(*paging.job_key(jobs[limit - 1]))}
+    return {"jobs": jobs, "next_cursor": page["next_cursor"]}
 
 
-# How many of the newest jobs a label filter looks at.
+# How many jobs one label-filtered page looks at.
 LABEL_SCAN = 1000
 
 
@@ -129,6 +145,17 @@ def parse_labels(values: list[str] | None) -> dict[str, str]:
                                   details=[{"field": "label", "message": "must be key=value"}])
         out[key] = val
     return out
+
+
+def list_page(trainer: TrainerApi, team: str, *, limit: int, states: list[JobState], cursor: str | None,
+              name: str | None, since: dt.datetime | float | None, until: dt.datetime | float | None) -> dict:
+    """One page of a team's jobs (also the admin's listing of any team)."""
+    before = paging.decode(cursor)
+    after_ts, before_ts = unix(since, "since") or 0.0, unix(until, "until") or 0.0
+    jobs, next_cursor = paging.page(
+        lambda n: trainer.list_jobs(team, limit=n, states=states, name=name or "", created_after=after_ts,
+                                    created_before=before_ts, before=before), limit, paging.job_key)
+    return {"jobs": jobs, "next_cursor": next_cursor}
 
 
 @router.get("/{job_id}", response_model=Job, responses=_NOT_FOUND, summary="One job")

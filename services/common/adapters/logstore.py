@@ -15,6 +15,7 @@ timeout overwrites instead of duplicating.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 
@@ -39,6 +40,15 @@ MAPPINGS = {
     }
 }
 
+
+
+log = logging.getLogger(__name__)
+
+
+def _unavailable(e: Exception) -> Unavailable:
+    """One short sentence for clients; the client library's text (hosts, timeouts) goes to this service's log."""
+    log.warning("log store unavailable: %s: %s", type(e).__name__, e)
+    return Unavailable("log store unavailable; retry shortly")
 
 class _PlainJsonNode(Urllib3HttpNode):
     def perform_request(self, method, target, body=None, headers=None, **kwargs):  # noqa: ANN001
@@ -103,7 +113,7 @@ class LogStore:
                     if "already_exists" not in str(e) and "exists" not in str(e):
                         raise
         except (TransportConnectionError, ApiError) as e:
-            raise Unavailable(f"log store unavailable: {e}") from None
+            raise _unavailable(e) from None
         self._index_ready = True
 
     def write(self, lines: list[LogLine], refresh: bool = False) -> None:
@@ -118,7 +128,7 @@ class LogStore:
         try:
             resp = self._es.bulk(operations=ops, refresh=refresh)
         except (TransportConnectionError, ApiError) as e:
-            raise Unavailable(f"log store unavailable: {e}") from None
+            raise _unavailable(e) from None
         if resp.get("errors"):
             failed = [i for i in resp.get("items", []) if next(iter(i.values())).get("error")]
             raise Unavailable(f"log store rejected {len(failed)} of {len(lines)} lines: {failed[:1]}")
@@ -127,7 +137,7 @@ class LogStore:
         try:
             self._es.indices.refresh(index=self.index)
         except (TransportConnectionError, ApiError) as e:
-            raise Unavailable(f"log store unavailable: {e}") from None
+            raise _unavailable(e) from None
 
     def read(self, job: str, *, team: str | None = None, learner: int | None = None,
              after: dict[str, int] | None = None, limit: int = 1000, query: str | None = None) -> LogPage:
@@ -163,7 +173,7 @@ class LogStore:
             resp = self._es.search(index=self.index, query=q, size=limit,
                                    sort=[{"ts": "asc"}, {"learner": "asc"}, {"attempt": "asc"}, {"seq": "asc"}])
         except (TransportConnectionError, ApiError) as e:
-            raise Unavailable(f"log store unavailable: {e}") from None
+            raise _unavailable(e) from None
         lines = [h["_source"] for h in resp["hits"]["hits"]]
         if query:
             # Search hits are a selection: no per-stream continuity to keep.

@@ -11,6 +11,9 @@ store handles a driver exception. A lost connection or a timeout is
 `Unavailable` (retrying later may succeed), a duplicate key `Conflict`
 (a store that gives a unique index a meaning of its own catches
 `DuplicateKeyError` first), any other failure a plain `TrainforgeError`.
+The message a client gets is one short sentence naming the store ("job
+store unavailable; retry shortly"): the driver's own text (addresses,
+timeouts, topology) is logged here, in the service's log, and nowhere else.
 
 Known quirk of the embedded MongoDB-wire server (nx-27017): `$push` of a
 sub-document stores it (and the array's other elements) as JSON strings.
@@ -22,10 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pymongo
+from bson import ObjectId
+from bson.errors import InvalidId
 from pymongo import ASCENDING, DESCENDING, ReturnDocument
 from pymongo.collection import Collection
 from pymongo.database import Database
@@ -41,8 +47,11 @@ from pymongo.errors import (
 
 from services.common.errors import Conflict, TrainforgeError, Unavailable
 
-__all__ = ["ASCENDING", "DESCENDING", "ReturnDocument", "Collection", "Database", "DuplicateKeyError",
-           "PyMongoError", "connect", "mapped", "mapped_errors", "translate"]
+__all__ = ["ASCENDING", "DESCENDING", "ReturnDocument", "Collection", "Database", "DuplicateKeyError", "InvalidId",
+           "ObjectId",
+           "PyMongoError", "connect", "mapped", "mapped_as", "mapped_errors", "translate"]
+
+log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 # The driver's ways of saying "not now": the server cannot be reached or did not answer in time.
@@ -62,8 +71,10 @@ def translate(e: PyMongoError, what: str = "MongoDB") -> TrainforgeError:
         return Conflict(f"{what}: a record with this {', '.join(fields)} already exists",
                         details=[{"field": f, "message": "already taken"} for f in fields])
     if isinstance(e, _UNAVAILABLE) or getattr(e, "timeout", False):
-        return Unavailable(f"{what} unavailable: {e}")
-    return TrainforgeError(f"{what} failed: {e}")
+        log.warning("%s unavailable: %s: %s", what, type(e).__name__, e)
+        return Unavailable(f"{what} unavailable; retry shortly")
+    log.error("%s failed: %s: %s", what, type(e).__name__, e)
+    return TrainforgeError(f"{what} failed; the details are in the service's log")
 
 
 @contextlib.contextmanager
@@ -74,15 +85,21 @@ def mapped_errors(what: str = "MongoDB") -> Iterator[None]:
         raise translate(e, what) from None
 
 
-def mapped(fn: F) -> F:
-    """A store method whose driver errors leave it as domain errors."""
+def mapped_as(what: str) -> Callable[[F], F]:
+    """A decorator for a store's methods: driver errors leave them as domain errors naming `what`."""
 
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with mapped_errors():
-            return fn(*args, **kwargs)
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with mapped_errors(what):
+                return fn(*args, **kwargs)
 
-    return wrapper  # type: ignore[return-value]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+mapped = mapped_as("MongoDB")
 
 
 def ping(database: Database) -> None:
@@ -90,4 +107,5 @@ def ping(database: Database) -> None:
     try:
         database.command("ping")
     except PyMongoError as e:
-        raise Unavailable(f"MongoDB unavailable: {e}") from None
+        log.warning("MongoDB unavailable: %s: %s", type(e).__name__, e)
+        raise Unavailable("MongoDB unavailable; retry shortly") from None

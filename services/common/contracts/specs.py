@@ -86,6 +86,15 @@ class LearnerSpec(_Spec):
     master_port: int = Field(29500, ge=1, le=65535)
     gpu_ids: list[int] = Field(default_factory=list)
     lease_ttl: int = Field(10, ge=2, le=300)
+    # Values of the team secrets the manifest's env names, by variable: only in the spec file the
+    # controller reads (0600), never in a record, a repr or a log (`model_dump` leaves them out).
+    secret_env: dict[str, str] = Field(default_factory=dict, exclude=True, repr=False)
+
+    def to_json(self) -> str:
+        data = self.model_dump(mode="json")
+        if self.secret_env:
+            data["secret_env"] = dict(self.secret_env)
+        return json.dumps(data, indent=2)
 
     @model_validator(mode="after")
     def _consistent(self) -> LearnerSpec:

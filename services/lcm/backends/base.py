@@ -19,7 +19,7 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from services.common.contracts.specs import LearnerSpec, MonitorSpec
 from services.common.manifest import Manifest
@@ -99,6 +99,9 @@ class JobDeployment(BaseModel):
     manifest: Manifest
     code_uri: str = ""
     checkpoint_uri: str = ""
+    # Team secrets for the learners' env (DeployJobRequest.secret_env): kept out of every dump, so the
+    # attempt record the lifecycle persists never holds them.
+    secret_env: dict[str, str] = Field(default_factory=dict, exclude=True, repr=False)
 
     @property
     def world_size(self) -> int:

@@ -35,7 +35,7 @@ def deployment_from_request(request: lcm_pb2.DeployJobRequest) -> JobDeployment:
                               details=[{"field": "manifest_json", "message": "required"}])
     return JobDeployment(job_id=request.job_id, team=request.team, attempt=request.attempt,
                          manifest=parse_manifest(request.manifest_json), code_uri=request.code_uri,
-                         checkpoint_uri=request.checkpoint_uri)
+                         checkpoint_uri=request.checkpoint_uri, secret_env=dict(request.secret_env))
 
 
 def build_plan(job: JobDeployment, site: Site, gpus: list[int], *, lease_ttl: int,
@@ -47,7 +47,8 @@ def build_plan(job: JobDeployment, site: Site, gpus: list[int], *, lease_ttl: in
         LearnerSpec(job_id=job.job_id, team=job.team, attempt=job.attempt, rank=rank, world_size=job.world_size,
                     manifest=job.manifest, code_uri=job.code_uri, checkpoint_uri=job.checkpoint_uri,
                     workdir=site.attempt_dir / f"learner-{rank}", master_addr=site.master_addr,
-                    master_port=site.master_port, gpu_ids=list(gpu_ids[rank]), lease_ttl=lease_ttl)
+                    master_port=site.master_port, gpu_ids=list(gpu_ids[rank]), lease_ttl=lease_ttl,
+                    secret_env=job.secret_env)
         for rank in range(job.world_size))
     monitor = MonitorSpec(job_id=job.job_id, team=job.team, attempt=job.attempt, learners=job.world_size,
                           start_timeout=start_timeout)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
@@ -48,6 +48,9 @@ class ObjectStore(Protocol):
     def list(self, prefix: str) -> list[ObjectInfo]: ...  # keys and sizes; sha256 is ""
     def exists(self, key: str) -> bool: ...
     def delete_prefix(self, prefix: str) -> int: ...
+    def info(self, key: str) -> ObjectInfo: ...  # size and the SHA-256 recorded at upload; NotFound if missing
+    def iter_bytes(self, key: str, chunk: int = 1 << 20) -> Iterator[bytes]: ...  # NotFound before the first chunk
+    def presign(self, key: str, expires: int) -> str | None: ...  # a GET URL valid `expires` s, or None
 
 
 def put_dir(store: ObjectStore, prefix: str, directory: Path) -> list[ObjectInfo]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from services.common.contracts.storekeys import uri_for
@@ -59,6 +60,29 @@ class LocalStore(PutBytesViaFile):
         if not src.is_file():
             raise NotFound(f"object {uri_for(key)} does not exist")
         return src.read_bytes()
+
+    def info(self, key: str) -> ObjectInfo:
+        src = self._path(key)
+        if not src.is_file():
+            raise NotFound(f"object {uri_for(key)} does not exist")
+        return self._info(key, src)
+
+    def iter_bytes(self, key: str, chunk: int = 1 << 20) -> Iterator[bytes]:
+        src = self._path(key)
+        if not src.is_file():
+            raise NotFound(f"object {uri_for(key)} does not exist")
+        f = open(src, "rb")  # opened here, so a missing object fails before streaming starts
+
+        def chunks() -> Iterator[bytes]:
+            with f:
+                while block := f.read(chunk):
+                    yield block
+
+        return chunks()
+
+    def presign(self, key: str, expires: int) -> str | None:
+        # Nobody outside this machine can read a local directory: the API streams instead.
+        return None
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         """Like S3Store.list: keys and sizes, no SHA-256 (sha256 is ""), so a listing reads no file."""

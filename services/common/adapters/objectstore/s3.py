@@ -10,6 +10,7 @@ import base64
 import hashlib
 import os
 import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -187,6 +188,33 @@ class S3Store(PutBytesViaFile):
         got = ObjectInfo(key.strip("/"), len(data), hashlib.sha256(data).hexdigest())
         _check_download(key, got, *self._expect(resp))
         return data
+
+    def info(self, key: str) -> ObjectInfo:
+        size, sha = self._expect(self._head("look up", key))
+        return ObjectInfo(key.strip("/"), size, sha)
+
+    def iter_bytes(self, key: str, chunk: int = 1 << 20) -> Iterator[bytes]:
+        try:
+            body = self._s3.get_object(Bucket=self.bucket, Key=self._k(key))["Body"]
+        except _S3_ERRORS as e:
+            raise self._error("download", key, e) from None
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                yield from body.iter_chunks(chunk)
+            except _S3_ERRORS as e:
+                raise self._error("download", key, e) from None
+            finally:
+                body.close()
+
+        return chunks()
+
+    def presign(self, key: str, expires: int) -> str | None:
+        try:
+            return self._s3.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": self._k(key)}, ExpiresIn=int(expires))
+        except _S3_ERRORS as e:
+            raise self._error("presign", key, e) from None
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         """The object named prefix and every object under prefix/, like a directory walk."""

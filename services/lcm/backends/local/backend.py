@@ -109,7 +109,8 @@ class LocalBackend(Backend):
         write_atomically(self._spec_path(attempt_dir, Role.MONITOR, None), plan.monitor.to_json())
         for spec in plan.learners:
             spec.workdir.mkdir(parents=True, exist_ok=True)
-            write_atomically(self._spec_path(attempt_dir, Role.CONTROLLER, spec.rank), spec.to_json())
+            # 0600: a learner spec may carry the team secrets its env names
+            write_atomically(self._spec_path(attempt_dir, Role.CONTROLLER, spec.rank), spec.to_json(), mode=0o600)
         record = ProcessRecord(job_id=plan.job_id, attempt=plan.attempt, attempt_dir=attempt_dir)
         self._records.put(record)
         record = self._spawn(record, Role.MONITOR, None)

@@ -1,0 +1,161 @@
+"""The Trainer's webhook deliveries: enqueue on terminal/halted states, POST from a worker thread.
+
+The `Announce` rule (rules.py) calls `enqueue` once the store committed the
+transition; `enqueue` writes one outbox document per target (the manifest's
+`notify.webhook`, the team's default) and wakes the worker. The worker
+claims due deliveries with a lease, POSTs them signed, and records each
+attempt: 2xx delivers, anything else is tried again after a capped
+exponential backoff (services/common/retry.Backoff) until `max_tries`.
+`reconcile` (at start) enqueues the events of recently ended jobs again -
+idempotent by delivery id - so one whose Trainer died between the commit
+and the enqueue is not lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+
+from services.common import states
+from services.common.errors import TrainforgeError
+from services.common.retry import Backoff
+from services.common.states import JobState
+from services.common.webhooks import (
+    DELIVERED,
+    DELIVERY_HEADER,
+    FAILED,
+    PENDING,
+    SIGNATURE_HEADER,
+    Outbox,
+    TeamWebhooks,
+    sign,
+)
+from services.trainer.record import JobRecord
+
+log = logging.getLogger(__name__)
+
+ANNOUNCED = states.TERMINAL | {JobState.HALTED}
+# Jobs that ended this long before a Trainer start are not reconciled again.
+RECONCILE_WINDOW = 24 * 3600.0
+
+
+def event_of(job: JobRecord) -> dict:
+    name = job.state.name.lower()
+    return {"type": f"job.{name}", "state": name, "reason": job.reason, "seq": len(job.history),
+            "at": job.history[-1].ts if job.history else job.updated_at}
+
+
+class Notifier:
+    def __init__(self, outbox: Outbox, hooks: TeamWebhooks, *, max_tries: int = 8, initial_backoff: float = 1.0,
+                 max_backoff: float = 300.0, timeout: float = 10.0, lease: float = 60.0, poll: float = 1.0,
+                 transport: httpx.BaseTransport | None = None, clock: Callable[[], float] = time.time):
+        self._outbox, self._hooks = outbox, hooks
+        self._max_tries, self._lease, self._poll = max_tries, lease, poll
+        self._backoff = (initial_backoff, max_backoff)
+        self._clock = clock
+        self._http = httpx.Client(timeout=timeout, follow_redirects=False, transport=transport)
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- enqueueing -----------------------------------------------------------------
+
+    def targets(self, job: JobRecord) -> list[str]:
+        urls = []
+        notify = (job.manifest or {}).get("notify") or {}
+        if notify.get("webhook"):
+            urls.append(notify["webhook"])
+        default = self._hooks.default_url(job.team)
+        if default and default not in urls:
+            urls.append(default)
+        return urls
+
+    def enqueue(self, job: JobRecord) -> None:
+        if job.state not in ANNOUNCED:
+            return
+        event = event_of(job)
+        for url in self.targets(job):
+            payload = json.dumps({"event": event["type"], "job": {
+                "id": job.id, "team": job.team, "name": job.name, "state": event["state"], "reason": job.reason,
+                "attempt": job.attempt}, "at": event["at"]}, sort_keys=True).encode()
+            if self._outbox.enqueue(job_id=job.id, team=job.team, event=event, url=url, payload=payload):
+                log.info("job %s: %s queued for %s", job.id, event["type"], url)
+        self._wake.set()
+
+    def reconcile(self, jobs: list[JobRecord]) -> None:
+        """Enqueue the events of jobs that ended recently (a no-op for those already queued)."""
+        cutoff = self._clock() - RECONCILE_WINDOW
+        for job in jobs:
+            if job.state in ANNOUNCED and job.updated_at >= cutoff:
+                try:
+                    self.enqueue(job)
+                except TrainforgeError as e:
+                    log.warning("job %s: could not queue its notification: %s", job.id, e.message)
+
+    # -- delivering -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._outbox.ensure_indexes()
+        self._thread = threading.Thread(target=self._loop, name="trainer-webhooks", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._http.close()
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                while not self._stopping.is_set() and self.deliver_one():
+                    pass
+            except TrainforgeError as e:
+                log.warning("webhook outbox unavailable: %s", e.message)
+            except Exception:
+                log.exception("webhook delivery failed unexpectedly")
+            self._wake.wait(self._poll)
+            self._wake.clear()
+
+    def deliver_one(self) -> bool:
+        """Send one due delivery, if there is one; whether there was."""
+        doc = self._outbox.claim(self._clock(), self._lease)
+        if doc is None:
+            return False
+        body = doc["payload"].encode()
+        ts = int(self._clock())
+        headers = {"Content-Type": "application/json", DELIVERY_HEADER: doc["_id"],
+                   SIGNATURE_HEADER: sign(self._hooks.signing_secret(doc["team"]), body, ts),
+                   "User-Agent": "trainforge-webhooks/1"}
+        started = time.monotonic()
+        attempt: dict = {"at": self._clock(), "status_code": None, "error": ""}
+        try:
+            resp = self._http.post(doc["url"], content=body, headers=headers)
+            attempt["status_code"] = resp.status_code
+            ok = resp.is_success
+            if not ok:
+                attempt["error"] = f"HTTP {resp.status_code}"
+        except httpx.HTTPError as e:
+            ok = False
+            attempt["error"] = f"{type(e).__name__}: {e}"[:300]
+        attempt["ms"] = round((time.monotonic() - started) * 1000, 1)
+        tries = int(doc.get("tries", 0)) + 1
+        if ok:
+            self._outbox.record(doc["_id"], attempt, status=DELIVERED)
+            log.info("delivery %s to %s: delivered on try %d", doc["_id"], doc["url"], tries)
+        elif tries >= self._max_tries:
+            self._outbox.record(doc["_id"], attempt, status=FAILED)
+            log.warning("delivery %s to %s: gave up after %d tries (%s)", doc["_id"], doc["url"], tries,
+                        attempt["error"])
+        else:
+            backoff = Backoff(*self._backoff)
+            delay = [backoff.next() for _ in range(tries)][-1]
+            self._outbox.record(doc["_id"], attempt, status=PENDING, next_at=self._clock() + delay)
+            log.info("delivery %s to %s: %s; trying again in %gs", doc["_id"], doc["url"], attempt["error"], delay)
+        return True
