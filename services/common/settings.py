@@ -98,6 +98,10 @@ class ControllerSettings(StoreSettings):
     log_batch_lines: int = Field(500, ge=1, le=10000, description="most lines per shipped batch")
     log_batch_seconds: float = Field(0.5, gt=0, le=30, description="longest a line waits before it is shipped")
     kill_grace: float = Field(10.0, ge=0, le=600, description="seconds between SIGTERM and SIGKILL")
+    isolation: str = Field("auto", pattern="^(auto|sandbox|none)$",
+                           description="learner sandbox: sandbox (required), none, or auto (sandbox where the "
+                                       "kernel and privileges allow it)")
+    require_isolation: bool = Field(False, description="fail learners that would run without a sandbox")
 
 
 class MonitorSettings(StoreSettings):

@@ -194,14 +194,19 @@ def test_a_learner_ignoring_sigterm_is_killed_after_the_grace_period(launch, coo
     assert doc["exit_code"] == 128 + signal.SIGKILL
 
 
-def test_memory_limit(launch, coordinator):
+@pytest.mark.parametrize("isolation", ["none", "auto"])
+def test_memory_limit(launch, coordinator, isolation):
     hog = f"{PYTHON} -c \"import time; b = b'x' * (300 * 2**20); time.sleep(100)\""
-    run = launch({"command": hog, "resources": {"memory": "100Mi"}})
+    run = launch({"command": hog, "resources": {"memory": "100Mi"}}, isolation=isolation)
     assert run.wait(60) == 0, controller_log(run)
     doc = status(coordinator, run)
     assert doc["state"] == LearnerState.LEARNER_FAILED
     assert doc["exit_code"] == 128 + signal.SIGKILL
-    assert doc["message"].startswith("memory limit exceeded: ") and doc["message"].endswith(" > 100.0Mi")
+    if doc["isolation"] == "sandbox":  # the memory cgroup's OOM killer, not the watchdog
+        assert doc["message"] == "memory limit exceeded: out of memory (OOM kill) in the learner's cgroup, limit 100.0Mi"
+    else:
+        assert doc["isolation"] == "none"
+        assert doc["message"].startswith("memory limit exceeded: ") and doc["message"].endswith(" > 100.0Mi")
 
 
 def test_code_data_and_env_reach_the_learner(launch, coordinator, store_settings):

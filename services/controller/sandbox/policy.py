@@ -1,0 +1,54 @@
+"""Which isolation a learner gets: the admin's setting against what this machine allows.
+
+TF_ISOLATION=auto (the default) sandboxes where the kernel and privileges
+allow it and otherwise runs the learner with isolation `none`, saying why;
+`sandbox` requires it; `none` turns it off. TF_REQUIRE_ISOLATION=true
+refuses to run a learner without a sandbox, with the reason in its status.
+The sandbox needs root (cgroups, namespaces, a uid per job), the cgroup v1
+memory, cpu and pids controllers, and `ip` for the job's network namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+
+from services.common.isolation import CGROUP_CONTROLLERS, CGROUP_ROOT, Isolation
+
+
+@dataclass(frozen=True)
+class Decision:
+    isolation: Isolation
+    reason: str = ""  # why not a sandbox, when not
+    refused: str = ""  # set when the learner must not run at all
+
+
+def unavailable() -> str:
+    """Why this machine cannot sandbox a learner; "" when it can."""
+    if os.geteuid() != 0:
+        return "the platform does not run as root (cgroups, namespaces and a uid per job need it)"
+    missing = [c for c in CGROUP_CONTROLLERS if not os.access(CGROUP_ROOT / c, os.W_OK)]
+    if missing:
+        return f"no writable cgroup v1 {', '.join(missing)} controller under {CGROUP_ROOT}"
+    if not os.path.exists("/proc/self/ns/net") or not os.path.exists("/proc/self/ns/pid"):
+        return "the kernel has no network or PID namespaces"
+    if shutil.which("ip") is None:
+        return "`ip` (iproute2) is not installed"
+    return ""
+
+
+def decide(setting: str, require: bool, why_not: str | None = None) -> Decision:
+    """The isolation for a learner under TF_ISOLATION=`setting` and TF_REQUIRE_ISOLATION=`require`."""
+    if setting == "none":
+        reason = "TF_ISOLATION=none"
+    else:
+        reason = unavailable() if why_not is None else why_not
+        if not reason:
+            return Decision(Isolation.SANDBOX)
+        if setting == "sandbox":
+            return Decision(Isolation.NONE, reason, f"TF_ISOLATION=sandbox but no sandbox is possible: {reason}")
+    if require:
+        return Decision(Isolation.NONE, reason,
+                        f"this platform refuses learners without a sandbox (TF_REQUIRE_ISOLATION) and {reason}")
+    return Decision(Isolation.NONE, reason)
