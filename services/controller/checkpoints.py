@@ -224,11 +224,11 @@ class CheckpointSync:
             target = snapshot / path.relative_to(self.directory)
             target.parent.mkdir(parents=True, exist_ok=True)
             try:
-                os.link(path, target, follow_symlinks=False)
+                os.link(path, target)
             except FileNotFoundError:
                 continue
             except OSError:
-                shutil.copy2(path, target, follow_symlinks=False)
+                shutil.copy2(path, target)
 
     def _announce(self, step: int) -> None:
         value = CheckpointStored(attempt=self.attempt, step=step, uri=self.uploaded_uri)

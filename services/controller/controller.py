@@ -44,7 +44,6 @@ from services.common.contracts.etcd import Halted, HaltRequest, LearnerStatus
 from services.common.contracts.specs import LearnerSpec
 from services.common.contracts.storekeys import uri_for_prefix
 from services.common.errors import InvalidArgument, TrainforgeError
-from services.common.isolation import Isolation
 from services.common.retry import retry_call
 from services.common.settings import ControllerSettings
 from services.common.states import LearnerState
@@ -52,7 +51,7 @@ from services.common.states import LearnerState
 from .checkpoints import CheckpointSync, choose_step, copy_uri
 from .learner import LearnerProcess, MemoryWatchdog, describe_exit, exit_code_of, learner_env
 from .logship import LogArchive, LogShipper, LogSink
-from .sandbox import Sandbox, decide
+from .sandbox import Sandbox, choose
 from .status import StatusPublisher
 from .workdir import Stopped, prepare
 
@@ -292,36 +291,17 @@ class Controller:
                 return self._halted(archive, None, "before the learner started")
             return Outcome(LearnerState.LEARNER_FAILED, message=f"{self._stop_reason} (learner not started)")
 
-        sandbox, refused = self._sandbox(archive)
-        if refused:
-            return Outcome(LearnerState.LEARNER_FAILED, message=refused)
+        chosen = choose(spec, self.settings, python=self.python)
+        self._isolation = chosen.isolation.value
+        if chosen.note:
+            self._system_line(archive, chosen.note)
+        if chosen.refused:
+            return Outcome(LearnerState.LEARNER_FAILED, message=chosen.refused)
         try:
-            return self._run_prepared(archive, sandbox)
+            return self._run_prepared(archive, chosen.sandbox)
         finally:
-            if sandbox is not None:
-                sandbox.cleanup()
-
-    def _sandbox(self, archive: LogArchive) -> tuple[Sandbox | None, str]:
-        """The learner's sandbox, set up (None: it runs with isolation none), and why it must not run."""
-        settings = self.settings
-        decision = decide(settings.isolation, settings.require_isolation)
-        if decision.refused:
-            return None, decision.refused
-        if decision.isolation is Isolation.SANDBOX:
-            sandbox = Sandbox(self.spec, settings.state_dir, python=self.python)
-            try:
-                sandbox.prepare()
-                self._isolation = Isolation.SANDBOX.value
-                return sandbox, ""
-            except OSError as e:
-                sandbox.cleanup()
-                decision = decide(settings.isolation, settings.require_isolation,
-                                  why_not=f"setting up the sandbox failed: {_text(e)}")
-                if decision.refused:
-                    return None, decision.refused
-        self._isolation = Isolation.NONE.value
-        self._system_line(archive, f"isolation: none ({decision.reason})")
-        return None, ""
+            if chosen.sandbox is not None:
+                chosen.sandbox.cleanup()
 
     def _run_prepared(self, archive: LogArchive, sandbox: Sandbox | None) -> Outcome:
         spec = self.spec

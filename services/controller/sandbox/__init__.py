@@ -9,6 +9,6 @@ enter.py    the root-side entry the guard runs: namespaces, mounts, chroot, drop
 """
 
 from .box import Sandbox
-from .policy import Decision, decide
+from .policy import Chosen, Decision, choose, decide
 
-__all__ = ["Decision", "Sandbox", "decide"]
+__all__ = ["Chosen", "Decision", "Sandbox", "choose", "decide"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +74,19 @@ class LearnerCgroups:
         except (OSError, ValueError, IndexError):
             return 0
 
-    def remove(self) -> bool:
+    def remove(self, timeout: float = 5.0) -> bool:
+        """Remove the folders once the processes the kernel is still killing have left them."""
+        deadline = time.monotonic() + timeout
+        while any(_holds_tasks(p) for p in self.paths.values()) and time.monotonic() < deadline:
+            time.sleep(0.02)
         return remove_cgroups(list(self.paths.values()))
+
+
+def _holds_tasks(path: Path) -> bool:
+    try:
+        return bool((path / "tasks").read_text().strip())
+    except OSError:
+        return False
 
 
 def _write(path: Path, value: int) -> None:

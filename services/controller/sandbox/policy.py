@@ -14,7 +14,11 @@ import os
 import shutil
 from dataclasses import dataclass
 
+from services.common.contracts.specs import LearnerSpec
 from services.common.isolation import CGROUP_CONTROLLERS, CGROUP_ROOT, Isolation
+from services.common.settings import ControllerSettings
+
+from .box import Sandbox
 
 
 @dataclass(frozen=True)
@@ -52,3 +56,31 @@ def decide(setting: str, require: bool, why_not: str | None = None) -> Decision:
         return Decision(Isolation.NONE, reason,
                         f"this platform refuses learners without a sandbox (TF_REQUIRE_ISOLATION) and {reason}")
     return Decision(Isolation.NONE, reason)
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """What `choose` decided: the set-up sandbox or None, the isolation, a line for the log, a refusal."""
+
+    sandbox: Sandbox | None
+    isolation: Isolation
+    note: str = ""
+    refused: str = ""
+
+
+def choose(spec: LearnerSpec, settings: ControllerSettings, *, python: str) -> Chosen:
+    """Decide and, for a sandbox, set it up; a sandbox that cannot be set up degrades like a missing one."""
+    decision = decide(settings.isolation, settings.require_isolation)
+    if decision.isolation is Isolation.SANDBOX:
+        sandbox = Sandbox(spec, settings.state_dir, python=python)
+        try:
+            sandbox.prepare()
+            return Chosen(sandbox, Isolation.SANDBOX)
+        except OSError as e:
+            sandbox.cleanup()
+            why = f"setting up the sandbox failed: {e.strerror or e}" if e.strerror else f"setting up the " \
+                  f"sandbox failed: {e}"
+            decision = decide(settings.isolation, settings.require_isolation, why_not=why)
+    if decision.refused:
+        return Chosen(None, Isolation.NONE, refused=decision.refused)
+    return Chosen(None, Isolation.NONE, note=f"isolation: none ({decision.reason})")
