@@ -35,10 +35,22 @@ def _secret_below(path: Path, secrets: list[Path]) -> bool:
     return any(s == path or s.is_relative_to(path) for s in secrets)
 
 
+def editable_packages() -> list[Path]:
+    """Package folders an editable install maps imports to (setuptools' `__editable__` finders), which the
+    learner's interpreter imports from (the platform's `frameworks` helpers, say) though they are on no path."""
+    out = []
+    for name, module in list(sys.modules.items()):
+        mapping = getattr(module, "MAPPING", None) if name.startswith("__editable__") else None
+        if isinstance(mapping, dict):
+            out += [Path(v) for v in mapping.values() if isinstance(v, str) and os.path.isabs(v)]
+    return out
+
+
 def python_paths(python: str, secrets: list[Path]) -> tuple[list[str], list[tuple[str, str]]]:
     """Read-only folders (none holding a path of `secrets`, none inside its first: the state directory) of the learner's Python, and (real, link) pairs for symlinked ones (a venv link)."""
     wanted = [Path(python).parent.parent, Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix)]
     wanted += [Path(p) for p in sys.path if p and os.path.isabs(p)]
+    wanted += editable_packages()
     paths: list[str] = []
     aliases: list[tuple[str, str]] = []
     for p in wanted:
@@ -49,7 +61,7 @@ def python_paths(python: str, secrets: list[Path]) -> tuple[list[str], list[tupl
             continue  # secrets[0] is the state directory: nothing in it either
         if str(real) not in paths:
             paths.append(str(real))
-        if real != p.absolute():
+        if real != p.absolute() and (str(real), str(p.absolute())) not in aliases:
             aliases.append((str(real), str(p.absolute())))
     # A folder inside another one is seen through it: bind only the outermost.
     outer = [p for p in paths if not any(q != p and Path(p).is_relative_to(q) for q in paths)]
