@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -95,3 +96,31 @@ def remove_job(job_id: str) -> bool:
     if os.geteuid() != 0:
         return True  # nothing of this was ever made without root
     return remove_cgroups(job_cgroups(job_id)) & remove_netns(job_id)
+
+
+def unavailable() -> str:
+    """Why this machine cannot sandbox a learner; "" when it can.
+
+    The sandbox needs root (cgroups, namespaces, a uid per job), the cgroup
+    v1 memory, cpu and pids controllers, and `ip` for the job's network namespace.
+    """
+    if os.geteuid() != 0:
+        return "the platform does not run as root (cgroups, namespaces and a uid per job need it)"
+    missing = [c for c in CGROUP_CONTROLLERS if not os.access(CGROUP_ROOT / c, os.W_OK)]
+    if missing:
+        return f"no writable cgroup v1 {', '.join(missing)} controller under {CGROUP_ROOT}"
+    if not os.path.exists("/proc/self/ns/net") or not os.path.exists("/proc/self/ns/pid"):
+        return "the kernel has no network or PID namespaces"
+    if shutil.which("ip") is None:
+        return "`ip` (iproute2) is not installed"
+    return ""
+
+
+def describe(setting: str, require: bool) -> str:
+    """One line for `trainforge up`: what learners will run in under TF_ISOLATION / TF_REQUIRE_ISOLATION."""
+    why = "TF_ISOLATION=none" if setting == "none" else unavailable()
+    if not why:
+        return "learners: sandboxed (own filesystem view, uid, network and PID namespaces, cgroup limits)"
+    if require or setting == "sandbox":
+        return f"learners: REFUSED - a sandbox is required but {why}"
+    return f"learners: NOT isolated (isolation: none) - {why}; set TF_REQUIRE_ISOLATION=true to refuse such jobs"

@@ -22,14 +22,13 @@ import pytest
 from services.common import isolation
 from services.common.adapters.objectstore import store_from_settings
 from services.common.states import LearnerState
-from services.controller.sandbox import policy
 from tests.integration.sandbox_jobs import outcome_lines, platform  # noqa: F401 - fixture
 from tests.servers import wait_for
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(bool(policy.unavailable()), reason=f"no sandbox here: {policy.unavailable()}"),
+    pytest.mark.skipif(bool(isolation.unavailable()), reason=f"no sandbox here: {isolation.unavailable()}"),
 ]
 
 PRELUDE = '''

@@ -17,11 +17,10 @@ import pytest
 
 from services.common import isolation
 from services.common.states import LearnerState
-from services.controller.sandbox import policy
 from tests.integration.test_controller_run import controller_log, launch, status  # noqa: F401 - fixture
 from tests.servers import wait_for
 
-needs_sandbox = pytest.mark.skipif(bool(policy.unavailable()), reason=f"no sandbox here: {policy.unavailable()}")
+needs_sandbox = pytest.mark.skipif(bool(isolation.unavailable()), reason=f"no sandbox here: {isolation.unavailable()}")
 
 
 def test_isolation_none_is_said_in_the_status_and_the_log(launch, coordinator):  # noqa: F811

@@ -58,3 +58,14 @@ def test_the_isolation_reaches_the_monitors_view():
     assert LearnerStatus.parse(doc.value()).isolation == "sandbox"
     [v] = learner_views({0: doc}, {}, 1, 1)
     assert v.isolation == "sandbox"
+
+
+def test_trainforge_up_says_plainly_what_learners_run_in(monkeypatch):
+    from services.common import isolation
+
+    assert isolation.describe("none", False).startswith("learners: NOT isolated (isolation: none) - TF_ISOLATION=none")
+    assert isolation.describe("none", True).startswith("learners: REFUSED")
+    monkeypatch.setattr(isolation, "unavailable", lambda: "")
+    assert isolation.describe("auto", False).startswith("learners: sandboxed")
+    monkeypatch.setattr(isolation, "unavailable", lambda: "no root")
+    assert isolation.describe("auto", False).startswith("learners: NOT isolated (isolation: none) - no root")

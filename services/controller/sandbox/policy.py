@@ -4,18 +4,15 @@ TF_ISOLATION=auto (the default) sandboxes where the kernel and privileges
 allow it and otherwise runs the learner with isolation `none`, saying why;
 `sandbox` requires it; `none` turns it off. TF_REQUIRE_ISOLATION=true
 refuses to run a learner without a sandbox, with the reason in its status.
-The sandbox needs root (cgroups, namespaces, a uid per job), the cgroup v1
-memory, cpu and pids controllers, and `ip` for the job's network namespace.
+What the sandbox needs of the machine is `services.common.isolation.unavailable`.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass
 
 from services.common.contracts.specs import LearnerSpec
-from services.common.isolation import CGROUP_CONTROLLERS, CGROUP_ROOT, Isolation
+from services.common.isolation import Isolation, unavailable
 from services.common.settings import ControllerSettings
 
 from .box import Sandbox
@@ -26,20 +23,6 @@ class Decision:
     isolation: Isolation
     reason: str = ""  # why not a sandbox, when not
     refused: str = ""  # set when the learner must not run at all
-
-
-def unavailable() -> str:
-    """Why this machine cannot sandbox a learner; "" when it can."""
-    if os.geteuid() != 0:
-        return "the platform does not run as root (cgroups, namespaces and a uid per job need it)"
-    missing = [c for c in CGROUP_CONTROLLERS if not os.access(CGROUP_ROOT / c, os.W_OK)]
-    if missing:
-        return f"no writable cgroup v1 {', '.join(missing)} controller under {CGROUP_ROOT}"
-    if not os.path.exists("/proc/self/ns/net") or not os.path.exists("/proc/self/ns/pid"):
-        return "the kernel has no network or PID namespaces"
-    if shutil.which("ip") is None:
-        return "`ip` (iproute2) is not installed"
-    return ""
 
 
 def decide(setting: str, require: bool, why_not: str | None = None) -> Decision:
