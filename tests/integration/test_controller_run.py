@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from services.common import isolation
 from services.common.adapters.objectstore import store_from_settings
 from services.common.contracts.specs import LearnerSpec
 from services.common.settings import ControllerSettings
@@ -94,6 +95,8 @@ def launch(store_settings, tmp_path, unique):
         if run.proc.poll() is None:
             os.killpg(run.proc.pid, signal.SIGKILL)
             run.proc.wait()
+    for job in {run.job for run in started}:
+        isolation.remove_job(job)  # the sandbox's netns and cgroups: the LCM's stop does this for its jobs
 
 
 def status(coordinator, run: Run) -> dict | None:
