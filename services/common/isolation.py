@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,18 @@ def _rmdir_tree(path: Path) -> bool:
     return ok
 
 
-def remove_cgroups(paths: list[Path]) -> bool:
+def _holds_tasks(path: Path) -> bool:
+    try:
+        return any(t.read_text().strip() for t in path.rglob("tasks"))
+    except OSError:
+        return False
+
+
+def remove_cgroups(paths: list[Path], timeout: float = 5.0) -> bool:
+    """Remove the folders once the processes the kernel is still killing have left them."""
+    deadline = time.monotonic() + timeout
+    while any(_holds_tasks(p) for p in paths if p.is_dir()) and time.monotonic() < deadline:
+        time.sleep(0.02)
     return all([_rmdir_tree(p) for p in paths])
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,26 +66,8 @@ class LearnerCgroups:
             return False
         return int(fields.get("oom_kill", "0")) > 0
 
-    def pids_refused(self) -> int:
-        """How many forks the pids limit refused."""
-        try:
-            return int((self.paths["pids"] / "pids.events").read_text().split()[1])
-        except (OSError, ValueError, IndexError):
-            return 0
-
-    def remove(self, timeout: float = 5.0) -> bool:
-        """Remove the folders once the processes the kernel is still killing have left them."""
-        deadline = time.monotonic() + timeout
-        while any(_holds_tasks(p) for p in self.paths.values()) and time.monotonic() < deadline:
-            time.sleep(0.02)
+    def remove(self) -> bool:
         return remove_cgroups(list(self.paths.values()))
-
-
-def _holds_tasks(path: Path) -> bool:
-    try:
-        return bool((path / "tasks").read_text().strip())
-    except OSError:
-        return False
 
 
 def _write(path: Path, value: int) -> None:
