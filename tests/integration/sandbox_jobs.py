@@ -28,7 +28,7 @@ from services.common.states import LEARNER_FINAL
 from services.lcm.backends.local import LocalBackend
 from services.lcm.lifecycle import JobDeployment, Lifecycle
 from tests.fakes.trainer_memory import InMemoryTrainer
-from tests.integration.test_monitor_flow import start_trainer
+from tests.integration.test_monitor_process import start_trainer
 from tests.servers import free_port, serve_app, wait_for
 
 

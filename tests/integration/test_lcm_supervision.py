@@ -26,7 +26,7 @@ from services.lcm.backends.base import Role
 from services.lcm.backends.local import LocalBackend
 from services.lcm.lifecycle import JobDeployment, Lifecycle
 from tests.integration.conftest import backend_maker
-from tests.integration.test_monitor_flow import start_trainer
+from tests.integration.test_monitor_process import start_trainer
 from tests.servers import free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
