@@ -12,12 +12,14 @@ the machine's load hits both alike:
 - training: a small CPU model (torch, an MLP on random data, fixed steps)
   timed by the learner itself, and the whole learner's wall time.
 
-Both modes get the same environment (`learner_env`, the same thread count)
-and the same manifest (cpus = the machine's cores, so the cgroup's cpu
-quota does not throttle the sandboxed run below what the other one gets).
-Needs root for the sandbox. Usage:
+Both modes get the same environment (`learner_env`: OMP_NUM_THREADS from
+the manifest's cpus, 1 by default) and the same manifest. Keep --cpus at 1
+on a busy machine: under cgroup v1 a sandboxed learner's threads share one
+scheduling weight, while the threads of an unsandboxed one each compete on
+their own, so with several threads and other load the comparison measures
+that fairness rule, not the sandbox's cost. Needs root for the sandbox. Usage:
 
-    PYTHONPATH=$PWD .venv/bin/python bench/sandbox_overhead.py [-n 5] [--steps 300]
+    PYTHONPATH=$PWD .venv/bin/python bench/sandbox_overhead.py [-n 7] [--steps 300] [--cpus 1]
 """
 
 from __future__ import annotations
@@ -58,12 +60,11 @@ print(f"train {{time.perf_counter() - started:.4f}}", flush=True)
 """
 
 
-def one_run(root: Path, job: str, sandboxed: bool, steps: int) -> tuple[float, float, float]:
+def one_run(root: Path, job: str, sandboxed: bool, steps: int, cpus: float = 1) -> tuple[float, float, float]:
     """(start latency, training seconds, learner wall seconds) of one learner."""
     workdir = root / "work" / job / "1" / "learner-0"
     workdir.mkdir(parents=True)
     (workdir / "train.py").write_text(TRAIN.format(steps=steps))
-    cpus = os.cpu_count() or 1
     spec = LearnerSpec.model_validate({
         "job_id": job, "attempt": 1, "rank": 0, "world_size": 1, "workdir": str(workdir),
         "manifest": {"name": "bench", "command": "python train.py", "resources": {"cpus": cpus, "memory": "2Gi"}}})
@@ -109,8 +110,9 @@ def summary(name: str, values: list[float], unit: str = "s") -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-n", type=int, default=5, help="repetitions of each mode (alternating)")
+    ap.add_argument("-n", type=int, default=7, help="repetitions of each mode (alternating)")
     ap.add_argument("--steps", type=int, default=300, help="training steps per learner")
+    ap.add_argument("--cpus", type=float, default=1, help="the manifest's cpus (threads and cpu quota)")
     args = ap.parse_args()
     why = isolation.unavailable()
     if why:
@@ -123,11 +125,11 @@ def main() -> int:
         for i in range(args.n):
             order = ("sandbox", "none") if i % 2 == 0 else ("none", "sandbox")
             for mode in order:
-                results[mode].append(one_run(root, f"bench-{mode}-{i}", mode == "sandbox", args.steps))
+                results[mode].append(one_run(root, f"bench-{mode}-{i}", mode == "sandbox", args.steps, args.cpus))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}"
-          f", {args.n} alternating runs per mode, {args.steps} training steps")
+          f", {args.n} alternating runs per mode, {args.steps} training steps, cpus {args.cpus:g}")
     for mode in ("none", "sandbox"):
         lat, train, wall = zip(*results[mode], strict=True)
         print(f"[{mode}]")
