@@ -107,6 +107,8 @@ def up(ctx: click.Context, as_json: bool, timeout: float) -> None:
     console.print(f"API {info['api_url']}  team [bold]{info['team']}[/]  stack {info['stack_id']}")
     key_note = "a new API key was" if info["key_created"] else "the API key is"
     console.print(f"{key_note} stored in {state / config.CONFIG_FILE}; logs in {state / 'logs'}")
+    if info.get("isolation"):
+        console.print(info["isolation"], markup=False)
 
 
 @main.command()

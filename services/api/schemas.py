@@ -39,6 +39,8 @@ class Learner(BaseModel):
     exit_code: int | None = Field(description="set once the learner process exited")
     attempt: int
     message: str
+    isolation: str = Field("", description='what the learner runs in: "sandbox" (its own filesystem view, user, '
+                                           'network and limits) or "none"; empty before it started')
 
 
 class HistoryEvent(BaseModel):

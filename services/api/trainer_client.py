@@ -62,7 +62,8 @@ def learner_to_json(ls: common_pb2.LearnerStatus) -> dict:
     # the learner's exit carry one.
     exited = ls.state in LEARNER_EXITED
     return {"rank": ls.rank, "state": learner_state_name(ls.state),
-            "exit_code": ls.exit_code if exited else None, "attempt": ls.attempt, "message": ls.message}
+            "exit_code": ls.exit_code if exited else None, "attempt": ls.attempt, "message": ls.message,
+            "isolation": ls.isolation}
 
 
 def job_to_json(job: common_pb2.Job) -> dict:

@@ -98,6 +98,8 @@ class Resources(_Strict):
     gpus: int = Field(0, ge=0, le=64, description="GPUs per learner")
     cpus: float = Field(1.0, gt=0, le=256, description="CPU cores per learner")
     memory: Memory = Field(2 * 2**30, description="memory per learner, e.g. 4Gi")
+    pids: int = Field(4096, ge=16, le=4_194_304,
+                      description="processes and threads per learner (enforced in the sandbox; stops fork bombs)")
     gpu_type: str | None = Field(None, max_length=32,
                                  description="GPU model, e.g. a100; counts against the team's quota for it")
 

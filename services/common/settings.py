@@ -112,6 +112,10 @@ class ControllerSettings(StoreSettings):
 
     def env_cache(self) -> Path:
         return self.env_cache_dir or self.state_dir / "envs"
+    isolation: str = Field("auto", pattern="^(auto|sandbox|none)$",
+                           description="learner sandbox: sandbox (required), none, or auto (sandbox where the "
+                                       "kernel and privileges allow it)")
+    require_isolation: bool = Field(False, description="fail learners that would run without a sandbox")
 
 
 class MonitorSettings(StoreSettings):

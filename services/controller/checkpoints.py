@@ -186,9 +186,14 @@ class CheckpointSync:
         was written after.
         """
         meta = self.directory / META
+        # A sandboxed learner owns this directory and may plant links to the platform's files: the
+        # directory must resolve inside the working directory and no link is followed.
+        if not self.directory.resolve().is_relative_to(self.directory.parent.parent.resolve()):
+            log.warning("%s resolves outside the working directory; not storing it", self.directory)
+            return None
         try:
-            meta_file = open(meta, "rb")  # noqa: SIM115 - held open across the whole copy
-        except FileNotFoundError:
+            meta_file = os.fdopen(os.open(meta, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+        except (FileNotFoundError, OSError):
             return None
         with meta_file:
             self._scratch.mkdir(parents=True, exist_ok=True)
@@ -213,8 +218,9 @@ class CheckpointSync:
 
     def _link_files(self, snapshot: Path) -> None:
         for path in self.directory.rglob("*"):
-            if path.name.startswith(".") or path == self.directory / META or not path.is_file():
-                continue  # the helper's temporary files start with '.'
+            if path.name.startswith(".") or path == self.directory / META or path.is_symlink() \
+                    or not path.is_file():
+                continue  # the helper's temporary files start with '.'; links are never followed
             target = snapshot / path.relative_to(self.directory)
             target.parent.mkdir(parents=True, exist_ok=True)
             try:

@@ -53,6 +53,7 @@ from .checkpoints import CheckpointSync, choose_step, copy_uri
 from .learner import LearnerProcess, MemoryWatchdog, describe_exit, exit_code_of, learner_env
 from .logship import LogArchive, LogShipper, LogSink
 from .pyenv import BuildStopped, EnvCache, requirements_of
+from .sandbox import Sandbox, choose
 from .status import StatusPublisher
 from .workdir import Stopped, prepare
 
@@ -82,10 +83,10 @@ class Outcome:
     step: int | None = None
     checkpoint_uri: str = ""
 
-    def status(self, attempt: int) -> LearnerStatus:
+    def status(self, attempt: int, isolation: str = "") -> LearnerStatus:
         return LearnerStatus(state=self.state, attempt=attempt, exit_code=self.exit_code, message=self.message,
                              tail=self.tail, outputs_uri=self.outputs_uri, step=self.step,
-                             checkpoint_uri=self.checkpoint_uri)
+                             checkpoint_uri=self.checkpoint_uri, isolation=isolation)
 
 
 class Controller:
@@ -118,6 +119,7 @@ class Controller:
                                       spec.lease_ttl)
         self._halt_poll = halt_poll
         self._bad_halt: dict | None = None
+        self._isolation = ""  # what the learner got, once decided (services/controller/sandbox/)
 
     def _object_store(self) -> ObjectStore:
         if self._store is None:
@@ -205,7 +207,7 @@ class Controller:
 
     def _publish(self, state: LearnerState, **kw) -> None:
         log.info("learner %s/%d attempt %d: %s", self.spec.job_id, self.spec.rank, self.spec.attempt, state.name)
-        self.status.publish(LearnerStatus(state=state, attempt=self.spec.attempt, **kw))
+        self.status.publish(LearnerStatus(state=state, attempt=self.spec.attempt, isolation=self._isolation, **kw))
 
     # -- the run ------------------------------------------------------------------
 
@@ -260,7 +262,7 @@ class Controller:
     def _finish(self, outcome: Outcome, rc: int) -> int:
         spec = self.spec
         self._done.set()
-        final = outcome.status(spec.attempt)
+        final = outcome.status(spec.attempt, self._isolation)
         log.info("learner %s/%d attempt %d: %s%s", spec.job_id, spec.rank, spec.attempt, outcome.state.name,
                  f" ({outcome.message})" if outcome.message else "")
         if not self.status.finish(final, FINAL_STATUS_SECONDS):
@@ -302,11 +304,28 @@ class Controller:
                 return self._halted(archive, None, "before the learner started")
             return Outcome(LearnerState.LEARNER_FAILED, message=f"{self._stop_reason} (learner not started)")
 
+        chosen = choose(spec, self.settings, python=learner_python)
+        self._isolation = chosen.isolation.value
+        if chosen.note:
+            self._system_line(archive, chosen.note)
+        if chosen.refused:
+            return Outcome(LearnerState.LEARNER_FAILED, message=chosen.refused)
+        try:
+            return self._run_prepared(archive, chosen.sandbox, learner_python)
+        finally:
+            if chosen.sandbox is not None:
+                chosen.sandbox.cleanup()
+
+    def _run_prepared(self, archive: LogArchive, sandbox: Sandbox | None, learner_python: str) -> Outcome:
+        spec = self.spec
         env = learner_env(spec, python=learner_python)
         if learner_python != self.python:
             env["VIRTUAL_ENV"] = str(Path(learner_python).parent.parent)
-        learner = self._learner = LearnerProcess(spec.manifest.rendered_command(), spec.workdir,
-                                                 env, archive, python=self.python)
+        program = None
+        if sandbox is not None:
+            env, program = Sandbox.env(env), sandbox.argv(spec.manifest.rendered_command())
+        learner = self._learner = LearnerProcess(spec.manifest.rendered_command(), spec.workdir, env, archive,
+                                                 python=self.python, program=program)
         try:
             learner.start()
         except OSError as e:
@@ -315,13 +334,17 @@ class Controller:
         with self._halt_lock:  # a halt published meanwhile is not overwritten
             if not self._halt.is_set():
                 self._publish(LearnerState.LEARNER_RUNNING)
-        watchdog = MemoryWatchdog(learner, spec.manifest.resources.memory).start()
+        # In a sandbox the memory cgroup enforces the limit; the watchdog is the fallback without one.
+        watchdog = MemoryWatchdog(learner, spec.manifest.resources.memory)
+        if sandbox is None:
+            watchdog.start()
         self._checkpoints.start()
         returncode = self._wait(learner, archive)
         with self._halt_lock:  # from here a halt no longer changes the outcome
             self._learner_exited = True
             halted = self._halt.is_set()
-        watchdog.stop()
+        if sandbox is None:
+            watchdog.stop()
         self._checkpoints.stop()
         if not learner.finish_output(READERS_SECONDS):
             log.warning("the learner's output pipes did not close; its last lines may be missing")
@@ -333,14 +356,18 @@ class Controller:
                    else describe_exit(returncode) if returncode >= 0 else "stopped after SIGTERM")
             return self._halted(archive, exit_code, how)
         self._final_checkpoint()
-        if watchdog.message:
-            return Outcome(LearnerState.LEARNER_FAILED, exit_code, watchdog.message)
+        oom = sandbox.oom_message() if sandbox is not None and returncode != 0 else watchdog.message
+        if oom:
+            return Outcome(LearnerState.LEARNER_FAILED, exit_code, oom)
         if self._stop.is_set():
             return Outcome(LearnerState.LEARNER_FAILED, exit_code, f"{self._stop_reason}; {describe_exit(returncode)}")
         if returncode != 0:
             return Outcome(LearnerState.LEARNER_FAILED, exit_code, describe_exit(returncode))
 
         self._publish(LearnerState.LEARNER_STORING, exit_code=0)
+        if not spec.output_dir.resolve().is_relative_to(spec.workdir.resolve()):
+            return Outcome(LearnerState.LEARNER_FAILED, 0, f"the outputs folder {spec.manifest.outputs} resolves "
+                                                           f"outside the working directory; not uploading it")
         try:
             uploaded = put_dir(self._object_store(), spec.outputs_prefix, spec.output_dir)
         except (TrainforgeError, OSError) as e:

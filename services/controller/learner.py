@@ -104,10 +104,11 @@ def human_bytes(n: float) -> str:
 GUARD = Path(__file__).with_name("guard.py")
 
 
-def guarded_argv(command: str, lifeline: int, python: str = sys.executable) -> list[str]:
-    """argv of a learner: `/bin/sh -c command` under the guard (the platform's interpreter, isolated),
-    which watches the pipe end `lifeline`."""
-    return [python, "-I", "-S", str(GUARD), str(lifeline), "/bin/sh", "-c", command]
+def guarded_argv(command: str, lifeline: int, python: str = sys.executable,
+                 program: list[str] | None = None) -> list[str]:
+    """argv of a learner: `/bin/sh -c command` (or `program`, the shell wrapped in a sandbox) under the
+    guard (the platform's interpreter, isolated), which watches the pipe end `lifeline`."""
+    return [python, "-I", "-S", str(GUARD), str(lifeline), *(program or ["/bin/sh", "-c", command])]
 
 
 class LearnerProcess:
@@ -116,13 +117,14 @@ class LearnerProcess:
     The command runs under the guard (services/controller/guard.py), which
     leads its process group and takes the group down when this process dies:
     `pid` is the guard's, the group's id, and the guard exits the way the
-    command did.
+    command did. With `program` (services/controller/sandbox/), the guard
+    runs the sandbox's entry instead of the bare shell.
     """
 
     def __init__(self, command: str, cwd: Path, env: dict[str, str], archive: LogArchive, *,
-                 python: str = sys.executable):
+                 python: str = sys.executable, program: list[str] | None = None):
         self.command, self.cwd, self.env, self.archive = command, Path(cwd), env, archive
-        self.python = python
+        self.python, self.program = python, program
         self.proc: subprocess.Popen | None = None
         self._readers: list[threading.Thread] = []
         self._lifeline: int | None = None  # the write end the guard watches; closed only when we are done
@@ -137,7 +139,7 @@ class LearnerProcess:
         read_end, write_end = os.pipe()  # both close-on-exec: only the guard gets the read end
         try:
             self.proc = subprocess.Popen(
-                guarded_argv(self.command, read_end, self.python), cwd=self.cwd, env=self.env,
+                guarded_argv(self.command, read_end, self.python, self.program), cwd=self.cwd, env=self.env,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                 close_fds=True, pass_fds=(read_end,))
         except BaseException:

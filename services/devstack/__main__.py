@@ -34,7 +34,8 @@ def _run(args: argparse.Namespace) -> None:
     j = args.json
     if args.command == "up":
         info = launcher.up(args.state_dir, report=_component(j), timeout=args.timeout)
-        _emit(j, "result", info.to_json(), f"API {info.api_url}  team {info.team}  stack {info.stack_id}")
+        _emit(j, "result", info.to_json(), f"API {info.api_url}  team {info.team}  stack {info.stack_id}\n"
+                                           f"{info.isolation}")
     elif args.command == "down":
         statuses = launcher.down(args.state_dir, report=_component(j), grace=args.grace)
         _emit(j, "result", {"state_dir": str(args.state_dir), "components": [s.to_json() for s in statuses]},

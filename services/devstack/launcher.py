@@ -13,6 +13,7 @@ stores, with the one process-tree killer (`services.common.proctree`).
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
@@ -26,7 +27,7 @@ import psutil
 from pydantic import ValidationError
 
 from services.api.admin import IssuedKey, bootstrap_key
-from services.common import proctree
+from services.common import isolation, proctree
 from services.common.settings import ApiSettings
 from services.devstack import procs
 from services.devstack.components import (
@@ -61,10 +62,11 @@ class StackInfo:
     team: str
     key_created: bool
     components: list[ComponentStatus] = field(default_factory=list)
+    isolation: str = ""  # what learners will run in (services.common.isolation.describe)
 
     def to_json(self) -> dict:
         return {"state_dir": str(self.state_dir), "stack_id": self.stack_id, "api_url": self.api_url,
-                "team": self.team, "key_created": self.key_created,
+                "team": self.team, "key_created": self.key_created, "isolation": self.isolation,
                 "config": str(self.state_dir / procs.CONFIG_FILE),
                 "components": [c.to_json() for c in self.components]}
 
@@ -187,7 +189,9 @@ def up(state_dir: str | Path, *, report: Report = _ignore, timeout: float = 150.
             raise StackError(f"{e} (`trainforge down` stops what did start)") from None
         api_url = BY_NAME["api"].address(plan)
         created, team = _ensure_key(state, api_url, plan.api_settings())
-        return StackInfo(state, stack_id, api_url, team, created, statuses)
+        return StackInfo(state, stack_id, api_url, team, created, statuses,
+                         isolation.describe(os.environ.get("TF_ISOLATION", "auto"),
+                                            os.environ.get("TF_REQUIRE_ISOLATION", "").lower() in ("1", "true")))
 
 
 def _key_works(api_url: str, key: str) -> bool:

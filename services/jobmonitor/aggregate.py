@@ -48,6 +48,7 @@ class LearnerView:
     exit_code: int | None
     message: str
     present: bool
+    isolation: str = ""
 
     @property
     def lost(self) -> bool:
@@ -76,6 +77,7 @@ def learner_views(current: Mapping[int, LearnerStatus | None], last_seen: Mappin
         views.append(LearnerView(
             rank=rank, state=learner_state(status), exit_code=status.exit_code if status else None,
             message=status.message if status else "", present=present,
+            isolation=status.isolation if status else "",
         ))
     return views
 

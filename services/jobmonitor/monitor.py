@@ -257,7 +257,8 @@ class JobMonitor:
             if v.lost:
                 message = f"{message}; {_LOST}" if message else _LOST
             out.append(common_pb2.LearnerStatus(rank=v.rank, state=v.state, exit_code=v.exit_code or 0,
-                                                attempt=self.spec.attempt, message=message))
+                                                attempt=self.spec.attempt, message=message,
+                                                isolation=v.isolation))
         return out
 
     def _deliver(self) -> None:

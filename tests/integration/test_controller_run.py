@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from services.common import isolation
 from services.common.adapters.objectstore import store_from_settings
 from services.common.contracts.specs import LearnerSpec
 from services.common.settings import ControllerSettings
@@ -94,6 +95,8 @@ def launch(store_settings, tmp_path, unique):
         if run.proc.poll() is None:
             os.killpg(run.proc.pid, signal.SIGKILL)
             run.proc.wait()
+    for job in {run.job for run in started}:
+        isolation.remove_job(job)  # the sandbox's netns and cgroups: the LCM's stop does this for its jobs
 
 
 def status(coordinator, run: Run) -> dict | None:
@@ -194,14 +197,19 @@ def test_a_learner_ignoring_sigterm_is_killed_after_the_grace_period(launch, coo
     assert doc["exit_code"] == 128 + signal.SIGKILL
 
 
-def test_memory_limit(launch, coordinator):
+@pytest.mark.parametrize("isolation", ["none", "auto"])
+def test_memory_limit(launch, coordinator, isolation):
     hog = f"{PYTHON} -c \"import time; b = b'x' * (300 * 2**20); time.sleep(100)\""
-    run = launch({"command": hog, "resources": {"memory": "100Mi"}})
+    run = launch({"command": hog, "resources": {"memory": "100Mi"}}, isolation=isolation)
     assert run.wait(60) == 0, controller_log(run)
     doc = status(coordinator, run)
     assert doc["state"] == LearnerState.LEARNER_FAILED
     assert doc["exit_code"] == 128 + signal.SIGKILL
-    assert doc["message"].startswith("memory limit exceeded: ") and doc["message"].endswith(" > 100.0Mi")
+    if doc["isolation"] == "sandbox":  # the memory cgroup's OOM killer, not the watchdog
+        assert doc["message"] == "memory limit exceeded: out of memory (OOM kill) in the learner's cgroup, limit 100.0Mi"
+    else:
+        assert doc["isolation"] == "none"
+        assert doc["message"].startswith("memory limit exceeded: ") and doc["message"].endswith(" > 100.0Mi")
 
 
 def test_code_data_and_env_reach_the_learner(launch, coordinator, store_settings):

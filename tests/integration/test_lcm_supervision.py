@@ -26,7 +26,7 @@ from services.lcm.backends.base import Role
 from services.lcm.backends.local import LocalBackend
 from services.lcm.lifecycle import JobDeployment, Lifecycle
 from tests.integration.conftest import backend_maker
-from tests.integration.test_monitor_flow import start_trainer
+from tests.integration.test_monitor_process import start_trainer
 from tests.servers import free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -135,7 +135,10 @@ def test_a_monitor_killed_while_no_lcm_ran_is_started_by_the_next_lcm(make_backe
     second.kill(job)
 
 
-def test_kill_removes_a_learner_whose_controller_was_sigkilled(make_backend, unique):
+def test_kill_removes_a_learner_whose_controller_was_sigkilled(make_backend, unique, monkeypatch):
+    # In a sandbox such a learner dies with its PID namespace (tests/integration/test_sandbox_policy.py);
+    # without one only the backend's stop finds it, which is what this checks.
+    monkeypatch.setenv("TF_ISOLATION", "none")
     backend = make_backend()
     job = f"orph-{unique}"
     # a learner that leaves its process group (its own session): whatever the controller does to the

@@ -49,3 +49,14 @@ def test_learners_round_trip_keyed_by_rank_string():
     assert learners == {"1": LearnerReport(rank=1, state=int(LearnerState.LEARNER_FAILED), exit_code=3, attempt=2,
                                            message="boom")}
     assert list(job_to_proto(stored_job().model_copy(update={"learners": learners})).learners) == reported
+
+
+def test_the_learners_isolation_survives_the_trainer_and_reaches_the_api():
+    from services.api.trainer_client import learner_to_json
+
+    reported = [common_pb2.LearnerStatus(rank=0, state=LearnerState.LEARNER_RUNNING, attempt=1, isolation="sandbox")]
+    learners = learners_from_proto(reported)
+    assert learners["0"].isolation == "sandbox"
+    wire = list(job_to_proto(stored_job().model_copy(update={"learners": learners})).learners)
+    assert wire == reported
+    assert learner_to_json(wire[0])["isolation"] == "sandbox"

@@ -60,7 +60,8 @@ class LearnerStatus(_Value):
 
     `tail` is filled when the learner exits (its last output lines); `step`
     and `checkpoint_uri` name the stored checkpoint a LEARNER_HALTED learner
-    left.
+    left. `isolation` is what the learner runs in once that is decided:
+    "sandbox" or "none" (services/controller/sandbox/); "" before.
     """
 
     state: LearnerState
@@ -72,6 +73,7 @@ class LearnerStatus(_Value):
     outputs_uri: str = ""
     step: int | None = None
     checkpoint_uri: str = ""
+    isolation: str = Field("", pattern="^(sandbox|none|)$")
 
     @field_validator("state", mode="before")
     @classmethod

@@ -54,9 +54,10 @@ class ObjectStore(Protocol):
 
 
 def put_dir(store: ObjectStore, prefix: str, directory: Path) -> list[ObjectInfo]:
-    """Upload every file under directory to prefix/<relative path>, verified."""
+    """Upload every file under directory to prefix/<relative path>, verified; symbolic links are skipped
+    (a learner's outputs must not name the platform's own files)."""
     out = []
-    for path in sorted(p for p in Path(directory).rglob("*") if p.is_file()):
+    for path in sorted(p for p in Path(directory).rglob("*") if p.is_file() and not p.is_symlink()):
         out.append(store.put_file(f"{prefix.rstrip('/')}/{path.relative_to(directory).as_posix()}", path))
     return out
 

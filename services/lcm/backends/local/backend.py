@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from services.common import proctree
+from services.common import isolation, proctree
 from services.common.errors import TrainforgeError
 from services.common.keys import MONITOR_DONE
 from services.common.settings import LcmSettings
@@ -153,6 +153,8 @@ class LocalBackend(Backend):
                      ", ".join(str(p.pid) for p in orphans))
         self._report(job_id, processes.stop_groups(controllers, under, grace=self._kill_grace, extra=orphans))
         self._reap()
+        # the job's network namespace and learner cgroups (services/controller/sandbox/), once its processes are gone
+        isolation.remove_job(job_id)
         self._records.forget(job_id)
         return len(alive) + sum(p.pid not in alive for p in orphans)
 

@@ -1,0 +1,138 @@
+"""The kernel resources a sandboxed learner uses on this machine, named once for the controller and the LCM.
+
+A sandboxed job (services/controller/sandbox/) has one network namespace,
+`tf-<job>`, that all its learners join, and one cgroup folder per learner
+under `<controller root>/trainforge/<job>/` for each of the memory, cpu and
+pids controllers. The controller creates them; the controller removes its
+own cgroups when its learner is gone, and the local backend's `stop`
+removes whatever is left of a job (`remove_job`), so a controller killed
+with SIGKILL leaks nothing.
+
+Only names and removal live here: both the controller and the LCM need
+them and services share only `services/common/`.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_CONTROLLERS = ("memory", "cpu", "pids")
+CGROUP_PARENT = "trainforge"
+NETNS_DIR = Path("/run/netns")
+# One lock file per job namespace, so two ranks never race to create it.
+NETNS_LOCKS = Path("/run/trainforge/netns-locks")
+
+
+class Isolation(enum.StrEnum):
+    """What a learner got, as its status reports it."""
+
+    SANDBOX = "sandbox"
+    NONE = "none"
+
+
+def netns_name(job_id: str) -> str:
+    return f"tf-{job_id}"
+
+
+def job_cgroups(job_id: str, root: Path = CGROUP_ROOT) -> list[Path]:
+    """The job's cgroup folder in each controller's hierarchy."""
+    return [root / c / CGROUP_PARENT / job_id for c in CGROUP_CONTROLLERS]
+
+
+def _rmdir_tree(path: Path) -> bool:
+    """rmdir a cgroup folder and its children, deepest first; False when one still holds a process."""
+    if not path.is_dir():
+        return True
+    ok = True
+    for sub in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        try:
+            sub.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("cannot remove cgroup %s: %s", sub, e.strerror)
+            ok = False
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        log.warning("cannot remove cgroup %s: %s", path, e.strerror)
+        ok = False
+    return ok
+
+
+def _holds_tasks(path: Path) -> bool:
+    try:
+        return any(t.read_text().strip() for t in path.rglob("tasks"))
+    except OSError:
+        return False
+
+
+def remove_cgroups(paths: list[Path], timeout: float = 5.0) -> bool:
+    """Remove the folders once the processes the kernel is still killing have left them."""
+    deadline = time.monotonic() + timeout
+    while any(_holds_tasks(p) for p in paths if p.is_dir()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return all([_rmdir_tree(p) for p in paths])
+
+
+def remove_netns(job_id: str) -> bool:
+    """`ip netns delete tf-<job>`; True when it is gone (or never was)."""
+    (NETNS_LOCKS / netns_name(job_id)).unlink(missing_ok=True)
+    if not (NETNS_DIR / netns_name(job_id)).exists():
+        return True
+    try:
+        out = subprocess.run(["ip", "netns", "delete", netns_name(job_id)], capture_output=True, text=True,
+                             timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("cannot delete network namespace %s: %s", netns_name(job_id), e)
+        return False
+    if out.returncode != 0 and (NETNS_DIR / netns_name(job_id)).exists():
+        log.warning("cannot delete network namespace %s: %s", netns_name(job_id), out.stderr.strip())
+        return False
+    return True
+
+
+def remove_job(job_id: str) -> bool:
+    """Remove the job's network namespace and cgroups (after its processes are gone); True when clean."""
+    if os.geteuid() != 0:
+        return True  # nothing of this was ever made without root
+    return remove_cgroups(job_cgroups(job_id)) & remove_netns(job_id)
+
+
+def unavailable() -> str:
+    """Why this machine cannot sandbox a learner; "" when it can.
+
+    The sandbox needs root (cgroups, namespaces, a uid per job), the cgroup
+    v1 memory, cpu and pids controllers, and `ip` for the job's network namespace.
+    """
+    if os.geteuid() != 0:
+        return "the platform does not run as root (cgroups, namespaces and a uid per job need it)"
+    missing = [c for c in CGROUP_CONTROLLERS if not os.access(CGROUP_ROOT / c, os.W_OK)]
+    if missing:
+        return f"no writable cgroup v1 {', '.join(missing)} controller under {CGROUP_ROOT}"
+    if not os.path.exists("/proc/self/ns/net") or not os.path.exists("/proc/self/ns/pid"):
+        return "the kernel has no network or PID namespaces"
+    if shutil.which("ip") is None:
+        return "`ip` (iproute2) is not installed"
+    return ""
+
+
+def describe(setting: str, require: bool) -> str:
+    """One line for `trainforge up`: what learners will run in under TF_ISOLATION / TF_REQUIRE_ISOLATION."""
+    why = "TF_ISOLATION=none" if setting == "none" else unavailable()
+    if not why:
+        return "learners: sandboxed (own filesystem view, uid, network and PID namespaces, cgroup limits)"
+    if require or setting == "sandbox":
+        return f"learners: REFUSED - a sandbox is required but {why}"
+    return f"learners: NOT isolated (isolation: none) - {why}; set TF_REQUIRE_ISOLATION=true to refuse such jobs"

@@ -1,0 +1,14 @@
+"""The learner sandbox on the local backend (issue 15; docs/THREAT_MODEL.md).
+
+policy.py   which isolation a learner gets (TF_ISOLATION, TF_REQUIRE_ISOLATION, what the kernel allows)
+box.py      one learner's sandbox from the controller's side: set up, wrap the command, OOM, clean up
+view.py     the filesystem view and the job's uid, as the config the entry reads
+netns.py    the job's private network namespace (loopback only)
+cgroups.py  the learner's cgroup v1 limits (memory, cpu quota, pids)
+enter.py    the root-side entry the guard runs: namespaces, mounts, chroot, drop to the job's uid
+"""
+
+from .box import Sandbox
+from .policy import Chosen, Decision, choose, decide
+
+__all__ = ["Chosen", "Decision", "Sandbox", "choose", "decide"]

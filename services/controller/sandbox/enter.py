@@ -1,0 +1,234 @@
+"""Puts one learner into its sandbox: run as root by the guard, in place of the learner's shell.
+
+    python -I -S enter.py <config.json> /bin/sh -c <command>
+
+The config (written by services/controller/sandbox/view.py) names the
+job's network namespace, the learner's cgroups, what of the host is seen
+read-only, the writable working directory and the uid/gid to run as.
+
+Steps, as root on the host side: join the cgroups (so everything started
+from here is counted), join the job's network namespace, then unshare a
+mount, PID, IPC and UTS namespace and fork. The child is pid 1 of the new
+PID namespace: it builds the filesystem view on a private tmpfs (binds,
+/proc, /dev, /tmp), chroots into it, drops to the learner's uid with no
+capabilities and no_new_privs, and runs the command. When pid 1 exits, the
+kernel kills everything left in the namespace, so nothing a learner
+starts, even in a session of its own, outlives it.
+
+pid 1 exits with the command's status as soon as the command is done,
+except after a SIGTERM (a stop or halt): the shell dies at once while the
+program it started may still be saving a checkpoint, so it then waits for
+every process of the namespace; the controller's grace period and SIGKILL
+bound that wait. The host-side parent mirrors pid 1's exit (code or
+signal), so to the guard this looks exactly like the shell.
+
+Only the standard library is used (ctypes for the system calls Python 3.11
+lacks), and the interpreter runs isolated, so nothing of the user's
+environment is imported with root privileges.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import signal
+import sys
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = (
+    0x00020000, 0x04000000, 0x08000000, 0x20000000, 0x40000000)
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
+    1, 2, 4, 8, 32, 4096, 16384, 1 << 18)
+PR_SET_NO_NEW_PRIVS = 38
+# Where the new root is built, inside the private mount namespace only.
+STAGE = "/run/trainforge/sandbox-root"
+EXIT_SETUP = 126  # the sandbox could not be built; the learner never ran
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class SetupError(Exception):
+    pass
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise SetupError(f"{what}: {os.strerror(err)}")
+
+
+def _mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    _check(_libc.mount(src and src.encode(), dst.encode(), fstype and fstype.encode(), ctypes.c_ulong(flags),
+                       data and data.encode()), f"mount {src} on {dst}")
+
+
+def _target(root: str, path: str) -> str:
+    return os.path.join(root, path.lstrip("/"))
+
+
+def _bind(root: str, src: str, dst: str, *, writable: bool) -> None:
+    """Bind src at dst under root; a symlink is recreated as one (merged-/usr systems' /bin -> usr/bin)."""
+    target = _target(root, dst)
+    if os.path.islink(src) and src == dst:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if not os.path.lexists(target):
+            os.symlink(os.readlink(src), target)
+        return
+    if os.path.isdir(src):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if not os.path.exists(target):
+            open(target, "a").close()
+    _mount(src, target, None, MS_BIND | MS_REC)
+    flags = MS_BIND | MS_REMOUNT | MS_NOSUID | (0 if writable else MS_RDONLY)
+    if not src.startswith("/dev/"):
+        flags |= MS_NODEV
+    _mount(None, target, None, flags)
+
+
+def _build_root(cfg: dict) -> str:
+    root = STAGE
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=16m")
+    for path in cfg["readonly"]:
+        if os.path.lexists(path):
+            _bind(root, path, path, writable=False)
+    for src, dst in cfg.get("aliases", []):  # a symlinked path (a venv link) seen at its own name
+        if not os.path.lexists(_target(root, dst)):
+            _bind(root, src, dst, writable=False)
+    for sub, flags in (("proc", MS_NOSUID | MS_NODEV | MS_NOEXEC),):
+        os.makedirs(_target(root, sub), exist_ok=True)
+        _mount(sub, _target(root, sub), sub, flags)
+    dev = _target(root, "dev")
+    os.makedirs(dev, exist_ok=True)
+    _mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
+    for node in cfg["devices"]:
+        if os.path.exists(node):
+            _bind(root, node, node, writable=True)
+    for link, to in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                     ("stderr", "/proc/self/fd/2")):
+        os.symlink(to, os.path.join(dev, link))
+    uid, gid = cfg["uid"], cfg["gid"]
+    for sub, size in (("dev/shm", cfg["shm_size"]), ("tmp", cfg["tmp_size"])):
+        os.makedirs(_target(root, sub), exist_ok=True)
+        _mount("tmpfs", _target(root, sub), "tmpfs", MS_NOSUID | MS_NODEV,
+               f"mode=1777,size={size},uid={uid},gid={gid}")
+    _bind(root, cfg["workdir"], cfg["workdir"], writable=True)
+    # Everything above the workdir is the tmpfs' own folders: searchable, not writable, by the learner.
+    _mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    return root
+
+
+def _drop_privileges(uid: int, gid: int) -> None:
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)  # a non-zero uid clears every capability
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+
+
+def _pid1(cfg: dict, command: list[str]) -> int:
+    """pid 1 of the learner's PID namespace: build the view, drop root, run the command, reap."""
+    stopping = False
+
+    def on_stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    # pid 1 gets a signal from outside only when it has a handler; the rest of the group gets it anyway.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_stop)
+    try:
+        _mount(None, "/", None, MS_REC | MS_PRIVATE)
+        root = _build_root(cfg)
+        os.chroot(root)
+        os.chdir(cfg["workdir"])
+        _check(_libc.sethostname(b"learner", 7), "sethostname")
+        _drop_privileges(cfg["uid"], cfg["gid"])
+    except (SetupError, OSError) as e:
+        print(f"trainforge sandbox: cannot build the learner's sandbox: {e}", file=sys.stderr)
+        return EXIT_SETUP
+    try:
+        child = os.posix_spawn(command[0], command, os.environ,
+                               setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT),
+                               setsigmask=())
+    except OSError as e:
+        print(f"cannot start {command[0]}: {e}", file=sys.stderr)
+        return 127
+    code = None
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        if pid == child:
+            code = os.waitstatus_to_exitcode(status)
+            if not stopping and code != -signal.SIGTERM:
+                break  # done: what it left behind dies with the namespace
+    return code if code is not None else 1
+
+
+def _mirror(code: int) -> None:
+    """Exit the way pid 1 did: the same code, or killed by the same signal."""
+    if code < 0:
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        os._exit(128 - code)
+    os._exit(code)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 3:
+        print("usage: enter.py <config.json> <program> [args...]", file=sys.stderr)
+        os._exit(EXIT_SETUP)
+    with open(argv[1]) as f:
+        cfg = json.load(f)
+    command = argv[2:]
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)  # meant for the learner; its group gets them too
+    try:
+        for procs in cfg["cgroups"]:
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+        fd = os.open(cfg["netns"], os.O_RDONLY)
+        _check(_libc.setns(fd, CLONE_NEWNET), f"setns {cfg['netns']}")
+        os.close(fd)
+        os.makedirs(STAGE, mode=0o700, exist_ok=True)
+        _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+    except (SetupError, OSError) as e:
+        print(f"trainforge sandbox: cannot enter the learner's namespaces: {e}", file=sys.stderr)
+        os._exit(EXIT_SETUP)
+    # pid 1 cannot die of a signal it sends itself, so it tells how the command ended through a pipe.
+    told, tell = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(told)
+        try:
+            code = _pid1(cfg, command)
+        except BaseException as e:  # noqa: BLE001 - pid 1 must exit with a code, never a traceback
+            print(f"trainforge sandbox: {type(e).__name__}: {e}", file=sys.stderr)
+            code = EXIT_SETUP
+        os.write(tell, str(code).encode())
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code & 0xFF if code >= 0 else 128 - code)
+    os.close(tell)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+        except OSError as e:
+            if e.errno != errno.EINTR:
+                raise
+    code = os.waitstatus_to_exitcode(status)
+    said = os.read(told, 64).decode()
+    if code >= 0 and said.lstrip("-").isdigit():
+        code = int(said)
+    _mirror(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

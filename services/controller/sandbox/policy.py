@@ -1,0 +1,69 @@
+"""Which isolation a learner gets: the admin's setting against what this machine allows.
+
+TF_ISOLATION=auto (the default) sandboxes where the kernel and privileges
+allow it and otherwise runs the learner with isolation `none`, saying why;
+`sandbox` requires it; `none` turns it off. TF_REQUIRE_ISOLATION=true
+refuses to run a learner without a sandbox, with the reason in its status.
+What the sandbox needs of the machine is `services.common.isolation.unavailable`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.contracts.specs import LearnerSpec
+from services.common.isolation import Isolation, unavailable
+from services.common.settings import ControllerSettings
+
+from .box import Sandbox
+
+
+@dataclass(frozen=True)
+class Decision:
+    isolation: Isolation
+    reason: str = ""  # why not a sandbox, when not
+    refused: str = ""  # set when the learner must not run at all
+
+
+def decide(setting: str, require: bool, why_not: str | None = None) -> Decision:
+    """The isolation for a learner under TF_ISOLATION=`setting` and TF_REQUIRE_ISOLATION=`require`."""
+    if setting == "none":
+        reason = "TF_ISOLATION=none"
+    else:
+        reason = unavailable() if why_not is None else why_not
+        if not reason:
+            return Decision(Isolation.SANDBOX)
+        if setting == "sandbox":
+            return Decision(Isolation.NONE, reason, f"TF_ISOLATION=sandbox but no sandbox is possible: {reason}")
+    if require:
+        return Decision(Isolation.NONE, reason,
+                        f"this platform refuses learners without a sandbox (TF_REQUIRE_ISOLATION) and {reason}")
+    return Decision(Isolation.NONE, reason)
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """What `choose` decided: the set-up sandbox or None, the isolation, a line for the log, a refusal."""
+
+    sandbox: Sandbox | None
+    isolation: Isolation
+    note: str = ""
+    refused: str = ""
+
+
+def choose(spec: LearnerSpec, settings: ControllerSettings, *, python: str) -> Chosen:
+    """Decide and, for a sandbox, set it up; a sandbox that cannot be set up degrades like a missing one."""
+    decision = decide(settings.isolation, settings.require_isolation)
+    if decision.isolation is Isolation.SANDBOX:
+        sandbox = Sandbox(spec, settings.state_dir, python=python)
+        try:
+            sandbox.prepare()
+            return Chosen(sandbox, Isolation.SANDBOX)
+        except OSError as e:
+            sandbox.cleanup()
+            why = f"setting up the sandbox failed: {e.strerror or e}" if e.strerror else f"setting up the " \
+                  f"sandbox failed: {e}"
+            decision = decide(settings.isolation, settings.require_isolation, why_not=why)
+    if decision.refused:
+        return Chosen(None, Isolation.NONE, refused=decision.refused)
+    return Chosen(None, Isolation.NONE, note=f"isolation: none ({decision.reason})")

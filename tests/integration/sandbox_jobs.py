@@ -1,0 +1,108 @@
+"""Real jobs on the local backend for the sandbox tests: an LCM lifecycle with the real servers around it.
+
+`platform` starts a Trainer (gRPC, the fake of test_monitor_flow) and the
+REST API (uvicorn) on loopback ports beside the session's etcd, Mongo-wire
+and log-store servers, and gives `run(script)`: a job whose code archive
+holds `hostile.py`, run as `python hostile.py` by the local backend, whose
+final learner status is returned. A hostile script prints `BLOCKED <what>`
+for each attempt that failed and `ESCAPED <what>` for one that worked.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from services.api.app import create_app
+from services.common.adapters.objectstore import LocalStore, store_from_settings
+from services.common.manifest import Manifest
+from services.common.settings import ApiSettings, LcmSettings
+from services.common.states import LEARNER_FINAL
+from services.lcm.backends.local import LocalBackend
+from services.lcm.lifecycle import JobDeployment, Lifecycle
+from tests.fakes.trainer_memory import InMemoryTrainer
+from tests.integration.test_monitor_process import start_trainer
+from tests.servers import free_port, serve_app, wait_for
+
+
+def pack(files: dict[str, str]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@dataclass
+class Platform:
+    lifecycle: Lifecycle
+    coordinator: object
+    settings: LcmSettings
+    trainer_port: int
+    api_port: int
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.settings.state_dir).resolve()
+
+    def workdir(self, job: str, rank: int = 0, attempt: int = 1) -> Path:
+        return self.state_dir / "work" / job / str(attempt) / f"learner-{rank}"
+
+    def deploy(self, job: str, script: str, *, learners: int = 1, env: dict | None = None, **resources) -> None:
+        store = store_from_settings(self.settings)
+        store.put_bytes(f"jobs/{job}/code.tar.gz", pack({"hostile.py": script}))
+        manifest = Manifest(name="hostile", framework="custom", learners=learners, command="python hostile.py",
+                            env=env or {}, resources={"cpus": 0.5, "memory": "256Mi", **resources})
+        self.lifecycle.deploy(JobDeployment(job_id=job, team="team-a", attempt=1, manifest=manifest,
+                                            code_uri=f"store://jobs/{job}/code.tar.gz"))
+
+    def status(self, job: str, rank: int = 0) -> dict | None:
+        return self.coordinator.get(self.coordinator.keys.learner_status(job, rank))[0]
+
+    def final(self, job: str, rank: int = 0, timeout: float = 90) -> dict:
+        return wait_for(lambda: (d := self.status(job, rank)) and d["state"] in LEARNER_FINAL and d, timeout,
+                        f"job {job} learner {rank} to end")
+
+    def run(self, job: str, script: str, **kw) -> dict:
+        self.deploy(job, script, **kw)
+        return self.final(job)
+
+    def log(self, job: str, rank: int = 0) -> str:
+        attempt_dir = self.state_dir / "work" / job / "1"
+        return "\n".join(p.read_text(errors="replace") for p in sorted(attempt_dir.glob("*.log*")))
+
+
+@pytest.fixture
+def platform(store_settings, coordinator, tmp_path) -> Iterator[Platform]:
+    trainer_port = free_port()
+    server, _ = start_trainer(trainer_port)
+    app = create_app(ApiSettings(dev_mode=True), trainer=InMemoryTrainer(), identity=object(), logs=object(),
+                     objects=LocalStore(tmp_path / "api-objects"), audit=object())
+    settings = LcmSettings(**{**store_settings.model_dump(), "trainer_address": f"127.0.0.1:{trainer_port}",
+                              "python": sys.executable, "local_gpus": 0, "lease_ttl": 5})
+    lifecycle = Lifecycle.from_settings(settings, LocalBackend(settings, kill_grace=5), coordinator,
+                                        start_timeout=60, supervise_interval=1.0)
+    with serve_app(app) as url:
+        yield Platform(lifecycle, coordinator, settings, trainer_port, int(url.rsplit(":", 1)[1]))
+        for job in lifecycle.running_jobs():
+            lifecycle.kill(job.job_id)
+        for path in (Path(settings.state_dir).resolve() / "lcm" / "local").glob("*.json"):
+            lifecycle.kill(json.loads(path.read_text())["job_id"])
+        lifecycle.close()
+    server.stop(0).wait()
+
+
+def outcome_lines(doc: dict) -> tuple[list[str], list[str]]:
+    """(BLOCKED lines, ESCAPED lines) of a hostile learner's last output."""
+    tail = doc.get("tail") or []
+    return [ln for ln in tail if ln.startswith("BLOCKED")], [ln for ln in tail if ln.startswith("ESCAPED")]

@@ -1,0 +1,216 @@
+"""Hostile learners on the local backend: each job tries to reach what the sandbox hides, and must fail.
+
+Every job runs through the LCM's local backend with the default isolation
+(auto, which is a sandbox on this machine when run as root) beside the real
+etcd, Mongo-wire, log store, Trainer and API servers. A job prints
+`BLOCKED <what>` for each attempt that failed and `ESCAPED <what>` for one
+that worked; the host side is checked as well (the file not written, the
+process still alive).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from services.common import isolation
+from services.common.adapters.objectstore import store_from_settings
+from services.common.states import LearnerState
+from tests.integration.sandbox_jobs import outcome_lines, platform  # noqa: F401 - fixture
+from tests.servers import wait_for
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(bool(isolation.unavailable()), reason=f"no sandbox here: {isolation.unavailable()}"),
+]
+
+PRELUDE = '''
+import json, os, signal, socket, sys, time
+def attempt(what, fn):
+    try:
+        result = fn()
+    except Exception as e:
+        print(f"BLOCKED {what}: {type(e).__name__}: {e}"[:200], flush=True)
+        return
+    print(f"ESCAPED {what}: {result!r}"[:200], flush=True)
+ARGS = json.loads(os.environ["HOSTILE_ARGS"])
+'''
+
+
+def hostile(body: str) -> str:
+    return PRELUDE + body
+
+
+def sandboxed(doc: dict) -> list[str]:
+    """The BLOCKED lines of a learner that ran in a sandbox and escaped nowhere."""
+    assert doc["isolation"] == "sandbox", doc
+    blocked, escaped = outcome_lines(doc)
+    assert not escaped, doc["tail"]
+    return blocked
+
+
+def test_cannot_read_the_platforms_files(platform, mongo_server, unique):  # noqa: F811
+    config = platform.state_dir / "config.json"
+    platform.state_dir.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps({"api_key": "tf-secret-key"}))
+    victim = f"victim-{unique}"
+    done = platform.run(victim, "open('secret.txt', 'w').write('victim secret')\n")
+    assert done["state"] == LearnerState.LEARNER_COMPLETED, platform.log(victim)
+    assert (platform.workdir(victim) / "secret.txt").read_text() == "victim secret"
+    store = store_from_settings(platform.settings)
+    store.put_bytes("datasets/other-team/secret.bin", b"other team's data")
+    objects = Path(platform.settings.objectstore().removeprefix("file://"))
+    assert (objects / "datasets/other-team/secret.bin").is_file()
+    mongo_files = sorted(str(p) for p in Path(mongo_server.data_dir).rglob("*") if p.is_file())
+    assert mongo_files, "the Mongo-wire server keeps no data file to try"
+    targets = [str(config), str(Path.home() / ".trainforge" / "config.json"), str(platform.workdir(victim) / "secret.txt"),
+               str(objects / "datasets/other-team/secret.bin"), mongo_files[0]]
+    listings = [str(platform.state_dir), str(platform.state_dir / "work"), str(objects), str(mongo_server.data_dir),
+                str(Path.home())]
+    job = f"reader-{unique}"
+    doc = platform.run(job, hostile('''
+for path in ARGS["files"]:
+    attempt(f"read {path}", lambda: open(path, "rb").read(40))
+for path in ARGS["dirs"]:
+    try:
+        print("LIST", json.dumps([path, sorted(os.listdir(path))]), flush=True)
+    except OSError as e:
+        print("LIST", json.dumps([path, type(e).__name__]), flush=True)
+attempt("read /proc/1/environ", lambda: open("/proc/1/environ", "rb").read(40))
+print("uid", os.getuid(), "pid", os.getpid(), flush=True)
+'''), env={"HOSTILE_ARGS": json.dumps({"files": targets, "dirs": listings})})
+    assert doc["state"] == LearnerState.LEARNER_COMPLETED, platform.log(job)
+    blocked = sandboxed(doc)
+    assert len(blocked) == len(targets) + 1, doc["tail"]
+    # A folder above its own workdir shows only the way down to it (and the home only the bound Python).
+    own = set(platform.workdir(job).parts) | set(Path(sys.base_prefix).parts)
+    for line in (ln for ln in doc["tail"] if ln.startswith("LIST ")):
+        path, seen = json.loads(line.removeprefix("LIST "))
+        assert seen == "FileNotFoundError" or set(seen) <= own, (path, seen)
+    uid_line = next(ln for ln in doc["tail"] if ln.startswith("uid "))
+    assert uid_line.split()[1] != "0" and int(uid_line.split()[3]) < 100, uid_line  # not root; a pid of its own ns
+
+
+def test_cannot_connect_to_the_platforms_servers(platform, etcd_server, mongo_server, osmem_server,  # noqa: F811
+                                                 unique):
+    ports = {"etcd": etcd_server.port, "mongo-wire": mongo_server.port, "log store": osmem_server.port,
+             "trainer": platform.trainer_port, "api": platform.api_port}
+    job = f"net-{unique}"
+    doc = platform.run(job, hostile('''
+for name, port in ARGS["ports"].items():
+    attempt(f"connect {name} 127.0.0.1:{port}", lambda: socket.create_connection(("127.0.0.1", port), 3).close())
+attempt("connect a host outside", lambda: socket.create_connection(("1.1.1.1", 443), 3).close())
+'''), env={"HOSTILE_ARGS": json.dumps({"ports": ports})})
+    assert doc["state"] == LearnerState.LEARNER_COMPLETED, platform.log(job)
+    assert len(sandboxed(doc)) == len(ports) + 1
+
+
+def test_cannot_signal_the_controller_or_another_jobs_learner(platform, unique):  # noqa: F811
+    victim = f"sleeper-{unique}"
+    platform.deploy(victim, "import time\nprint('sleeping', flush=True)\ntime.sleep(300)\n")
+    victim_learner = wait_for(lambda: next((p for p in psutil.process_iter(["cmdline"])
+                                            if p.info["cmdline"][-1:] == ["python hostile.py"]
+                                            and _env(p).get("TF_JOB_ID") == victim), None), 60, "the victim")
+    job = f"killer-{unique}"
+    platform.deploy(job, hostile('''
+while not os.path.exists("targets.json"):
+    time.sleep(0.05)
+for name, pid in json.load(open("targets.json")).items():
+    sig = signal.SIGKILL if name != "lcm" else 0
+    attempt(f"signal {name} (pid {pid})", lambda: os.kill(pid, sig))
+'''), env={"HOSTILE_ARGS": "{}"})
+    controller = wait_for(lambda: next((p for p in psutil.process_iter(["cmdline"])
+                                        if "services.controller" in " ".join(p.info["cmdline"] or [])
+                                        and f"/{job}/" in " ".join(p.info["cmdline"] or [])), None), 60,
+                          "the hostile job's controller")
+    targets = {"controller": controller.pid, "victim learner": victim_learner.pid, "lcm": os.getpid()}
+    workdir = platform.workdir(job)
+    (workdir / "targets.json").write_text(json.dumps(targets))
+    doc = platform.final(job)
+    assert doc["state"] == LearnerState.LEARNER_COMPLETED, platform.log(job)
+    assert len(sandboxed(doc)) == len(targets)
+    assert victim_learner.is_running() and victim_learner.status() != psutil.STATUS_ZOMBIE
+    assert platform.status(victim)["state"] == LearnerState.LEARNER_RUNNING
+
+
+def test_cannot_fork_past_the_pids_limit(platform, unique):  # noqa: F811
+    job = f"forks-{unique}"
+    doc = platform.run(job, hostile('''
+kids = []
+def bomb():
+    while len(kids) < 2000:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        kids.append(pid)
+    return len(kids)
+attempt("fork 2000 processes", bomb)
+print("forked", len(kids), flush=True)
+for k in kids:
+    os.kill(k, signal.SIGKILL)
+'''), env={"HOSTILE_ARGS": "{}"}, pids=64)
+    assert doc["state"] == LearnerState.LEARNER_COMPLETED, platform.log(job)
+    assert len(sandboxed(doc)) == 1
+    forked = int(next(ln for ln in doc["tail"] if ln.startswith("forked ")).split()[1])
+    assert forked < 64, doc["tail"]
+
+
+def test_cannot_allocate_past_the_memory_limit(platform, unique):  # noqa: F811
+    job = f"hog-{unique}"
+    doc = platform.run(job, hostile('''
+print("allocating", flush=True)
+blocks = [bytearray(16 * 2**20) for _ in range(40)]
+print("ESCAPED allocated 640Mi", flush=True)
+'''), env={"HOSTILE_ARGS": "{}"}, memory="128Mi")
+    assert doc["state"] == LearnerState.LEARNER_FAILED, doc
+    assert doc["isolation"] == "sandbox"
+    assert doc["exit_code"] == 128 + signal.SIGKILL
+    assert doc["message"] == "memory limit exceeded: out of memory (OOM kill) in the learner's cgroup, limit 128.0Mi"
+    assert not any(ln.startswith("ESCAPED") for ln in doc["tail"])
+
+
+def test_cannot_write_outside_its_workdir(platform, unique):  # noqa: F811
+    job = f"writer-{unique}"
+    workdir = platform.workdir(job)
+    targets = ["/etc/tf-escape", "/usr/tf-escape", "/tf-escape", str(workdir.parent / "tf-escape"),
+               str(platform.state_dir / "tf-escape"), str(Path(sys.prefix) / "tf-escape"),
+               str(Path.home() / "tf-escape")]
+    doc = platform.run(job, hostile('''
+for path in ARGS["paths"]:
+    attempt(f"write {path}", lambda: open(path, "w").write("x"))
+open("mine.txt", "w").write("ok")
+open("/tmp/private.txt", "w").write("ok")
+print("wrote the workdir and /tmp", flush=True)
+'''), env={"HOSTILE_ARGS": json.dumps({"paths": targets})})
+    assert doc["state"] == LearnerState.LEARNER_COMPLETED, platform.log(job)
+    assert len(sandboxed(doc)) == len(targets)
+    assert "wrote the workdir and /tmp" in doc["tail"]
+    assert not any(Path(p).exists() for p in targets)
+    assert (workdir / "mine.txt").read_text() == "ok"
+    assert not Path("/tmp/private.txt").exists()  # its /tmp was its own
+
+
+def test_the_jobs_netns_and_cgroups_are_removed_when_it_is_killed(platform, unique):  # noqa: F811
+    job = f"clean-{unique}"
+    platform.deploy(job, "import time\ntime.sleep(300)\n")
+    wait_for(lambda: (platform.status(job) or {}).get("state") == LearnerState.LEARNER_RUNNING, 60, "the learner")
+    assert (isolation.NETNS_DIR / isolation.netns_name(job)).exists()
+    assert all(p.is_dir() for p in isolation.job_cgroups(job))
+    platform.lifecycle.kill(job)
+    assert not (isolation.NETNS_DIR / isolation.netns_name(job)).exists()
+    assert not any(p.exists() for p in isolation.job_cgroups(job))
+
+
+def _env(proc: psutil.Process) -> dict:
+    try:
+        return proc.environ()
+    except psutil.Error:
+        return {}
