@@ -21,7 +21,7 @@ from services.common import rpc
 from services.common.errors import Conflict, InvalidArgument, ResourceExhausted
 from services.common.manifest import Manifest
 from services.lcm.server import serve
-from tests.integration.test_lcm_local import fake, gone, lcm_settings, lifecycles  # noqa: F401 - fixtures
+from tests.integration.lcm_local.conftest import fake, gone, lcm_settings, lifecycles  # noqa: F401 - fixtures
 from tests.servers import free_port, port_open, wait_for
 
 MANIFEST = Manifest(name="mnist-ddp", learners=2, command="python train.py --lr {{lr}}", params={"lr": 0.1},

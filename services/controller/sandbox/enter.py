@@ -88,11 +88,17 @@ def _bind(root: str, src: str, dst: str, *, writable: bool) -> None:
     _mount(None, target, None, flags)
 
 
+_PRIVATE = ("/tmp", "/dev/shm")
+
+
 def _build_root(cfg: dict) -> str:
     root = STAGE
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=16m")
+    # A read-only folder under /tmp or /dev/shm (a job environment cached there) is bound after the private
+    # tmpfs is mounted over those, or the tmpfs would hide it.
+    late = [p for p in cfg["readonly"] if any(p == t or p.startswith(t + "/") for t in _PRIVATE)]
     for path in cfg["readonly"]:
-        if os.path.lexists(path):
+        if path not in late and os.path.lexists(path):
             _bind(root, path, path, writable=False)
     for src, dst in cfg.get("aliases", []):  # a symlinked path (a venv link) seen at its own name
         if not os.path.lexists(_target(root, dst)):
@@ -114,6 +120,9 @@ def _build_root(cfg: dict) -> str:
         os.makedirs(_target(root, sub), exist_ok=True)
         _mount("tmpfs", _target(root, sub), "tmpfs", MS_NOSUID | MS_NODEV,
                f"mode=1777,size={size},uid={uid},gid={gid}")
+    for path in late:
+        if os.path.lexists(path):
+            _bind(root, path, path, writable=False)
     _bind(root, cfg["workdir"], cfg["workdir"], writable=True)
     # Everything above the workdir is the tmpfs' own folders: searchable, not writable, by the learner.
     _mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
