@@ -290,7 +290,8 @@ class Controller:
             return Outcome(LearnerState.LEARNER_FAILED, message=f"{self._stop_reason} (learner not started)")
 
         learner = self._learner = LearnerProcess(spec.manifest.rendered_command(), spec.workdir,
-                                                 learner_env(spec, python=self.python), archive, python=self.python)
+                                                 learner_env(spec, python=self.python), archive, python=self.python,
+                                                 launcher=tuple(spec.launcher))
         try:
             learner.start()
         except OSError as e:
@@ -299,18 +300,24 @@ class Controller:
         with self._halt_lock:  # a halt published meanwhile is not overwritten
             if not self._halt.is_set():
                 self._publish(LearnerState.LEARNER_RUNNING)
-        watchdog = MemoryWatchdog(learner, spec.manifest.resources.memory).start()
+        # a launcher runs the command where its limit is enforced (a container's cgroup): only the launcher's
+        # own memory would be measured here
+        watchdog = MemoryWatchdog(learner, spec.manifest.resources.memory)
+        if not spec.launcher:
+            watchdog.start()
         self._checkpoints.start()
         returncode = self._wait(learner, archive)
         with self._halt_lock:  # from here a halt no longer changes the outcome
             self._learner_exited = True
             halted = self._halt.is_set()
-        watchdog.stop()
+        if not spec.launcher:
+            watchdog.stop()
         self._checkpoints.stop()
         if not learner.finish_output(READERS_SECONDS):
             log.warning("the learner's output pipes did not close; its last lines may be missing")
         exit_code = exit_code_of(returncode)
         log.info("%s", describe_exit(returncode))
+        reason = launcher_reason(spec)
 
         if halted:
             how = ("killed after the grace period" if self._killed
@@ -322,7 +329,7 @@ class Controller:
         if self._stop.is_set():
             return Outcome(LearnerState.LEARNER_FAILED, exit_code, f"{self._stop_reason}; {describe_exit(returncode)}")
         if returncode != 0:
-            return Outcome(LearnerState.LEARNER_FAILED, exit_code, describe_exit(returncode))
+            return Outcome(LearnerState.LEARNER_FAILED, exit_code, reason or describe_exit(returncode))
 
         self._publish(LearnerState.LEARNER_STORING, exit_code=0)
         try:
@@ -376,6 +383,16 @@ class Controller:
             archive.append("system", message)
         except (OSError, ValueError) as e:
             log.warning("could not archive the line %r: %s", message, e)
+
+
+def launcher_reason(spec: LearnerSpec) -> str:
+    """What the spec's launcher wrote about how the command ended ('' when nothing)."""
+    if not spec.launcher:
+        return ""
+    try:
+        return spec.exit_reason_path.read_text().strip()
+    except OSError:
+        return ""
 
 
 def _text(e: BaseException) -> str:

@@ -102,10 +102,11 @@ def human_bytes(n: float) -> str:
 GUARD = Path(__file__).with_name("guard.py")
 
 
-def guarded_argv(command: str, lifeline: int, python: str = sys.executable) -> list[str]:
+def guarded_argv(command: str, lifeline: int, python: str = sys.executable,
+                 launcher: tuple[str, ...] = ()) -> list[str]:
     """argv of a learner: `/bin/sh -c command` under the guard (the platform's interpreter, isolated),
-    which watches the pipe end `lifeline`."""
-    return [python, "-I", "-S", str(GUARD), str(lifeline), "/bin/sh", "-c", command]
+    which watches the pipe end `lifeline`; a backend's `launcher` (e.g. a container runner) goes before it."""
+    return [python, "-I", "-S", str(GUARD), str(lifeline), *launcher, "/bin/sh", "-c", command]
 
 
 class LearnerProcess:
@@ -118,9 +119,10 @@ class LearnerProcess:
     """
 
     def __init__(self, command: str, cwd: Path, env: dict[str, str], archive: LogArchive, *,
-                 python: str = sys.executable):
+                 python: str = sys.executable, launcher: tuple[str, ...] = ()):
         self.command, self.cwd, self.env, self.archive = command, Path(cwd), env, archive
         self.python = python
+        self.launcher = tuple(launcher)
         self.proc: subprocess.Popen | None = None
         self._readers: list[threading.Thread] = []
         self._lifeline: int | None = None  # the write end the guard watches; closed only when we are done
@@ -135,7 +137,7 @@ class LearnerProcess:
         read_end, write_end = os.pipe()  # both close-on-exec: only the guard gets the read end
         try:
             self.proc = subprocess.Popen(
-                guarded_argv(self.command, read_end, self.python), cwd=self.cwd, env=self.env,
+                guarded_argv(self.command, read_end, self.python, self.launcher), cwd=self.cwd, env=self.env,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                 close_fds=True, pass_fds=(read_end,))
         except BaseException:

@@ -86,6 +86,9 @@ class LearnerSpec(_Spec):
     master_port: int = Field(29500, ge=1, le=65535)
     gpu_ids: list[int] = Field(default_factory=list)
     lease_ttl: int = Field(10, ge=2, le=300)
+    # argv the controller puts before `/bin/sh -c command`: a backend's way to run the command elsewhere (the
+    # docker backend's runner starts it in a container); empty: the command runs here
+    launcher: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> LearnerSpec:
@@ -107,6 +110,15 @@ class LearnerSpec(_Spec):
     def archive_path(self) -> Path:
         """The learner's local log archive, next to (not inside) its working directory."""
         return self.workdir.parent / f"learner-{self.rank}-{self.attempt}.log.jsonl"
+
+    @property
+    def exit_reason_path(self) -> Path:
+        """Where a launcher explains how the command ended (e.g. OOM-killed at its limit), next to the archive."""
+        return self.workdir.parent / f"learner-{self.rank}-{self.attempt}.reason"
+
+    def to_json(self) -> str:
+        # without a launcher the spec reads as it always did
+        return self.model_dump_json(indent=2, exclude=None if self.launcher else {"launcher"})
 
     @property
     def outputs_prefix(self) -> str:
