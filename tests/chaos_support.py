@@ -27,10 +27,11 @@ from pathlib import Path
 
 import psutil
 
+from services.common import proctree
 from services.common.adapters.etcd import Coordinator
 from services.common.states import JobState, can_transition
+from services.devstack import launcher, procs
 from tests.servers import wait_for
-from trainforge import stack
 from trainforge.sdk import ApiError, Client
 
 TERMINAL = ("completed", "failed", "cancelled")
@@ -40,7 +41,7 @@ TRANSIENT = (0, 502, 503, 504)
 
 @contextlib.contextmanager
 def _environment(values: dict[str, str | None]) -> Iterator[None]:
-    """os.environ with `values` (None: unset) for the duration; stack.up hands it to every component."""
+    """os.environ with `values` (None: unset) for the duration; launcher.up hands it to every component."""
     saved = {k: os.environ.get(k) for k in values}
     for k, v in values.items():
         if v is None:
@@ -71,7 +72,7 @@ class ChaosStack:
 
     def up(self) -> None:
         with _environment(self._settings):
-            stack.up(self.state, timeout=150)
+            launcher.up(self.state, timeout=150)
         if self.client is None:
             self.client = self.new_client()
 
@@ -95,11 +96,11 @@ class ChaosStack:
         for client in [self.client, *self._clients]:
             if client is not None:
                 client.close()
-        stack.down(self.state, grace=10)
+        launcher.down(self.state, grace=10)
 
     @property
     def meta(self) -> dict:
-        return stack.read_meta(self.state)
+        return procs.read_meta(self.state)
 
     @property
     def stack_id(self) -> str:
@@ -132,7 +133,7 @@ class ChaosStack:
         Returns {job_id, attempt, role, pid} of the victim, or None when there was none.
         """
         candidates = []
-        for proc in stack.stack_processes(self.stack_id):
+        for proc in procs.stack_processes(self.stack_id):
             spec = _spec_of(proc, module)
             if spec is not None and choose(spec):
                 candidates.append((proc, spec))
@@ -170,7 +171,7 @@ class ChaosStack:
 
 
 def _exited(pid: int) -> bool:
-    stack._reap(pid)  # our child when this test started the stack
+    proctree.reap(pid)  # our child when this test started the stack
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -312,7 +313,7 @@ def check_history(job: dict) -> None:
 def job_processes(stack_id: str, ids: set[str]) -> list[str]:
     """Controllers, monitors and learners of the given jobs still running."""
     out = []
-    for proc in stack.stack_processes(stack_id):
+    for proc in procs.stack_processes(stack_id):
         try:
             env = proc.environ()
             spec = _spec_of(proc, "controller") or _spec_of(proc, "jobmonitor")

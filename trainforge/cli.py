@@ -28,7 +28,6 @@ from trainforge.sdk import Client
 _STATE_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan",
                 "storing": "cyan", "deploying": "blue", "queued": "magenta", "pending": "magenta",
                 "halting": "yellow", "halted": "yellow", "restarting": "yellow", "preparing": "blue"}
-_OK = {"started", "running", "stopped"}
 
 
 def _state_text(state: str) -> Text:
@@ -51,11 +50,13 @@ def main(ctx: click.Context, as_json: bool) -> None:
 # -- the embedded stack -------------------------------------------------------------------
 
 
-def _component_row(s: stack.ComponentStatus) -> Text:
-    mark = Text("✓ ", style="green") if s.status in _OK else Text("✗ ", style="red")
-    pid = f"pid {s.pid}" if s.pid else ""
-    return Text.assemble(mark, (f"{s.name:<10}", "bold"), f" {pid:<11} {s.address:<28} ", s.status,
-                         (f"  {s.detail}" if s.detail else "", "dim"))
+def _component_row(s: dict) -> Text:
+    """One component as the launcher reported it: {name, pid, address, status, detail}."""
+    mark = Text("✓ ", style="green") if s.get("status") in stack.OK_STATUSES else Text("✗ ", style="red")
+    pid = f"pid {s['pid']}" if s.get("pid") else ""
+    detail = s.get("detail") or ""
+    return Text.assemble(mark, (f"{s.get('name', ''):<10}", "bold"), f" {pid:<11} {s.get('address') or '':<28} ",
+                         str(s.get("status", "")), (f"  {detail}" if detail else "", "dim"))
 
 
 @main.command()
@@ -68,19 +69,18 @@ def up(ctx: click.Context, as_json: bool, timeout: float) -> None:
     state = config.state_dir()
     console = _out()
     if as_json:
-        info = stack.up(state, timeout=timeout)
-        _emit_json(info.to_json())
+        _emit_json(stack.up(state, timeout=timeout))
         return
     with console.status("starting the embedded stack") as spinner:
-        def report(s: stack.ComponentStatus) -> None:
-            if s.status == "starting":
-                spinner.update(f"waiting for {s.name} (pid {s.pid}) to be healthy")
+        def report(s: dict) -> None:
+            if s.get("status") == "starting":
+                spinner.update(f"waiting for {s.get('name')} (pid {s.get('pid')}) to be healthy")
             else:
                 console.print(_component_row(s))
 
-        info = stack.up(state, report=report, timeout=timeout)
-    console.print(f"API {info.api_url}  team [bold]{info.team}[/]  stack {info.stack_id}")
-    key_note = "a new API key was" if info.key_created else "the API key is"
+        info = stack.up(state, on_component=report, timeout=timeout)
+    console.print(f"API {info['api_url']}  team [bold]{info['team']}[/]  stack {info['stack_id']}")
+    key_note = "a new API key was" if info["key_created"] else "the API key is"
     console.print(f"{key_note} stored in {state / config.CONFIG_FILE}; logs in {state / 'logs'}")
 
 
@@ -94,10 +94,10 @@ def down(ctx: click.Context, as_json: bool, grace: float) -> None:
     state = config.state_dir()
     console = _out()
     if as_json:
-        _emit_json({"state_dir": str(state), "components": [s.to_json() for s in stack.down(state, grace=grace)]})
+        _emit_json({"state_dir": str(state), "components": stack.down(state, grace=grace)})
         return
     with console.status("stopping the embedded stack"):
-        statuses = stack.down(state, report=lambda s: console.print(_component_row(s)), grace=grace)
+        statuses = stack.down(state, on_component=lambda s: console.print(_component_row(s)), grace=grace)
     if not statuses:
         console.print(f"no stack in {state}")
 

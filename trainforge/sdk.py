@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import tenacity
 import yaml
 
 TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
@@ -29,6 +30,16 @@ RESTING_STATES = TERMINAL_STATES | {"halted"}
 
 _EXCLUDED_DIRS = frozenset({"__pycache__", ".git"})
 _EXCLUDED_SUFFIXES = (".pyc", ".pyo")
+
+
+def _retry_after(state: tenacity.RetryCallState) -> float:
+    """The wait a 429 asks for (Retry-After, seconds), within [0.05, 10]; 1 when it asks for none."""
+    resp = state.outcome.result() if state.outcome else None
+    try:
+        wait = float(resp.headers.get("Retry-After", "1")) if resp is not None else 1.0
+    except ValueError:
+        wait = 1.0
+    return min(max(wait, 0.05), 10.0)
 
 
 class ClientError(Exception):
@@ -115,16 +126,14 @@ class Client:
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         # A 429 is answered before the route runs, so waiting out its Retry-After and
-        # asking again is safe for every method; a client that keeps hitting it gets the error.
-        for attempt in range(1, RATE_LIMIT_RETRIES + 1):
-            resp = self._send(method, path, **kwargs)
-            if resp.status_code != 429 or attempt == RATE_LIMIT_RETRIES:
-                break
-            try:
-                wait = float(resp.headers.get("Retry-After", "1"))
-            except ValueError:
-                wait = 1.0
-            time.sleep(min(max(wait, 0.05), 10.0))
+        # asking again is safe for every method; a client that keeps hitting it gets the error
+        # (the last 429 is returned, not a RetryError). Errors of _send are never retried.
+        rate_limited = tenacity.Retrying(
+            retry=tenacity.retry_if_result(lambda r: r.status_code == 429), wait=_retry_after,
+            stop=tenacity.stop_after_attempt(RATE_LIMIT_RETRIES),
+            retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
+            sleep=lambda seconds: time.sleep(seconds))
+        resp: httpx.Response = rate_limited(self._send, method, path, **kwargs)
         if resp.is_success:
             return resp.json()
         raise _error_from(resp)

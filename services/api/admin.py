@@ -3,10 +3,10 @@
 Day-to-day administration goes over HTTP (/v1/admin, `trainforge admin`);
 this is the way in before there is anyone to call it, and the way back when
 every admin key is lost: whoever can run it can reach the identity store
-anyway, so it needs no credentials. `bootstrap` is what `trainforge up` runs
-to get the embedded stack's first key, and what `trainforge admin
-bootstrap` runs (with `--platform-admin`) for the first platform admin; it
-prints the plaintext key once and it is not stored anywhere.
+anyway, so it needs no credentials. `bootstrap_key` is what the embedded-stack
+launcher (`services.devstack`) calls in process to get the stack's first key,
+and for `trainforge admin bootstrap` the first platform admin's; the
+`bootstrap` command prints the plaintext key once and it is not stored anywhere.
 
     python -m services.api.admin bootstrap --team local [--json]
     python -m services.api.admin bootstrap --platform-admin --team platform [--json]
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
@@ -46,11 +47,42 @@ def _print_key(args: argparse.Namespace, team: str, key: str, created_team: bool
     print(key)
 
 
+@dataclass(frozen=True)
+class IssuedKey:
+    """A key just issued by `bootstrap_key`; `key` is the plaintext, which exists nowhere else."""
+
+    team: str
+    key: str
+    key_id: str
+    role: Role
+    created_team: bool
+
+    def to_json(self) -> dict[str, str]:
+        return {"team": self.team, "key": self.key, "key_id": self.key_id, "role": self.role.value}
+
+
+def issue_bootstrap_key(store: IdentityStore, team: str, name: str = "bootstrap", *,
+                        platform_admin: bool = False) -> IssuedKey:
+    """Create `team` if missing and issue it a team_admin (or platform_admin) key."""
+    created = store.create_team(team)
+    role = Role.PLATFORM_ADMIN if platform_admin else Role.TEAM_ADMIN
+    key = store.issue_key(team, name, role)
+    return IssuedKey(team, key, key_id_of(key), role, created)
+
+
+def bootstrap_key(settings: ApiSettings, team: str, name: str = "bootstrap", *,
+                  platform_admin: bool = False) -> IssuedKey:
+    """`issue_bootstrap_key` against the identity store `settings` names (the first key of a platform)."""
+    store = _store(settings)
+    try:
+        return issue_bootstrap_key(store, team, name, platform_admin=platform_admin)
+    finally:
+        store.close()
+
+
 def bootstrap(store: IdentityStore, args: argparse.Namespace) -> None:
-    created = store.create_team(args.team)
-    role = Role.PLATFORM_ADMIN if args.platform_admin else Role.TEAM_ADMIN
-    key = store.issue_key(args.team, args.name, role)
-    _print_key(args, args.team, key, created, role)
+    issued = issue_bootstrap_key(store, args.team, args.name, platform_admin=args.platform_admin)
+    _print_key(args, issued.team, issued.key, issued.created_team, issued.role)
 
 
 def enable_team(store: IdentityStore, args: argparse.Namespace) -> None:

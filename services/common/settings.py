@@ -8,6 +8,7 @@ outside dev mode.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pydantic import Field, model_validator
@@ -18,6 +19,20 @@ DEV_JWT_SECRET = "dev-only-insecure-secret-change-me"  # noqa: S105 - refused ou
 
 class _Base(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TF_", extra="ignore", frozen=True)
+
+    def to_env(self) -> dict[str, str]:
+        """Every field as the TF_* variable that reads it back, for a process started with these settings."""
+        prefix = str(self.model_config.get("env_prefix", ""))
+        env: dict[str, str] = {}
+        for name, value in self.model_dump(mode="json").items():
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, (list, dict)):
+                text = json.dumps(value)  # pydantic-settings parses complex fields as JSON
+            else:
+                text = str(value)
+            env[f"{prefix}{name}".upper()] = text
+        return env
 
 
 class StoreSettings(_Base):

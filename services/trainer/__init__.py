@@ -4,4 +4,10 @@ Every state a user sees comes from here, so admission, team quotas, the
 queue, the state machine and usage accounting live together behind one gRPC
 service (protos/trainer.proto); other processes report what they observe
 and the Trainer decides what it means for the job.
+
+Layers, top to bottom (import-linter keeps them): server (wiring) ->
+servicer (protos <-> records) -> service (use cases) -> dispatcher
+(admission passes, capacity cache, LCM calls pool) -> rules (what each
+transition means: restart or fail, halt, clean up, requeue) -> store (the
+only code that sees MongoDB documents) -> record (the typed `JobRecord`).
 """

@@ -1,6 +1,6 @@
 """Per-team usage: what a team's jobs hold now and what they have consumed.
 
-Pure over the rows the job store hands out (services/trainer/store.py
+Pure over the records the job store hands out (services/trainer/store.py
 `usage_rows`), so the arithmetic is testable without a database. Consumed
 GPU- and CPU-seconds are the per-job sums the store adds atomically when a
 job leaves the ACTIVE states, plus the running stint of every job still
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from services.common import states
 from services.common.states import JobState
-from services.trainer.admission import Quota, TeamUse, Usage
+from services.trainer.admission import Quota, TeamUse
+from services.trainer.record import JobRecord
 
 
 @dataclass(frozen=True)
@@ -40,22 +41,20 @@ class _Tally:
     cpu_seconds: float = 0.0
 
 
-def reports(rows: Iterable[Mapping], quotas: Mapping[str, Quota], now: float) -> list[TeamReport]:
-    """One report per team that has a quota or a row, sorted by team."""
+def reports(jobs: Iterable[JobRecord], quotas: Mapping[str, Quota], now: float) -> list[TeamReport]:
+    """One report per team that has a quota or a job, sorted by team."""
     tallies: dict[str, _Tally] = {team: _Tally() for team in quotas}
-    for row in rows:
-        tally = tallies.setdefault(row["team"], _Tally())
-        state = JobState(row["state"])
-        resources = row.get("resources") or {}
-        tally.gpu_seconds += float(row.get("gpu_seconds") or 0.0)
-        tally.cpu_seconds += float(row.get("cpu_seconds") or 0.0)
-        if state == JobState.QUEUED:
+    for job in jobs:
+        tally = tallies.setdefault(job.team, _Tally())
+        tally.gpu_seconds += job.gpu_seconds
+        tally.cpu_seconds += job.cpu_seconds
+        if job.state == JobState.QUEUED:
             tally.queued += 1
-        elif state in states.ACTIVE:
-            tally.held = tally.held.add(Usage.from_doc(resources), row.get("gpu_type") or "")
-            if row.get("active_since") is not None:
-                stint = max(0.0, now - float(row["active_since"]))
-                tally.gpu_seconds += stint * float(resources.get("gpus", 0))
-                tally.cpu_seconds += stint * float(resources.get("cpus", 0.0))
+        elif job.state in states.ACTIVE:
+            tally.held = tally.held.add(job.resources, job.gpu_type)
+            if job.active_since is not None:
+                stint = max(0.0, now - job.active_since)
+                tally.gpu_seconds += stint * job.resources.gpus
+                tally.cpu_seconds += stint * job.resources.cpus
     return [TeamReport(team, quotas.get(team, Quota()), t.held, t.queued, t.gpu_seconds, t.cpu_seconds)
             for team, t in sorted(tallies.items())]

@@ -7,7 +7,10 @@ never needs to know which step that is.
 
 from __future__ import annotations
 
+from typing import Any
+
 from services.common.contracts.storekeys import checkpoint_root, uri_for_prefix
+from services.trainer.record import JobRecord
 
 
 def checkpoint_uri(job_id: str) -> str:
@@ -15,7 +18,7 @@ def checkpoint_uri(job_id: str) -> str:
     return uri_for_prefix(checkpoint_root(job_id))
 
 
-def next_attempt(doc: dict, *, not_before: float = 0.0, resumed: bool = False) -> dict:
-    """The fields that turn a job's record into its next attempt's (set with the move to QUEUED)."""
-    return {"attempt": int(doc["attempt"]) + 1, "checkpoint_uri": checkpoint_uri(doc["_id"]),
+def next_attempt(job: JobRecord, *, not_before: float = 0.0, resumed: bool = False) -> dict[str, Any]:
+    """The record fields that make `job` its next attempt (set with the move to QUEUED)."""
+    return {"attempt": job.attempt + 1, "checkpoint_uri": checkpoint_uri(job.id),
             "not_before": not_before, "learners": {}, "resumed": resumed}

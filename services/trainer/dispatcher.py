@@ -20,8 +20,11 @@ reserves to that use before deciding the next; its decision and its
 reservations are one step as far as any other writer can tell. Submits
 only insert QUEUED jobs, which the next pass sees.
 
-The same workers remove a finished job's learners (`LCM.KillJob`), retried
-with backoff, since a job's record must never wait on its cleanup.
+The same workers make the LCM calls a transition asks for (services/trainer/
+rules.py decides which: deploy, halt, remove an ended attempt's learners),
+retried with services/common/retry.py, since a job's record must never wait
+on the LCM. What a transition means lives in the rules, not here: every
+state change the dispatcher makes goes through `Lifecycle.move`.
 """
 
 from __future__ import annotations
@@ -35,19 +38,19 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from services.common import states
-from services.common.adapters.mongo import PyMongoError
 from services.common.errors import TrainforgeError, Unavailable
+from services.common.retry import Backoff, Stopped, retry_call
 from services.common.states import JobState
 from services.trainer import admission
-from services.trainer.admission import Capacity, Plan, Queued, Usage
-from services.trainer.attempts import next_attempt
+from services.trainer.admission import Capacity, Plan
 from services.trainer.lcm_client import Lcm
 from services.trainer.quotas import QuotaStore
+from services.trainer.record import JobRecord
+from services.trainer.rules import ACTOR, Lifecycle, Rule
 from services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)
 
-ACTOR = "trainer"
 # Least seconds between the starts of two passes: a pass reads the whole queue, so under a burst of
 # wake-ups (a storm of submits, many jobs ending) one pass that places many jobs beats many that place
 # one each; a lone wake-up after a quiet spell still runs at once.
@@ -55,15 +58,17 @@ SPACING = 0.2
 # What a pass reads of queued and of active jobs: a pass reads the whole queue, so not the manifests.
 _QUEUE_FIELDS = ("team", "resources", "gpu_type", "priority", "created_at", "attempt", "reason",
                  "queue_position", "not_before", "cleanup_pending", "restarts")
-# Most seconds between two tries of a failing KillJob or HaltJob.
+# Most seconds between two tries of a failing KillJob, HaltJob or DeployJob.
 _MAX_RETRY = 30.0
 _HELD_FIELDS = ("team", "resources", "gpu_type")
 
 
 class Dispatcher:
+    """Schedules: admission passes, the capacity cache and the pool of LCM calls; the rules' `Actions`."""
+
     def __init__(self, store: JobStore, lcm: Lcm, *, quotas: QuotaStore | None = None,
                  interval: float = 1.0, spacing: float = SPACING, kill_attempts: int = 4,
-                 kill_backoff: float = 0.5, workers: int = 8):
+                 kill_backoff: float = 0.5, workers: int = 8, rules: tuple[Rule, ...] | None = None):
         self._store = store
         self._lcm = lcm
         self._quotas = quotas
@@ -71,6 +76,7 @@ class Dispatcher:
         self._spacing = spacing
         self._kill_attempts = kill_attempts
         self._kill_backoff = kill_backoff
+        self.lifecycle = Lifecycle(store, self) if rules is None else Lifecycle(store, self, rules)
         # Only one Trainer process runs, so this lock is all that stops two
         # passes from spending the same free capacity. Several replicas would
         # need a reservation in the store instead: e.g. a usage document per
@@ -85,7 +91,7 @@ class Dispatcher:
         # cleanups in flight, and when a failed one may be tried again
         self._cleaning: set[str] = set()
         self._retry_at: dict[str, float] = {}
-        self._retries: dict[str, int] = {}
+        self._backoffs: dict[str, Backoff] = {}
         self._cleaning_lock = threading.Lock()
         self._last_cleanup_scan = 0.0
 
@@ -127,8 +133,8 @@ class Dispatcher:
             last_pass = time.monotonic()
             try:
                 self.run_once()
-            except PyMongoError as e:
-                log.warning("dispatch pass skipped: MongoDB: %s", e)
+            except Unavailable as e:
+                log.warning("dispatch pass skipped: %s", e.message)
             except Exception:
                 log.exception("dispatch pass failed")
 
@@ -157,83 +163,76 @@ class Dispatcher:
     def run_once(self) -> Plan:
         self._scan_cleanups()
         with self._pass_lock:
-            queued = {doc["_id"]: doc
-                      for doc in self._store.in_states([JobState.QUEUED], fields=_QUEUE_FIELDS)}
+            queued = {job.id: job for job in self._store.in_states([JobState.QUEUED], fields=_QUEUE_FIELDS)}
             held_back = self._held_back(queued, time.time())
             for job_id in held_back:
                 del queued[job_id]
             if not queued:
                 return Plan()
-            queue = [_queued(doc) for doc in queued.values()]
+            queue = [job.queued() for job in queued.values()]
             capacity = self._refresh_capacity()
             if capacity is None:
                 result = admission.hold(queue, f"waiting for the LCM: {self._capacity_error}")
             else:
                 active = self._store.in_states(states.ACTIVE, fields=_HELD_FIELDS)
-                held = [(d["team"], Usage.from_doc(d["resources"]), d.get("gpu_type", "")) for d in active]
+                held = [(j.team, j.resources, j.gpu_type) for j in active]
                 in_use = admission.total(need for _, need, _ in held)
                 quotas = self._quotas.all() if self._quotas is not None else {}
                 result = admission.plan(queue, in_use, capacity, quotas=quotas,
                                         teams=admission.team_use(held))
             for job_id in result.dispatch:
-                self._reserve(queued[job_id])
+                # QUEUED -> DEPLOYING holds the resources; the Deploy rule hands the call to a worker
+                self.lifecycle.move(job_id, JobState.DEPLOYING, "resources reserved; deploying", ACTOR,
+                                    attempt=queued[job_id].attempt)
             for job_id, reason in result.reject.items():
-                attempt = queued[job_id]["attempt"]
-                self._store.transition(job_id, JobState.FAILED, reason, ACTOR, attempt=attempt)
+                self.lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt)
             self._note_waiting(queued, result)
             return result
 
-    def _held_back(self, queued: dict[str, dict], now: float) -> dict[str, dict]:
+    def _held_back(self, queued: dict[str, JobRecord], now: float) -> dict[str, JobRecord]:
         """Queued jobs that may not be dispatched yet (restart backoff, previous learners not removed)."""
-        held: dict[str, dict] = {}
+        held: dict[str, JobRecord] = {}
         notes = []
-        for job_id, doc in queued.items():
-            if doc.get("cleanup_pending"):
+        for job_id, job in queued.items():
+            if job.cleanup_pending:
                 reason = "waiting for the previous attempt's learners to be removed"
-            elif float(doc.get("not_before") or 0.0) > now:
-                at = time.strftime("%H:%M:%S", time.localtime(float(doc["not_before"])))
-                reason = f"restart {doc.get('restarts', 0)}: waiting out the backoff until {at}"
+            elif job.not_before > now:
+                at = time.strftime("%H:%M:%S", time.localtime(job.not_before))
+                reason = f"restart {job.restarts}: waiting out the backoff until {at}"
             else:
                 continue
-            held[job_id] = doc
-            if (doc.get("reason"), doc.get("queue_position")) != (reason, 0):
-                notes.append((job_id, doc["attempt"], reason, 0))
+            held[job_id] = job
+            if (job.reason, job.queue_position) != (reason, 0):
+                notes.append((job_id, job.attempt, reason, 0))
         self._store.note_queued(notes)
         return held
 
-    def _note_waiting(self, queued: dict[str, dict], result: Plan) -> None:
+    def _note_waiting(self, queued: dict[str, JobRecord], result: Plan) -> None:
         """Store the reasons and positions that changed, in one batch: a reason names the use, so most do."""
         notes = []
         for job_id, (reason, position) in result.wait.items():
-            doc = queued[job_id]
-            if (doc.get("reason"), doc.get("queue_position")) != (reason, position):
-                notes.append((job_id, doc["attempt"], reason, position))
+            job = queued[job_id]
+            if (job.reason, job.queue_position) != (reason, position):
+                notes.append((job_id, job.attempt, reason, position))
         self._store.note_queued(notes)
 
-    def _reserve(self, doc: dict) -> None:
-        """QUEUED -> DEPLOYING holds the resources; the deploy call happens off the pass."""
-        done = self._store.apply_transition(doc["_id"], JobState.DEPLOYING, "resources reserved; deploying",
-                                            ACTOR, attempt=doc["attempt"])
-        if done.changed:
-            self.deploy(done.doc)
+    # -- LCM calls off the pass (the rules' Actions) -------------------------
 
-    # -- LCM calls off the pass --------------------------------------------
-
-    def deploy(self, doc: dict) -> None:
+    def deploy(self, job: JobRecord) -> None:
         """Ask the LCM to start a DEPLOYING job's attempt (idempotent on the LCM's side)."""
-        self._submit(self._deploy, doc)
+        self._submit(self._deploy, job)
 
     def job_finished(self, job_id: str, reason: str = "") -> None:
         """A job let go of its resources: remove whatever runs of it and look at the queue again."""
         self.clean_up(job_id)
         self.wake()
 
-    def halt(self, doc: dict) -> None:
+    def halt(self, job: JobRecord) -> None:
         """Ask the LCM to halt a HALTING job's attempt (retried until it answers or the job moved on)."""
-        self._submit(self._halt, doc["_id"], doc["attempt"])
+        self._submit(self._halt, job.id, job.attempt)
 
     def clean_up(self, job_id: str) -> None:
-        """Remove a job's learners (KillJob); a RESTARTING job then queues its next attempt."""
+        """Remove a job's learners (KillJob); then the rules requeue a RESTARTING job."""
         with self._cleaning_lock:
             if job_id in self._cleaning:
                 return
@@ -246,9 +245,9 @@ class Dispatcher:
         if now - self._last_cleanup_scan < 1.0:
             return
         self._last_cleanup_scan = now
-        for doc in self._store.pending_cleanups():
-            if self._retry_at.get(doc["_id"], 0.0) <= now:
-                self.clean_up(doc["_id"])
+        for job in self._store.pending_cleanups():
+            if self._retry_at.get(job.id, 0.0) <= now:
+                self.clean_up(job.id)
 
     def _submit(self, fn: Callable[..., None], *args: object) -> None:
         try:
@@ -256,115 +255,108 @@ class Dispatcher:
         except RuntimeError:
             log.warning("trainer is stopping; %s%s not run", fn.__name__, args[:1])
 
-    def _deploy(self, doc: dict) -> None:
+    def _still(self, job_id: str, attempt: int, wanted: frozenset[JobState]) -> JobRecord | None:
+        """The job if it is still on `attempt` and in one of `wanted`; None once it moved on."""
+        job = self._store.find(job_id)
+        return job if job is not None and job.attempt == attempt and job.state in wanted else None
+
+    def _deploy(self, job: JobRecord) -> None:
         """Deploy one attempt; an LCM that is down or restarting is waited for, anything else fails the job.
 
         DeployJob is idempotent per (job, attempt), so a call whose answer was
         lost (the LCM died mid-deploy) is simply made again; the restarted LCM
         finishes what its predecessor started.
         """
-        job_id, attempt = doc["_id"], doc["attempt"]
-        delay = self._kill_backoff
-        while True:
-            try:
-                handles = self._lcm.deploy_job(job_id, doc["team"], attempt, json.dumps(doc["manifest"]),
-                                               doc.get("code_uri", ""), doc.get("checkpoint_uri", ""))
-                break
-            except Unavailable as e:
-                current = self._store.find(job_id)
-                if (current is None or current["attempt"] != attempt
-                        or JobState(current["state"]) not in (JobState.DEPLOYING, JobState.HALTING)):
-                    return  # moved on (cancelled, halted) while the LCM was away
-                log.warning("job %s attempt %d: LCM unavailable (%s); deploying again in %gs", job_id, attempt,
-                            e.message, delay)
-                if self._stopping.wait(delay):
-                    return  # the next Trainer resends it (reconcile)
-                delay = min(delay * 2, _MAX_RETRY)
-            except Exception as e:  # noqa: BLE001 - any other failure of the call fails the attempt
-                message = e.message if isinstance(e, TrainforgeError) else str(e) or type(e).__name__
-                log.warning("job %s attempt %d: deploy failed: %s", job_id, attempt, message)
-                reason = f"deploy failed: {message}"
-                if self._store.apply_transition(job_id, JobState.FAILED, reason, ACTOR, attempt=attempt).changed:
-                    self.job_finished(job_id)
-                return
+        job_id, attempt = job.id, job.attempt
+        deploying = frozenset({JobState.DEPLOYING, JobState.HALTING})
+
+        def call() -> list[str] | None:
+            if self._still(job_id, attempt, deploying) is None:
+                return None  # moved on (cancelled, halted) while the LCM was away
+            return self._lcm.deploy_job(job_id, job.team, attempt, json.dumps(job.manifest), job.code_uri,
+                                        job.checkpoint_uri)
+
+        def waiting(e: BaseException, tries: int, delay: float) -> None:
+            message = e.message if isinstance(e, TrainforgeError) else str(e)
+            log.warning("job %s attempt %d: LCM unavailable (%s); deploying again in %gs", job_id, attempt,
+                        message, delay)
+
+        try:
+            handles = retry_call(call, retry_on=Unavailable, initial=self._kill_backoff, maximum=_MAX_RETRY,
+                                 stop_event=self._stopping, on_retry=waiting)
+        except (Stopped, Unavailable):
+            return  # stopping: the next Trainer resends it (reconcile)
+        except Exception as e:  # noqa: BLE001 - any other failure of the call fails the attempt
+            message = e.message if isinstance(e, TrainforgeError) else str(e) or type(e).__name__
+            log.warning("job %s attempt %d: deploy failed: %s", job_id, attempt, message)
+            self.lifecycle.move(job_id, JobState.FAILED, f"deploy failed: {message}", ACTOR, attempt=attempt)
+            return
+        if handles is None:
+            return
         log.info("job %s attempt %d deployed: %s", job_id, attempt, ", ".join(handles) or "no handles")
         current = self._store.find(job_id)
-        if current is None or current["attempt"] != attempt:
+        if current is None or current.attempt != attempt:
             return
-        state = JobState(current["state"])
-        if state not in states.ACTIVE:
+        if current.state not in states.ACTIVE:
             # ended or halted while the deploy ran: its KillJob may have come before the deploy
-            self._kill(job_id, current.get("reason", ""))
-        elif state == JobState.HALTING:
+            self._kill(job_id, current.reason)
+        elif current.state == JobState.HALTING:
             # the halt key may have been written before the deploy reset the job's etcd keys
             self._halt(job_id, attempt)
 
     def _halt(self, job_id: str, attempt: int) -> None:
-        delay = self._kill_backoff
-        while not self._stopping.is_set():
-            current = self._store.find(job_id)
-            if current is None or current["attempt"] != attempt or JobState(current["state"]) != JobState.HALTING:
-                return
-            try:
-                self._lcm.halt_job(job_id, attempt)
-            except Exception as e:  # noqa: BLE001 - retried: a halt must reach the learners
-                message = e.message if isinstance(e, TrainforgeError) else str(e)
-                log.warning("job %s: HaltJob failed: %s; retrying in %gs", job_id, message, delay)
-                self._stopping.wait(delay)
-                delay = min(delay * 2, _MAX_RETRY)
-                continue
-            log.info("job %s attempt %d: halt requested", job_id, attempt)
-            return
+        halting = frozenset({JobState.HALTING})
+
+        def call() -> bool:
+            if self._still(job_id, attempt, halting) is None:
+                return False
+            self._lcm.halt_job(job_id, attempt)
+            return True
+
+        def failed(e: BaseException, tries: int, delay: float) -> None:
+            message = e.message if isinstance(e, TrainforgeError) else str(e)
+            log.warning("job %s: HaltJob failed: %s; retrying in %gs", job_id, message, delay)
+
+        try:  # retried until it answers or the Trainer stops (the next one resends it): it must reach the learners
+            if retry_call(call, retry_on=Exception, initial=self._kill_backoff, maximum=_MAX_RETRY,
+                          stop_event=self._stopping, on_retry=failed):
+                log.info("job %s attempt %d: halt requested", job_id, attempt)
+        except Exception:  # noqa: BLE001 - only a stop ends the retries
+            log.info("job %s attempt %d: halt not sent; the Trainer is stopping", job_id, attempt)
 
     def _clean_up(self, job_id: str) -> None:
         try:
             current = self._store.find(job_id)
-            if current is None or not current.get("cleanup_pending"):
+            if current is None or not current.cleanup_pending:
                 return
-            attempt = current["attempt"]
-            if not self._kill(job_id, current.get("reason", "")):
-                tries = self._retries.get(job_id, 0) + 1
-                self._retries[job_id] = tries
-                self._retry_at[job_id] = time.monotonic() + min(self._kill_backoff * 2 ** tries, _MAX_RETRY)
+            if not self._kill(job_id, current.reason):
+                backoff = self._backoffs.setdefault(job_id, Backoff(2 * self._kill_backoff, _MAX_RETRY))
+                self._retry_at[job_id] = time.monotonic() + backoff.next()
                 return
-            self._retries.pop(job_id, None)
+            self._backoffs.pop(job_id, None)
             self._retry_at.pop(job_id, None)
-            if JobState(current["state"]) == JobState.RESTARTING:
-                self._requeue(current)
-            else:
-                self._store.cleanup_done(job_id, attempt)
+            self.lifecycle.cleaned_up(current)
         finally:
             with self._cleaning_lock:
                 self._cleaning.discard(job_id)
         self.wake()
 
-    def _requeue(self, doc: dict) -> None:
-        """RESTARTING -> QUEUED as the next attempt, after the backoff the service chose."""
-        delay = float(doc.get("restart_delay") or 0.0)
-        fields = {**next_attempt(doc, not_before=time.time() + delay), "cleanup_pending": False}
-        done = self._store.apply_transition(
-            doc["_id"], JobState.QUEUED, f"restart {doc.get('restarts', 0)}: queued as attempt "
-            f"{doc['attempt'] + 1}, from the last checkpoint", ACTOR, attempt=doc["attempt"],
-            only_from=[JobState.RESTARTING], set_fields=fields)
-        if not done.changed:
-            self._store.cleanup_done(doc["_id"], doc["attempt"])  # cancelled meanwhile: nothing to requeue
-
     def _kill(self, job_id: str, reason: str) -> bool:
-        for attempt in range(1, self._kill_attempts + 1):
-            try:
-                killed = self._lcm.kill_job(job_id, reason)
-            except Exception as e:  # noqa: BLE001 - retried, then logged; the job record is already final
-                message = e.message if isinstance(e, TrainforgeError) else str(e)
-                log.warning("job %s: KillJob failed (try %d of %d): %s", job_id, attempt, self._kill_attempts,
-                            message)
-                backoff = self._kill_backoff * 2 ** (attempt - 1)
-                if attempt == self._kill_attempts or self._stopping.wait(backoff):
-                    break
-                continue
-            log.info("job %s: KillJob removed %d", job_id, killed)
-            return True
-        log.error("job %s: learners may still run; KillJob did not succeed (tried again later)", job_id)
-        return False
+        def failed(e: BaseException, tries: int, delay: float) -> None:
+            message = e.message if isinstance(e, TrainforgeError) else str(e)
+            log.warning("job %s: KillJob failed (try %d of %d): %s", job_id, tries, self._kill_attempts, message)
+
+        try:
+            killed = retry_call(lambda: self._lcm.kill_job(job_id, reason), retry_on=Exception,
+                                attempts=self._kill_attempts, initial=self._kill_backoff, maximum=_MAX_RETRY,
+                                stop_event=self._stopping, on_retry=failed)
+        except Exception as e:  # noqa: BLE001 - tried again later; the job record is already final
+            message = e.message if isinstance(e, TrainforgeError) else str(e) or type(e).__name__
+            log.error("job %s: learners may still run; KillJob did not succeed (%s; tried again later)", job_id,
+                      message)
+            return False
+        log.info("job %s: KillJob removed %d", job_id, killed)
+        return True
 
 
 def _logged(fn: Callable[..., None], *args: object) -> None:
@@ -373,8 +365,3 @@ def _logged(fn: Callable[..., None], *args: object) -> None:
         fn(*args)
     except Exception:
         log.exception("%s%s failed", fn.__name__, args[:1])
-
-
-def _queued(doc: dict) -> Queued:
-    return Queued(doc["_id"], doc["team"], Usage.from_doc(doc["resources"]), int(doc.get("priority", 1)),
-                  float(doc.get("created_at", 0.0)), doc.get("gpu_type") or "")

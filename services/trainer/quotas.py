@@ -6,6 +6,7 @@ on the jobs. SetQuota replaces the whole document: a limit left out of the
 request is removed (no limit of the team's own), so what an admin sends is
 exactly what applies. Validation lives here, next to the one writer, and
 names each field as the wire does (`quota.gpus`, `quota.gpus_by_type.a100`).
+MongoDB's errors leave it as domain errors (`mapped`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import re
 import time
 from collections.abc import Mapping
 
-from services.common.adapters.mongo import Database
+from services.common.adapters.mongo import Database, mapped
 from services.common.errors import InvalidArgument
 from services.trainer.admission import Quota
 
@@ -72,15 +73,18 @@ class QuotaStore:
     def __init__(self, db: Database, collection: str = COLLECTION):
         self._quotas = db[collection]
 
+    @mapped
     def get(self, team: str) -> Quota:
         """A team's quota; a team nobody set one for has no limits of its own."""
         doc = self._quotas.find_one({"_id": team})
         return from_doc(doc["quota"]) if doc else Quota()
 
+    @mapped
     def all(self) -> dict[str, Quota]:
         """Every team that has a quota document."""
         return {doc["_id"]: from_doc(doc["quota"]) for doc in self._quotas.find({})}
 
+    @mapped
     def put(self, team: str, quota: Quota, actor: str) -> Quota:
         """Replace a team's quota (validated); the quota as stored."""
         validate(team, quota)

@@ -17,7 +17,7 @@ import grpc
 
 from protos import trainer_pb2_grpc
 from services.common import rpc
-from services.common.adapters.mongo import Database, PyMongoError, connect
+from services.common.adapters.mongo import Database, connect
 from services.common.errors import Unavailable
 from services.common.settings import TrainerSettings
 from services.trainer.dispatcher import Dispatcher
@@ -49,9 +49,9 @@ class Trainer:
         try:
             self.store.ensure_indexes()
             self.service.reconcile()
-        except PyMongoError as e:
+        except Unavailable:
             self.stop(grace=0)
-            raise Unavailable(f"MongoDB unavailable: {e}") from None
+            raise
         self.dispatcher.start()
         self.server.start()
         log.info("trainer serving on %s", self.address)

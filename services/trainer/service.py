@@ -3,8 +3,10 @@
 Each public method is one use case (submit, cancel, a monitor's report,
 setting a quota, a usage report...) over the stores and the dispatcher;
 services/trainer/servicer.py only converts messages. Every transition made
-here goes through `_after_change`, so no terminal one forgets to remove the
-learners or to look at the queue again.
+here goes through `Lifecycle.move` (services/trainer/rules.py): the store's
+compare-and-set, then the rules for that transition (restart or fail,
+request the halt, remove the learners, look at the queue again), so no
+policy lives here and none is forgotten.
 
 Submit refuses, before anything is stored, a job that could never run: one
 bigger than the backend or than its team's whole quota. A retried submit
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from services.common import states
 from services.common.contracts.ids import check_job_id, new_job_id
@@ -28,14 +31,14 @@ from services.trainer.admission import Quota
 from services.trainer.attempts import next_attempt
 from services.trainer.dispatcher import Dispatcher
 from services.trainer.quotas import QuotaStore
+from services.trainer.record import JobRecord, LearnerReport
+from services.trainer.rules import ACTOR, Proposal, RequestHalt
 from services.trainer.store import AlreadySubmitted, JobStore
 
 log = logging.getLogger(__name__)
 
-ACTOR = "trainer"
-# Longest wait before a restart, however many came before it.
-MAX_BACKOFF = 600.0
-_HALTABLE = (JobState.DEPLOYING, JobState.RUNNING)
+# what may be halted is the halt rule's to say
+_HALTABLE = RequestHalt.FROM
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 _FIELDS = {"gpus": "resources.gpus", "cpus": "resources.cpus", "memory": "resources.memory",
@@ -49,9 +52,10 @@ class JobService:
         self._store = store
         self._dispatcher = dispatcher
         self._quotas = quotas
+        self._lifecycle = dispatcher.lifecycle
 
     def submit(self, team: str, manifest_source: str, *, code_uri: str = "", submitted_by: str = "",
-               job_id: str = "", idempotency_key: str = "") -> dict:
+               job_id: str = "", idempotency_key: str = "") -> JobRecord:
         """Validate, persist (PENDING) and admit (QUEUED) a job; the dispatcher takes it from there.
 
         With an idempotency key, a team's second submit returns its first
@@ -72,19 +76,17 @@ class JobService:
             self._store.insert(job_id, team, manifest, code_uri=code_uri, submitted_by=submitted_by,
                                idempotency_key=idempotency_key)
         except AlreadySubmitted as e:  # a concurrent retry inserted first
-            return self._resubmitted(e.doc, manifest, idempotency_key)
-        doc = self._admit(job_id, "admitted; waiting for the dispatcher")
-        self._dispatcher.wake()
-        return doc
+            return self._resubmitted(e.job, manifest, idempotency_key)
+        return self._admit(job_id, "admitted; waiting for the dispatcher")
 
-    def _resubmitted(self, first: dict, manifest: Manifest, key: str) -> dict:
+    def _resubmitted(self, first: JobRecord, manifest: Manifest, key: str) -> JobRecord:
         # compared as models, so a manifest stored before a field was added still matches
-        if parse_manifest(first.get("manifest") or {}) != manifest:
-            raise Conflict(f"idempotency key {key!r} was already used for job {first['_id']!r} with a "
+        if first.spec() != manifest:
+            raise Conflict(f"idempotency key {key!r} was already used for job {first.id!r} with a "
                            "different manifest", details=[{"field": "idempotency_key", "message": "reused"}])
-        if JobState(first["state"]) == JobState.PENDING:
+        if first.state == JobState.PENDING:
             # the first submit may have died between insert and admission; finish it
-            return self._admit(first["_id"], "admitted; waiting for the dispatcher")
+            return self._admit(first.id, "admitted; waiting for the dispatcher")
         return first
 
     def _refuse_if_never_fits(self, team: str, manifest: Manifest) -> None:
@@ -100,13 +102,13 @@ class JobService:
             raise InvalidArgument("; ".join(problems.values()),
                                   details=[{"field": _FIELDS[r], "message": m} for r, m in problems.items()])
 
-    def _admit(self, job_id: str, reason: str) -> dict:
-        doc = self._store.transition(job_id, JobState.QUEUED, reason, ACTOR, only_from=[JobState.PENDING])
-        if doc is None:  # cancelled between insert and admission
-            doc = self._store.find(job_id)
-        if doc is None:
+    def _admit(self, job_id: str, reason: str) -> JobRecord:
+        job = self._lifecycle.move(job_id, JobState.QUEUED, reason, ACTOR, only_from=[JobState.PENDING]).job
+        if job is None:  # cancelled between insert and admission
+            job = self._store.find(job_id)
+        if job is None:
             raise NotFound(f"job {job_id!r} not found")
-        return doc
+        return job
 
     # -- quotas and usage --------------------------------------------------
 
@@ -128,10 +130,10 @@ class JobService:
         """Every team that has a quota or any job, by name."""
         return accounting.reports(self._store.usage_rows(), self._quotas.all(), time.time())
 
-    def get(self, team: str, job_id: str) -> dict:
+    def get(self, team: str, job_id: str) -> JobRecord:
         return self._store.get(team, job_id)
 
-    def list(self, team: str, *, states_filter: list[JobState] | None = None, limit: int = 0) -> list[dict]:
+    def list(self, team: str, *, states_filter: list[JobState] | None = None, limit: int = 0) -> list[JobRecord]:
         if limit < 0:
             raise InvalidArgument("limit must not be negative",
                                   details=[{"field": "limit", "message": "must be >= 0"}])
@@ -142,33 +144,30 @@ class JobService:
         limit = min(limit or DEFAULT_LIMIT, MAX_LIMIT)
         return self._store.list(team, states_filter=states_filter or [], limit=limit)
 
-    def cancel(self, team: str, job_id: str, actor: str) -> dict:
+    def cancel(self, team: str, job_id: str, actor: str) -> JobRecord:
         """Any non-terminal job ends CANCELLED; cancelling it again returns it unchanged."""
-        doc = self._store.get(team, job_id)
+        job = self._store.get(team, job_id)
         reason = f"cancelled by {actor or 'user'}"
-        done = self._store.apply_transition(job_id, JobState.CANCELLED, reason, actor or "user")
-        if done.changed:
-            self._after_change(done.doc)
-            return done.doc
-        current = done.doc or self._store.find(job_id) or doc
-        if JobState(current["state"]) == JobState.CANCELLED:
+        done = self._lifecycle.move(job_id, JobState.CANCELLED, reason, actor or "user")
+        if done.changed and done.job is not None:
+            return done.job
+        current = done.job or self._store.find(job_id) or job
+        if current.state == JobState.CANCELLED:
             return current
-        state = JobState(current["state"]).name.lower()
+        state = current.state.name.lower()
         raise Conflict(f"job {job_id!r} already {state}; only a job that has not ended can be cancelled")
 
-    def halt(self, team: str, job_id: str, actor: str) -> dict:
-        """DEPLOYING/RUNNING -> HALTING and the LCM's halt request; HALTING or HALTED again is a no-op."""
-        doc = self._store.get(team, job_id)
+    def halt(self, team: str, job_id: str, actor: str) -> JobRecord:
+        """DEPLOYING/RUNNING -> HALTING (the RequestHalt rule asks the LCM); HALTING or HALTED again is a no-op."""
+        job = self._store.get(team, job_id)
         who = actor or "user"
-        done = self._store.apply_transition(job_id, JobState.HALTING,
-                                            f"halt requested by {who}; the learners are checkpointing", who,
-                                            attempt=doc["attempt"], only_from=_HALTABLE,
-                                            set_fields={"resumed": False})
-        if done.changed:
-            self._dispatcher.halt(done.doc)
-            return done.doc
-        current = done.doc or self._store.find(job_id) or doc
-        state = JobState(current["state"])
+        done = self._lifecycle.move(job_id, JobState.HALTING,
+                                    f"halt requested by {who}; the learners are checkpointing", who,
+                                    attempt=job.attempt, only_from=_HALTABLE, fields={"resumed": False})
+        if done.changed and done.job is not None:
+            return done.job
+        current = done.job or self._store.find(job_id) or job
+        state = current.state
         if state in (JobState.HALTING, JobState.HALTED):
             return current
         if state in (JobState.PENDING, JobState.QUEUED):
@@ -179,105 +178,77 @@ class JobService:
             why = f"is already {state.name.lower()}; only a deploying or running job can be halted"
         raise Conflict(f"job {job_id!r} {why}")
 
-    def resume(self, team: str, job_id: str, actor: str) -> dict:
+    def resume(self, team: str, job_id: str, actor: str) -> JobRecord:
         """HALTED -> QUEUED as the next attempt, restoring the checkpoint; repeating it is a no-op."""
-        doc = self._store.get(team, job_id)
+        job = self._store.get(team, job_id)
         who = actor or "user"
-        state = JobState(doc["state"])
+        state = job.state
         if state != JobState.HALTED:
-            if doc.get("resumed") and not states.is_terminal(state) and state != JobState.HALTING:
-                return doc  # a retried resume
+            if job.resumed and not states.is_terminal(state) and state != JobState.HALTING:
+                return job  # a retried resume
             raise Conflict(f"job {job_id!r} is {state.name.lower()}; only a halted job can be resumed")
-        step = doc.get("checkpoint_step")
+        step = job.checkpoint_step
         where = f"from its checkpoint at step {step}" if step is not None else "from the start (no checkpoint)"
-        done = self._store.apply_transition(
-            job_id, JobState.QUEUED, f"resumed by {who}; continues {where}", who, attempt=doc["attempt"],
-            only_from=[JobState.HALTED], set_fields=next_attempt(doc, resumed=True))
-        if done.changed:
-            self._dispatcher.wake()
-            return done.doc
+        done = self._lifecycle.move(
+            job_id, JobState.QUEUED, f"resumed by {who}; continues {where}", who, attempt=job.attempt,
+            only_from=[JobState.HALTED], fields=next_attempt(job, resumed=True))
+        if done.changed and done.job is not None:
+            return done.job
         return self.resume(team, job_id, actor)  # lost a race with another resume or a cancel: look again
 
     def report(self, job_id: str, attempt: int, state: JobState, reason: str, actor: str, *,
-               learners: dict[str, dict] | None = None, outputs_uri: str = "",
-               checkpoint_step: int | None = None) -> dict:
+               learners: dict[str, LearnerReport] | None = None, outputs_uri: str = "",
+               checkpoint_step: int | None = None) -> JobRecord:
         """A state seen by the job monitor (or the LCM); stale, repeated and illegal ones change nothing.
 
-        A failed attempt becomes RESTARTING while the manifest allows another
-        restart, and HALTED when the job was halting (what was stored is kept).
+        A failed attempt is offered to the rules (services/trainer/rules.py):
+        RESTARTING while the manifest allows another restart, HALTED when the
+        job was halting (what was stored is kept), else FAILED.
         """
         if state == JobState.JOB_STATE_UNSPECIFIED:
             raise InvalidArgument("state is required", details=[{"field": "state", "message": "required"}])
         before = self._store.find(job_id)
         if before is None:
             raise NotFound(f"job {job_id!r} not found")
-        if attempt and attempt != before["attempt"]:
+        if attempt and attempt != before.attempt:
             log.info("job %s: ignored %s for attempt %d; current attempt is %d", job_id, state.name, attempt,
-                     before["attempt"])
+                     before.attempt)
             return before
-        fields: dict = {}
+        fields: dict[str, Any] = {}
         if learners:
             fields["learners"] = learners
         if outputs_uri:
             fields["outputs_uri"] = outputs_uri
         if checkpoint_step is not None:
             fields["checkpoint_step"] = checkpoint_step
-        if state == JobState.FAILED:
-            state, reason = self._after_failure(before, reason, fields)
-        done = self._store.apply_transition(job_id, state, reason, actor or "monitor",
-                                            attempt=before["attempt"], set_fields=fields)
-        if done.changed:
-            self._after_change(done.doc)
-            return done.doc
-        if done.doc is None:
+        proposal = self._lifecycle.propose(before, Proposal(state, reason, fields,
+                                                            attempt_failed=state == JobState.FAILED))
+        done = self._lifecycle.move(job_id, proposal.to, proposal.reason, actor or "monitor",
+                                    attempt=before.attempt, fields=proposal.fields)
+        if done.changed and done.job is not None:
+            return done.job
+        if done.job is None:
             current = self._store.find(job_id) or before
             log.info("job %s: ignored report %s -> %s (%s): not a legal transition", job_id,
-                     JobState(current["state"]).name, state.name, reason)
+                     current.state.name, proposal.to.name, proposal.reason)
             return current
         # the same state again: only what the monitor saw of the learners may have moved on
-        if fields and any(done.doc.get(k) != v for k, v in fields.items()):
-            return self._store.set_fields(job_id, fields, state=state, attempt=before["attempt"]) or done.doc
-        return done.doc
-
-    @staticmethod
-    def _after_failure(job: dict, reason: str, fields: dict) -> tuple[JobState, str]:
-        """What a failed attempt means for the job: FAILED, RESTARTING (with backoff) or HALTED."""
-        current = JobState(job["state"])
-        if current == JobState.HALTING:
-            return JobState.HALTED, f"halted, but not cleanly: {reason}; resume continues from the last stored checkpoint"
-        policy = parse_manifest(job.get("manifest") or {}).restart
-        done = int(job.get("restarts", 0))
-        if current not in _HALTABLE or done >= policy.max_restarts:
-            if policy.max_restarts:
-                reason = f"{reason}\n(no restarts left: {done} of {policy.max_restarts} used)"
-            return JobState.FAILED, reason
-        delay = min(policy.backoff * 2 ** done, MAX_BACKOFF)
-        fields.update(restarts=done + 1, restart_delay=delay)
-        return JobState.RESTARTING, f"restart {done + 1} of {policy.max_restarts} in {delay:g}s after: {reason}"
-
-    def _after_change(self, doc: dict) -> None:
-        """After a transition: a job that let go of its resources frees room in the queue.
-
-        Whatever left the ACTIVE states (terminal, HALTED, RESTARTING) is marked
-        `cleanup_pending` by the store in the same update; the dispatcher
-        removes its learners and, for RESTARTING, queues the next attempt.
-        """
-        if doc.get("cleanup_pending"):
-            self._dispatcher.clean_up(doc["_id"])
-        self._dispatcher.wake()
+        if any(getattr(done.job, k) != v for k, v in fields.items()):
+            return self._store.set_fields(job_id, fields, state=proposal.to, attempt=before.attempt) or done.job
+        return done.job
 
     def reconcile(self) -> None:
         """After a restart: finish admissions a crash interrupted and resend deployments it may have lost."""
-        for doc in self._store.in_states([JobState.PENDING]):
-            self._store.transition(doc["_id"], JobState.QUEUED, "admitted after a Trainer restart", ACTOR,
-                                   only_from=[JobState.PENDING])
-            log.info("job %s: admitted after restart", doc["_id"])
-        for doc in self._store.in_states([JobState.DEPLOYING]):
-            log.info("job %s: resending deploy of attempt %d after restart", doc["_id"], doc["attempt"])
-            self._dispatcher.deploy(doc)
-        for doc in self._store.in_states([JobState.HALTING]):
-            log.info("job %s: resending the halt of attempt %d after restart", doc["_id"], doc["attempt"])
-            self._dispatcher.halt(doc)
+        for job in self._store.in_states([JobState.PENDING]):
+            self._lifecycle.move(job.id, JobState.QUEUED, "admitted after a Trainer restart", ACTOR,
+                                 only_from=[JobState.PENDING])
+            log.info("job %s: admitted after restart", job.id)
+        for job in self._store.in_states([JobState.DEPLOYING]):
+            log.info("job %s: resending deploy of attempt %d after restart", job.id, job.attempt)
+            self._dispatcher.deploy(job)
+        for job in self._store.in_states([JobState.HALTING]):
+            log.info("job %s: resending the halt of attempt %d after restart", job.id, job.attempt)
+            self._dispatcher.halt(job)
         # cleanups (and the requeue of RESTARTING jobs) are picked up by the dispatcher's passes
         self._dispatcher.wake()
 

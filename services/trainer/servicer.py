@@ -4,63 +4,55 @@ Nothing here decides anything. `job_to_proto` is the one place a stored job
 becomes a `common_pb2.Job`, so every caller sees history and learners in the
 same order; `quota_from_proto` / `usage_to_proto` do the same for quotas,
 where an unset optional field means "no limit" and must stay unset. Domain
-errors become status codes in `rpc.handler`; a MongoDB outage becomes
-UNAVAILABLE here rather than an internal error.
+errors become status codes in `rpc.handler` (the stores already turned a
+MongoDB outage into `Unavailable`, so it is UNAVAILABLE on the wire).
 """
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Iterable
 
 import grpc
 
 from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
-from services.common.adapters.mongo import PyMongoError
-from services.common.errors import InvalidArgument, Unavailable
+from services.common.errors import InvalidArgument
 from services.common.rpc import handler
 from services.common.states import JobState
 from services.trainer.accounting import TeamReport
 from services.trainer.admission import Quota
+from services.trainer.record import JobRecord, LearnerReport
 from services.trainer.service import JobService
-from services.trainer.store import history_entries
 
-F = TypeVar("F", bound=Callable[..., Any])
 Ctx = grpc.ServicerContext
 
 
-def job_to_proto(doc: Mapping) -> common_pb2.Job:
-    """A stored job as the wire sees it: history oldest first, learners by rank, times in unix seconds."""
+def job_to_proto(job: JobRecord) -> common_pb2.Job:
+    """A job as the wire sees it: history oldest first, learners by rank, times in unix seconds."""
     history = [
-        common_pb2.StatusEvent(from_state=e["from"], to_state=e["to"], reason=e.get("reason", ""),
-                               actor=e.get("actor", ""), timestamp=float(e.get("ts", 0.0)))
-        for e in history_entries(doc)
+        common_pb2.StatusEvent(from_state=int(e.from_state), to_state=int(e.to_state), reason=e.reason,
+                               actor=e.actor, timestamp=e.ts)
+        for e in job.history
     ]
     learners = [
-        common_pb2.LearnerStatus(rank=int(s.get("rank", rank)), state=int(s.get("state", 0)),
-                                 exit_code=int(s.get("exit_code") or 0), attempt=int(s.get("attempt", 0)),
-                                 message=s.get("message", ""))
-        for rank, s in sorted((doc.get("learners") or {}).items(), key=lambda kv: int(kv[0]))
+        common_pb2.LearnerStatus(rank=s.rank, state=s.state, exit_code=s.exit_code, attempt=s.attempt,
+                                 message=s.message)
+        for s in sorted(job.learners.values(), key=lambda s: s.rank)
     ]
     return common_pb2.Job(
-        id=doc["_id"], team=doc["team"], name=doc.get("name", ""), state=int(doc["state"]),
-        reason=doc.get("reason", ""), queue_position=int(doc.get("queue_position", 0)),
-        manifest_json=json.dumps(doc.get("manifest", {})), code_uri=doc.get("code_uri", ""),
-        attempt=int(doc.get("attempt", 0)), history=history, learners=learners,
-        created_at=float(doc.get("created_at", 0.0)), updated_at=float(doc.get("updated_at", 0.0)),
-        outputs_uri=doc.get("outputs_uri", ""), submitted_by=doc.get("submitted_by", ""),
-        restarts=int(doc.get("restarts", 0)), not_before=float(doc.get("not_before", 0.0)),
-        checkpoint_step=doc.get("checkpoint_step"),
+        id=job.id, team=job.team, name=job.name, state=int(job.state), reason=job.reason,
+        queue_position=job.queue_position, manifest_json=json.dumps(job.manifest), code_uri=job.code_uri,
+        attempt=job.attempt, history=history, learners=learners, created_at=job.created_at,
+        updated_at=job.updated_at, outputs_uri=job.outputs_uri, submitted_by=job.submitted_by,
+        restarts=job.restarts, not_before=job.not_before, checkpoint_step=job.checkpoint_step,
     )
 
 
-def learners_to_doc(learners: Iterable[common_pb2.LearnerStatus]) -> dict[str, dict]:
-    """Reported learner statuses keyed by rank (a string: stored documents have string keys)."""
+def learners_from_proto(learners: Iterable[common_pb2.LearnerStatus]) -> dict[str, LearnerReport]:
+    """Reported learner statuses keyed by rank (a string: the stored record keys them so)."""
     return {
-        str(s.rank): {"rank": s.rank, "state": int(s.state), "exit_code": s.exit_code, "attempt": s.attempt,
-                      "message": s.message}
+        str(s.rank): LearnerReport(rank=s.rank, state=int(s.state), exit_code=s.exit_code, attempt=s.attempt,
+                                   message=s.message)
         for s in learners
     }
 
@@ -97,84 +89,62 @@ def job_state(value: int, field: str) -> JobState:
                               details=[{"field": field, "message": "unknown job state"}]) from None
 
 
-def _store_errors(fn: F) -> F:
-    @functools.wraps(fn)
-    def wrapper(self: TrainerServicer, request: Any, context: Ctx) -> Any:
-        try:
-            return fn(self, request, context)
-        except PyMongoError as e:
-            raise Unavailable(f"the job store is unavailable: {e}") from None
-
-    return wrapper  # type: ignore[return-value]
-
-
 class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     def __init__(self, service: JobService):
         self._service = service
 
     @handler
-    @_store_errors
     def SubmitJob(self, request: trainer_pb2.SubmitJobRequest, context: Ctx) -> common_pb2.Job:
-        doc = self._service.submit(request.team, request.manifest_json, code_uri=request.code_uri,
+        job = self._service.submit(request.team, request.manifest_json, code_uri=request.code_uri,
                                    submitted_by=request.submitted_by, job_id=request.job_id,
                                    idempotency_key=request.idempotency_key)
-        return job_to_proto(doc)
+        return job_to_proto(job)
 
     @handler
-    @_store_errors
     def GetJob(self, request: trainer_pb2.GetJobRequest, context: Ctx) -> common_pb2.Job:
         return job_to_proto(self._service.get(request.team, request.job_id))
 
     @handler
-    @_store_errors
     def ListJobs(self, request: trainer_pb2.ListJobsRequest, context: Ctx) -> trainer_pb2.ListJobsResponse:
         wanted = [job_state(s, "states") for s in request.states]
-        docs = self._service.list(request.team, states_filter=wanted, limit=request.limit)
-        return trainer_pb2.ListJobsResponse(jobs=[job_to_proto(d) for d in docs])
+        jobs = self._service.list(request.team, states_filter=wanted, limit=request.limit)
+        return trainer_pb2.ListJobsResponse(jobs=[job_to_proto(j) for j in jobs])
 
     @handler
-    @_store_errors
     def CancelJob(self, request: trainer_pb2.CancelJobRequest, context: Ctx) -> common_pb2.Job:
         return job_to_proto(self._service.cancel(request.team, request.job_id, request.actor))
 
     @handler
-    @_store_errors
     def HaltJob(self, request: trainer_pb2.HaltJobRequest, context: Ctx) -> common_pb2.Job:
         return job_to_proto(self._service.halt(request.team, request.job_id, request.actor))
 
     @handler
-    @_store_errors
     def ResumeJob(self, request: trainer_pb2.ResumeJobRequest, context: Ctx) -> common_pb2.Job:
         return job_to_proto(self._service.resume(request.team, request.job_id, request.actor))
 
     @handler
-    @_store_errors
     def ReportJobStatus(self, request: trainer_pb2.ReportJobStatusRequest, context: Ctx) -> common_pb2.Job:
         state = job_state(request.state, "state")
-        learners = learners_to_doc(request.learners)
-        doc = self._service.report(request.job_id, request.attempt, state, request.reason, request.actor,
+        learners = learners_from_proto(request.learners)
+        job = self._service.report(request.job_id, request.attempt, state, request.reason, request.actor,
                                    learners=learners, outputs_uri=request.outputs_uri,
                                    checkpoint_step=request.checkpoint_step
                                    if request.HasField("checkpoint_step") else None)
-        return job_to_proto(doc)
+        return job_to_proto(job)
 
     @handler
-    @_store_errors
     def Health(self, request: trainer_pb2.HealthRequest, context: Ctx) -> trainer_pb2.HealthResponse:
         return trainer_pb2.HealthResponse(status=self._service.health())
 
     @handler
-    @_store_errors
     def SetQuota(self, request: trainer_pb2.SetQuotaRequest, context: Ctx) -> trainer_pb2.TeamUsage:
         report = self._service.set_quota(request.team, quota_from_proto(request.quota), request.actor)
         return usage_to_proto(report)
 
     @handler
-    @_store_errors
     def GetTeamUsage(self, request: trainer_pb2.GetTeamUsageRequest, context: Ctx) -> trainer_pb2.TeamUsage:
         return usage_to_proto(self._service.team_usage(request.team))
 
     @handler
-    @_store_errors
     def ListUsage(self, request: trainer_pb2.ListUsageRequest, context: Ctx) -> trainer_pb2.ListUsageResponse:
         return trainer_pb2.ListUsageResponse(teams=[usage_to_proto(r) for r in self._service.list_usage()])

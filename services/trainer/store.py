@@ -8,6 +8,10 @@ an array: the embedded MongoDB-wire server (nx-27017) corrupts sub-documents
 appended with `$push` (see services/common/adapters/mongo.py).
 
 Documents hold states as JobState ints and times as unix seconds (floats).
+This module is the only one that sees them: every read returns a typed
+`JobRecord` (services/trainer/record.py) and every change is named by the
+record's fields (`_document` and `_record` convert), and every driver error
+leaves it as a domain error (`mapped`, services/common/adapters/mongo.py).
 
 Usage accounting rides on the same atomic updates: entering DEPLOYING
 records `active_since`, and the one transition that takes a job out of the
@@ -29,7 +33,9 @@ import logging
 import secrets
 import time
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+from pydantic import BaseModel
 
 from services.common import states
 from services.common.adapters.mongo import (
@@ -38,12 +44,14 @@ from services.common.adapters.mongo import (
     Database,
     DuplicateKeyError,
     ReturnDocument,
+    mapped,
     ping,
 )
 from services.common.errors import Conflict, NotFound
 from services.common.manifest import Manifest
 from services.common.states import JobState
-from services.trainer.admission import demand
+from services.trainer.admission import Usage, demand
+from services.trainer.record import JobRecord, LearnerReport, StatusEvent
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +64,15 @@ _NOTE_BATCH = 500
 
 
 class AlreadySubmitted(Exception):
-    """An insert lost to an earlier job with the same (team, idempotency key); `doc` is that job."""
+    """An insert lost to an earlier job with the same (team, idempotency key); `job` is that job."""
 
-    def __init__(self, doc: dict):
-        super().__init__(doc["_id"])
-        self.doc = doc
+    def __init__(self, job: JobRecord):
+        super().__init__(job.id)
+        self.job = job
 
 
 class Transition(NamedTuple):
-    doc: dict | None
+    job: JobRecord | None
     # True only for the one call that changed the state.
     changed: bool
 
@@ -74,16 +82,65 @@ def history_key() -> str:
     return f"{time.time_ns():020d}{secrets.token_hex(2)}"
 
 
-def history_entries(doc: Mapping) -> list[dict]:
-    """The job's status history, oldest first."""
+# -- documents <-> records: nowhere else ----------------------------------------
+
+# record field -> document key, where they differ
+_KEYS = {"id": "_id"}
+
+
+def _key(field: str) -> str:
+    return _KEYS.get(field, field)
+
+
+def _value(value: Any) -> Any:
+    """A record's value as a document stores it (states as ints, models as sub-documents)."""
+    if isinstance(value, JobState):
+        return int(value)
+    if isinstance(value, Usage):
+        return value.as_doc()
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, Mapping):
+        return {str(k): _value(v) for k, v in value.items()}
+    return value
+
+
+def _document(fields: Mapping[str, Any]) -> dict:
+    """Record fields (by the record's names) as document fields; a name the record lacks is refused."""
+    unknown = sorted(set(fields) - set(JobRecord.model_fields))
+    if unknown:
+        raise ValueError(f"not fields of a job record: {', '.join(unknown)}")
+    return {_key(name): _value(value) for name, value in fields.items()}
+
+
+def _record(doc: Mapping | None) -> JobRecord | None:
+    if doc is None:
+        return None
     history = doc.get("history") or {}
-    return [history[k] for k in sorted(history)]
+    events = tuple(StatusEvent(from_state=JobState(e["from"]), to_state=JobState(e["to"]),
+                               reason=e.get("reason", ""), actor=e.get("actor", ""), ts=float(e.get("ts", 0.0)))
+                   for e in (history[k] for k in sorted(history)))
+    learners = {str(rank): LearnerReport(**{"rank": int(rank), **s})
+                for rank, s in (doc.get("learners") or {}).items()}
+    plain = {k: v for k, v in doc.items() if k not in ("_id", "history", "learners", "resources", "state")
+             and k in JobRecord.model_fields and v is not None}
+    return JobRecord(id=doc["_id"], state=JobState(doc.get("state", 0)), history=events, learners=learners,
+                     resources=Usage.from_doc(doc.get("resources") or {}), **plain)
+
+
+def _records(docs: Iterable[Mapping]) -> list[JobRecord]:
+    return [r for r in map(_record, docs) if r is not None]
+
+
+def _projection(fields: Iterable[str]) -> dict:
+    return {_key(f): 1 for f in fields}
 
 
 class JobStore:
     def __init__(self, db: Database, collection: str = COLLECTION):
         self._jobs = db[collection]
 
+    @mapped
     def ensure_indexes(self) -> None:
         self._jobs.create_index([("team", ASCENDING), ("created_at", DESCENDING)])
         self._jobs.create_index([("state", ASCENDING)])
@@ -96,8 +153,9 @@ class JobStore:
         """Unavailable when MongoDB cannot be reached."""
         ping(self._jobs.database)
 
+    @mapped
     def insert(self, job_id: str, team: str, manifest: Manifest, *, code_uri: str = "",
-               submitted_by: str = "", idempotency_key: str = "") -> dict:
+               submitted_by: str = "", idempotency_key: str = "") -> JobRecord:
         """Persist a new PENDING job.
 
         AlreadySubmitted when the team already has a job with this
@@ -133,52 +191,59 @@ class JobStore:
         try:
             self._jobs.insert_one(doc)
         except DuplicateKeyError:
+            # the unique index means "submitted before" for a key, "taken" for an id
             first = self.find_by_key(team, idempotency_key) if idempotency_key else None
             if first is not None:
                 raise AlreadySubmitted(first) from None
-            raise Conflict(f"job id {job_id!r} is already taken") from None
-        return doc
+            raise Conflict(f"job id {job_id!r} is already taken",
+                           details=[{"field": "job_id", "message": "already taken"}]) from None
+        return _record(doc)  # type: ignore[return-value]
 
-    def find_by_key(self, team: str, idempotency_key: str) -> dict | None:
+    @mapped
+    def find_by_key(self, team: str, idempotency_key: str) -> JobRecord | None:
         """The team's job submitted with this idempotency key, if any."""
-        return self._jobs.find_one({"team": team, "idempotency_key": idempotency_key})
+        return _record(self._jobs.find_one({"team": team, "idempotency_key": idempotency_key}))
 
-    def find(self, job_id: str) -> dict | None:
+    @mapped
+    def find(self, job_id: str) -> JobRecord | None:
         """Any team's job; for callers that are the platform itself (monitor, LCM, dispatcher)."""
-        return self._jobs.find_one({"_id": job_id})
+        return _record(self._jobs.find_one({"_id": job_id}))
 
-    def get(self, team: str, job_id: str) -> dict:
+    @mapped
+    def get(self, team: str, job_id: str) -> JobRecord:
         """One of a team's jobs. Another team's job is NotFound, exactly like a missing one."""
-        doc = self._jobs.find_one({"_id": job_id, "team": team})
-        if doc is None:
+        job = _record(self._jobs.find_one({"_id": job_id, "team": team}))
+        if job is None:
             raise NotFound(f"job {job_id!r} not found")
-        return doc
+        return job
 
-    def list(self, team: str, *, states_filter: Iterable[JobState] = (), limit: int = 100) -> list[dict]:
+    @mapped
+    def list(self, team: str, *, states_filter: Iterable[JobState] = (), limit: int = 100) -> list[JobRecord]:
         """A team's jobs, newest first."""
         query: dict = {"team": team}
         wanted = [int(s) for s in states_filter]
         if wanted:
             query["state"] = {"$in": wanted}
         cursor = self._jobs.find(query).sort([("created_at", DESCENDING), ("_id", DESCENDING)])
-        return list(cursor.limit(limit))
+        return _records(cursor.limit(limit))
 
-    def in_states(self, wanted: Iterable[JobState], fields: Iterable[str] | None = None) -> list[dict]:
-        """Every team's jobs in these states: only `fields` (and the id), or all but history and learners."""
+    @mapped
+    def in_states(self, wanted: Iterable[JobState], fields: Iterable[str] | None = None) -> list[JobRecord]:
+        """Every team's jobs in these states: only `fields` (and the id, state), or all but history and learners."""
         query = {"state": {"$in": [int(s) for s in wanted]}}
-        projection = {f: 1 for f in fields} if fields is not None else {"history": 0, "learners": 0}
-        return list(self._jobs.find(query, projection))
+        projection = _projection([*fields, "state"]) if fields is not None else {"history": 0, "learners": 0}
+        return _records(self._jobs.find(query, projection))
 
-    def usage_rows(self, team: str | None = None) -> list[dict]:
+    @mapped
+    def usage_rows(self, team: str | None = None) -> list[JobRecord]:
         """What accounting needs of every job (of one team): team, state, resources, times, seconds used."""
         query = {} if team is None else {"team": team}
-        fields = {"team": 1, "state": 1, "resources": 1, "gpu_type": 1, "active_since": 1, "gpu_seconds": 1,
-                  "cpu_seconds": 1}
-        return list(self._jobs.find(query, fields))
+        fields = ("team", "state", "resources", "gpu_type", "active_since", "gpu_seconds", "cpu_seconds")
+        return _records(self._jobs.find(query, _projection(fields)))
 
     def transition(self, job_id: str, to: JobState, reason: str, actor: str, *, attempt: int | None = None,
                    set_fields: Mapping | None = None,
-                   only_from: Iterable[JobState] | None = None) -> dict | None:
+                   only_from: Iterable[JobState] | None = None) -> JobRecord | None:
         """Move a job to `to` if that is legal from its current state; the job after it.
 
         Repeating a transition to the state the job is already in changes
@@ -186,8 +251,9 @@ class JobStore:
         on another attempt, or in a state `to` cannot be entered from.
         """
         return self.apply_transition(job_id, to, reason, actor, attempt=attempt, set_fields=set_fields,
-                                     only_from=only_from).doc
+                                     only_from=only_from).job
 
+    @mapped
     def apply_transition(self, job_id: str, to: JobState, reason: str, actor: str, *,
                          attempt: int | None = None, set_fields: Mapping | None = None,
                          only_from: Iterable[JobState] | None = None) -> Transition:
@@ -202,7 +268,7 @@ class JobStore:
         after it saw the previous winner's state, so history sorts in commit
         order. A lost race re-reads and tries again. `only_from` narrows the
         legal from-states (e.g. admit only a PENDING job, never resume a
-        HALTED one).
+        HALTED one). `set_fields` names record fields.
         """
         allowed = states.allowed_from(to)
         if only_from is not None:
@@ -216,11 +282,11 @@ class JobStore:
                 return Transition(None, False)
             frm = JobState(current["state"])
             if frm == to:
-                return Transition(current, False)
+                return Transition(_record(current), False)
             if frm not in allowed:
                 return Transition(None, False)
             now = time.time()
-            update = {**(set_fields or {}), "state": int(to), "reason": reason, "updated_at": now,
+            update = {**_document(set_fields or {}), "state": int(to), "reason": reason, "updated_at": now,
                       f"history.{history_key()}": _event(frm, to, reason, actor, now)}
             if to != JobState.QUEUED:
                 update["queue_position"] = 0
@@ -238,27 +304,31 @@ class JobStore:
             doc = self._jobs.find_one_and_update({**match, "state": int(frm)}, changes,
                                                  return_document=ReturnDocument.AFTER)
             if doc is not None:
-                return Transition(doc, True)
+                return Transition(_record(doc), True)
         log.warning("job %s: gave up moving to %s after %d lost races", job_id, to.name, _MAX_RACES)
         return Transition(None, False)
 
-    def pending_cleanups(self) -> list[dict]:
-        """Jobs that left the ACTIVE states and whose learners may not be removed yet."""
-        return list(self._jobs.find({"cleanup_pending": True}, {"state": 1, "attempt": 1}))
+    @mapped
+    def pending_cleanups(self) -> list[JobRecord]:
+        """Jobs that left the ACTIVE states and whose learners may not be removed yet (id, state, attempt)."""
+        return _records(self._jobs.find({"cleanup_pending": True}, {"state": 1, "attempt": 1}))
 
+    @mapped
     def cleanup_done(self, job_id: str, attempt: int) -> None:
         """The learners of `attempt` (and any earlier one) are gone."""
         self._jobs.update_one({"_id": job_id, "attempt": attempt}, {"$set": {"cleanup_pending": False}})
 
-    def set_fields(self, job_id: str, fields: Mapping, *, state: JobState,
-                   attempt: int | None = None) -> dict | None:
+    @mapped
+    def set_fields(self, job_id: str, fields: Mapping[str, Any], *, state: JobState,
+                   attempt: int | None = None) -> JobRecord | None:
         """Update non-state fields (queue reason, learners) only while the job is still in `state`."""
         match: dict = {"_id": job_id, "state": int(state)}
         if attempt is not None:
             match["attempt"] = attempt
-        return self._jobs.find_one_and_update(match, {"$set": {**fields, "updated_at": time.time()}},
-                                              return_document=ReturnDocument.AFTER)
+        return _record(self._jobs.find_one_and_update(match, {"$set": {**_document(fields), "updated_at": time.time()}},
+                                                      return_document=ReturnDocument.AFTER))
 
+    @mapped
     def note_queued(self, notes: Iterable[tuple[str, int, str, int]]) -> None:
         """(job, attempt, reason, position) of waiting jobs, each written only while the job still waits.
 

@@ -1,1 +1,1 @@
-"""In-memory stand-ins for the platform's moving parts, for fast unit tests."""
+"""Test doubles of the platform's parts (a backend, a coordinator, the Trainer), in memory, for tests that need one without its servers."""

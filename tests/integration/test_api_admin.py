@@ -22,10 +22,10 @@ from services.api.app import create_app
 from services.api.deps import TenantDep
 from services.api.identity import IdentityStore, Role, key_id_of
 from services.api.ratelimit import RateLimiter
-from services.api.trainer_memory import InMemoryTrainer
 from services.common.adapters.objectstore import LocalStore
 from services.common.settings import ApiSettings
 from services.common.states import JobState
+from tests.fakes.trainer_memory import InMemoryTrainer
 from tests.integration.test_api_app import assert_error_shape
 from tests.servers import serve_app
 

@@ -18,13 +18,13 @@ import pytest
 
 from services.api.app import create_app
 from services.api.identity import IdentityStore, Role, key_id_of
-from services.api.trainer_memory import InMemoryTrainer
 from services.common.adapters.logstore import LogLine
 from services.common.adapters.objectstore import LocalStore
 from services.common.errors import Unavailable
 from services.common.manifest import parse_manifest
 from services.common.settings import ApiSettings
 from services.common.states import JobState
+from tests.fakes.trainer_memory import InMemoryTrainer
 from tests.servers import serve_app
 
 MANIFEST = """

@@ -27,11 +27,11 @@ from schemathesis.specs.openapi.checks import (
 
 from services.api.app import create_app
 from services.api.identity import IdentityStore, Role
-from services.api.trainer_memory import InMemoryTrainer
 from services.common.adapters.logstore import LogStore
 from services.common.adapters.mongo import connect
 from services.common.adapters.objectstore import LocalStore
 from services.common.settings import ApiSettings
+from tests.fakes.trainer_memory import InMemoryTrainer
 from tests.servers import serve_app
 
 # Not among the checks: positive_data_acceptance (a valid-looking request may

@@ -1,4 +1,4 @@
-"""`trainforge down` on a stack of stand-in processes: order, escalation, and leaving others alone."""
+"""The launcher's `down` on a stack of stand-in processes: order, escalation, and leaving others alone."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import textwrap
 import psutil
 import pytest
 
+from services.devstack import launcher
+from services.devstack.components import NAMES, Status
+from services.devstack.procs import stack_processes
 from tests.servers import wait_for
-from trainforge import stack
 
 STAND_IN = textwrap.dedent("""
     import pathlib, signal, sys, time
@@ -64,26 +66,25 @@ def test_down_stops_services_then_learners_then_stores(fake_stack):
     start("controller-0", pid_file=False)
     stubborn = start("learner-stubborn", polite=False, pid_file=False)
     reported = []
-    statuses = stack.down(state, report=reported.append, grace=0.5)
+    statuses = launcher.down(state, report=reported.append, grace=0.5)
     assert statuses == reported
     order = journal.read_text().split()
     assert order == ["api", "trainer", "lcm", "controller-0", "logstore", "mongo", "etcd"]
     by_pid = {s.pid: s for s in statuses}
-    assert by_pid[stubborn.pid].status == "killed"
-    assert {s.name: s.status for s in statuses if s.name in stack.COMPONENTS} == dict.fromkeys(stack.COMPONENTS,
-                                                                                              "stopped")
+    assert by_pid[stubborn.pid].status == Status.KILLED
+    assert {s.name: s.status for s in statuses if s.name in NAMES} == dict.fromkeys(NAMES, Status.STOPPED)
     for proc in procs.values():
         proc.wait(5)
     assert not list((state / "pids").glob("*.pid"))
-    assert not stack.stack_processes(stack_id)
+    assert not stack_processes(stack_id)
 
 
 def test_down_leaves_recycled_pids_and_other_stacks_alone(fake_stack):
     state, stack_id, _, start, procs = fake_stack
     stranger = start("mongo", stack_id="", pid_file=True)  # a pid file whose pid now belongs to someone else
     neighbour = start("other-stack-learner", stack_id="another-stack", pid_file=False)
-    statuses = stack.down(state, grace=0.5)
-    assert {s.name: s.status for s in statuses}["mongo"] == "not running"
+    statuses = launcher.down(state, grace=0.5)
+    assert {s.name: s.status for s in statuses}["mongo"] == Status.NOT_RUNNING
     assert stranger.poll() is None and neighbour.poll() is None
     assert psutil.Process(stranger.pid).status() != psutil.STATUS_ZOMBIE
     assert not (state / "pids" / "mongo.pid").exists()
@@ -91,7 +92,7 @@ def test_down_leaves_recycled_pids_and_other_stacks_alone(fake_stack):
 
 
 def test_down_without_a_stack_is_a_no_op(tmp_path):
-    assert stack.down(tmp_path / "nothing-here") == []
+    assert launcher.down(tmp_path / "nothing-here") == []
     (tmp_path / "empty").mkdir()
-    statuses = [s.status for s in stack.down(tmp_path / "empty")]
-    assert statuses and set(statuses) == {"not running"}, statuses
+    statuses = [s.status for s in launcher.down(tmp_path / "empty")]
+    assert statuses and set(statuses) == {Status.NOT_RUNNING}, statuses

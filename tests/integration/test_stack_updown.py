@@ -1,4 +1,7 @@
-"""`trainforge up` / `down` with the real services, as subprocesses, the way a user runs them."""
+"""`trainforge up` / `down` with the real services, as subprocesses, the way a user runs them.
+
+The CLI runs the launcher (`python -m services.devstack`) as a process; these tests go through the CLI
+and, for `status` and the first key, the launcher itself."""
 
 from __future__ import annotations
 
@@ -10,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import wait_for
-from trainforge import stack
+from services.common.settings import ApiSettings
+from services.devstack import launcher
+from services.devstack.components import NAMES, PORT_NAMES, StackError
+from services.devstack.procs import stack_processes
+from tests.servers import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,6 +31,13 @@ def cli(env, *args, timeout=200):
     return json.loads(proc.stdout)
 
 
+def launcher_json(env, command, state, *args):
+    proc = subprocess.run([sys.executable, "-m", "services.devstack", command, "--state-dir", str(state), *args,
+                           "--json"], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])["result"]
+
+
 def test_up_is_idempotent_and_down_leaves_nothing(tmp_path):
     state = tmp_path / "tf"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "TRAINFORGE_"))}
@@ -33,17 +46,20 @@ def test_up_is_idempotent_and_down_leaves_nothing(tmp_path):
     try:
         first = cli(env, "up")
         stack_ids.append(first["stack_id"])
-        assert [c["name"] for c in first["components"]] == list(stack.COMPONENTS)
+        assert [c["name"] for c in first["components"]] == list(NAMES)
         assert {c["status"] for c in first["components"]} == {"started"}
         assert first["key_created"] and first["team"] == "local"
         meta = json.loads((state / "stack.json").read_text())
         assert meta["stack_id"] == first["stack_id"]
-        for name in stack.COMPONENTS:
+        for name in NAMES:
             assert (state / "pids" / f"{name}.pid").is_file() and (state / "logs" / f"{name}.log").is_file()
         cfg = json.loads((state / "config.json").read_text())
         assert cfg["api_url"] == first["api_url"] and cfg["api_key"].startswith("tf_") and cfg["team"] == "local"
         assert oct((state / "config.json").stat().st_mode & 0o777) == "0o600"
         assert cli(env, "status") == []
+        status = launcher_json(env, "status", state)["components"]
+        assert [(c["name"], c["status"], c["pid"]) for c in status] == \
+            [(c["name"], "running", c["pid"]) for c in first["components"]]
 
         again = cli(env, "up")
         assert {c["status"] for c in again["components"]} == {"running"}
@@ -51,9 +67,9 @@ def test_up_is_idempotent_and_down_leaves_nothing(tmp_path):
         assert [c["pid"] for c in again["components"]] == [c["pid"] for c in first["components"]]
 
         down = cli(env, "down")
-        assert {c["name"]: c["status"] for c in down["components"] if c["name"] in stack.COMPONENTS} == \
-            dict.fromkeys(stack.COMPONENTS, "stopped")
-        wait_for(lambda: not stack.stack_processes(first["stack_id"]), 30, "every stack process to exit")
+        assert {c["name"]: c["status"] for c in down["components"] if c["name"] in NAMES} == \
+            dict.fromkeys(NAMES, "stopped")
+        wait_for(lambda: not stack_processes(first["stack_id"]), 30, "every stack process to exit")
         assert not list((state / "pids").glob("*.pid"))
 
         # a new stack after down keeps the data, so the stored key still works
@@ -64,22 +80,37 @@ def test_up_is_idempotent_and_down_leaves_nothing(tmp_path):
     finally:
         subprocess.run([sys.executable, "-m", "trainforge.cli", "down"], env=env, capture_output=True, timeout=120,
                        cwd=ROOT, check=False)
-    assert not any(stack.stack_processes(s) for s in stack_ids)
+    assert not any(stack_processes(s) for s in stack_ids)
 
 
-@pytest.mark.parametrize("failure", [FileNotFoundError("no such interpreter"),
-                                     subprocess.TimeoutExpired(["python"], 120),
-                                     subprocess.CompletedProcess([], 1, "", "error: no MongoDB\n"),
-                                     subprocess.CompletedProcess([], 0, "not json\n", "")])
+@pytest.mark.parametrize("failure", [RuntimeError("ServerSelectionTimeoutError: 127.0.0.1:1 refused\nmore"),
+                                     ValueError(""), OSError("disk full")])
 def test_a_failing_key_bootstrap_is_a_stack_error(tmp_path, monkeypatch, failure):
-    def run(*args, **kwargs):
-        if isinstance(failure, BaseException):
-            raise failure
-        return failure
+    def bootstrap_key(*args, **kwargs):
+        raise failure
 
-    monkeypatch.setattr(stack.subprocess, "run", run)
-    with pytest.raises(stack.StackError, match="could not create an API key.*services.api.admin bootstrap"):
-        stack._ensure_key(tmp_path, "http://127.0.0.1:1", {})
-    with pytest.raises(stack.StackError, match="--platform-admin --team ops"):
-        stack.bootstrap_admin(tmp_path, "ops")
+    monkeypatch.setattr(launcher, "bootstrap_key", bootstrap_key)
+    monkeypatch.setenv("TF_DEV_MODE", "1")
+    settings = ApiSettings(dev_mode=True)
+    with pytest.raises(StackError, match="could not create an API key for team local") as err:
+        launcher._ensure_key(tmp_path, "http://127.0.0.1:1", settings)
+    assert "\n" not in err.value.message
+    with pytest.raises(StackError, match="could not create an API key for team ops"):
+        launcher.bootstrap_admin(tmp_path, "ops")
     assert not (tmp_path / "config.json").exists()
+
+
+def test_admin_bootstrap_against_an_unreachable_store_is_one_line(tmp_path):
+    """Through the CLI and the launcher process: a stack whose MongoDB is gone gives one clear error."""
+    state = tmp_path / "tf"
+    state.mkdir()
+    ports = {name: free_port() for name in PORT_NAMES}
+    (state / "stack.json").write_text(json.dumps({"stack_id": "gone", "ports": ports}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "TRAINFORGE_"))}
+    env["TF_STATE_DIR"] = str(state)
+    proc = subprocess.run([sys.executable, "-m", "trainforge.cli", "admin", "bootstrap", "--json"], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    message = json.loads(proc.stdout)["error"]["message"]
+    assert message.startswith("could not create an API key for team platform") and f":{ports['mongo']}" in message
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

@@ -12,7 +12,7 @@ from services.common.manifest import parse_manifest
 from services.common.states import JobState
 from services.trainer.admission import Capacity, Usage
 from services.trainer.dispatcher import Dispatcher
-from services.trainer.store import JobStore, history_entries
+from services.trainer.store import JobStore
 from tests.servers import wait_for
 
 GI = 2**30
@@ -80,11 +80,11 @@ def test_a_pass_reserves_what_fits_and_words_the_rest(store):
         assert result.dispatch == ["urgent", "small"]
         wait_for(lambda: sorted(lcm.deploys) == [("small", 1), ("urgent", 1)], 10, "both deploys")
         big = store.find("big")
-        assert (big["state"], big["reason"], big["queue_position"]) == \
+        assert (big.state, big.reason, big.queue_position) == \
             (JobState.QUEUED, "needs 3 CPUs; capacity 4, in use 4", 1)
         never = store.find("never")
-        assert (never["state"], never["reason"]) == (JobState.FAILED, "needs 5 CPUs but the backend has 4")
-        assert history_entries(store.find("urgent"))[-1]["actor"] == "trainer"
+        assert (never.state, never.reason) == (JobState.FAILED, "needs 5 CPUs but the backend has 4")
+        assert store.find("urgent").history[-1].actor == "trainer"
         # a second pass changes nothing: the reservations hold the room
         assert dispatcher.run_once().dispatch == []
     finally:
@@ -101,10 +101,10 @@ def test_killjob_is_retried_until_the_lcm_answers(store):
     lcm = ScriptedLcm(Capacity(Usage(cpus=4, memory=8 * GI, learners=4)), kill_failures=2)
     dispatcher = Dispatcher(store, lcm, kill_backoff=0.01)
     running(store, "j")
-    assert store.transition("j", JobState.CANCELLED, "cancelled", "user")["cleanup_pending"]
+    assert store.transition("j", JobState.CANCELLED, "cancelled", "user").cleanup_pending
     try:
         dispatcher.job_finished("j", "cancelled")
-        wait_for(lambda: not store.find("j")["cleanup_pending"], 10, "the cleanup to be recorded")
+        wait_for(lambda: not store.find("j").cleanup_pending, 10, "the cleanup to be recorded")
     finally:
         dispatcher.stop()
     assert lcm.kill_tries == ["j", "j", "j"]
@@ -118,9 +118,9 @@ def test_a_cleanup_that_ran_out_of_tries_is_picked_up_by_a_later_pass(store):
     try:
         dispatcher.job_finished("j")
         wait_for(lambda: len(lcm.kill_tries) == 2, 10, "the first two KillJobs")
-        assert store.find("j")["cleanup_pending"]
+        assert store.find("j").cleanup_pending
         # the scan of pending cleanups (once a second, after the retry backoff) tries again
-        wait_for(lambda: (dispatcher.run_once(), not store.find("j")["cleanup_pending"])[1], 15,
+        wait_for(lambda: (dispatcher.run_once(), not store.find("j").cleanup_pending)[1], 15,
                  "a pass to finish the cleanup", interval=0.2)
     finally:
         dispatcher.stop()
@@ -163,4 +163,4 @@ def test_a_deploy_waits_for_an_lcm_that_is_restarting(store):
     finally:
         dispatcher.stop()
     assert lcm.deploy_tries == 4
-    assert store.find("j")["state"] == JobState.DEPLOYING
+    assert store.find("j").state == JobState.DEPLOYING

@@ -18,7 +18,7 @@ from services.trainer.admission import Capacity, Usage
 from services.trainer.dispatcher import Dispatcher
 from services.trainer.quotas import QuotaStore
 from services.trainer.service import JobService
-from services.trainer.store import JobStore, history_entries
+from services.trainer.store import JobStore
 from tests.integration.test_trainer_dispatcher import ScriptedLcm
 from tests.servers import wait_for
 
@@ -41,15 +41,15 @@ def trainer(mongo_db, unique):
 
 def submit(service: JobService, **manifest) -> str:
     body = {"name": "train", "command": "python train.py", "learners": 2, **manifest}
-    return service.submit(TEAM, json.dumps(body))["_id"]
+    return service.submit(TEAM, json.dumps(body)).id
 
 
 def state_of(store: JobStore, job_id: str) -> JobState:
-    return JobState(store.find(job_id)["state"])
+    return JobState(store.find(job_id).state)
 
 
 def running(service: JobService, store: JobStore, job_id: str, attempt: int = 1) -> None:
-    wait_for(lambda: store.find(job_id)["attempt"] == attempt and state_of(store, job_id) == JobState.DEPLOYING,
+    wait_for(lambda: store.find(job_id).attempt == attempt and state_of(store, job_id) == JobState.DEPLOYING,
              10, f"attempt {attempt} to deploy")
     service.report(job_id, attempt, JobState.RUNNING, "all 2 learners started", "monitor")
     assert state_of(store, job_id) == JobState.RUNNING
@@ -61,28 +61,28 @@ def test_halt_checkpoints_frees_the_job_and_resume_continues_from_the_checkpoint
     running(service, store, job)
 
     halting = service.halt(TEAM, job, "user:k1")
-    assert JobState(halting["state"]) == JobState.HALTING
-    assert "halt requested by user:k1" in halting["reason"]
+    assert JobState(halting.state) == JobState.HALTING
+    assert "halt requested by user:k1" in halting.reason
     wait_for(lambda: lcm.halts == [(job, 1)], 10, "the LCM's halt request")
-    assert JobState(service.halt(TEAM, job, "user:k1")["state"]) == JobState.HALTING  # again: a no-op
+    assert JobState(service.halt(TEAM, job, "user:k1").state) == JobState.HALTING  # again: a no-op
 
     halted = service.report(job, 1, JobState.HALTED, "all 2 learners halted at step 120", "monitor",
                             checkpoint_step=120)
-    assert (JobState(halted["state"]), halted["checkpoint_step"]) == (JobState.HALTED, 120)
-    wait_for(lambda: not store.find(job)["cleanup_pending"], 10, "the learners to be removed")
+    assert (JobState(halted.state), halted.checkpoint_step) == (JobState.HALTED, 120)
+    wait_for(lambda: not store.find(job).cleanup_pending, 10, "the learners to be removed")
     assert lcm.kill_tries == [job]
     assert service.team_usage(TEAM).active_jobs == 0  # nothing held while halted
 
     resumed = service.resume(TEAM, job, "user:k1")
-    assert (JobState(resumed["state"]), resumed["attempt"]) == (JobState.QUEUED, 2)
-    assert "continues from its checkpoint at step 120" in resumed["reason"]
-    assert service.resume(TEAM, job, "user:k1")["attempt"] == 2  # a retried resume changes nothing
+    assert (JobState(resumed.state), resumed.attempt) == (JobState.QUEUED, 2)
+    assert "continues from its checkpoint at step 120" in resumed.reason
+    assert service.resume(TEAM, job, "user:k1").attempt == 2  # a retried resume changes nothing
     running(service, store, job, attempt=2)
     assert lcm.checkpoint_uris[(job, 2)] == f"store://jobs/{job}/checkpoints/"
     assert lcm.checkpoint_uris[(job, 1)] == ""
     # a late report of the halted attempt is ignored
-    assert JobState(service.report(job, 1, JobState.FAILED, "late", "monitor")["state"]) == JobState.RUNNING
-    path = [(JobState(e["from"]).name, JobState(e["to"]).name) for e in history_entries(store.find(job))]
+    assert JobState(service.report(job, 1, JobState.FAILED, "late", "monitor").state) == JobState.RUNNING
+    path = [(JobState(e.from_state).name, JobState(e.to_state).name) for e in store.find(job).history]
     assert path[-5:] == [("RUNNING", "HALTING"), ("HALTING", "HALTED"), ("HALTED", "QUEUED"),
                          ("QUEUED", "DEPLOYING"), ("DEPLOYING", "RUNNING")]
 
@@ -91,7 +91,7 @@ def test_what_cannot_be_halted_or_resumed_says_why(trainer):
     service, store, lcm = trainer
     job = submit(service, resources={"cpus": 4})  # 2 x 4 CPUs: all the backend has
     waiting = submit(service)
-    wait_for(lambda: "in use 8" in store.find(waiting)["reason"], 10, "the second job to wait")
+    wait_for(lambda: "in use 8" in store.find(waiting).reason, 10, "the second job to wait")
     with pytest.raises(Conflict, match="waiting in the queue"):
         service.halt(TEAM, waiting, "user")
     with pytest.raises(Conflict, match="only a halted job can be resumed"):
@@ -109,9 +109,9 @@ def test_a_failure_while_halting_keeps_what_was_stored(trainer):
     service.halt(TEAM, job, "user")
     doc = service.report(job, 1, JobState.FAILED, "learner 1 lost: its controller stopped renewing its lease",
                          "monitor")
-    assert JobState(doc["state"]) == JobState.HALTED
-    assert "learner 1 lost" in doc["reason"] and "last stored checkpoint" in doc["reason"]
-    assert doc.get("restarts", 0) == 0
+    assert JobState(doc.state) == JobState.HALTED
+    assert "learner 1 lost" in doc.reason and "last stored checkpoint" in doc.reason
+    assert doc.restarts == 0
 
 
 def test_a_failed_attempt_restarts_with_growing_backoff_then_fails(trainer):
@@ -120,25 +120,25 @@ def test_a_failed_attempt_restarts_with_growing_backoff_then_fails(trainer):
     running(service, store, job)
 
     doc = service.report(job, 1, JobState.FAILED, "learner 1 exited with code -9", "monitor")
-    assert JobState(doc["state"]) == JobState.RESTARTING
-    assert doc["reason"].startswith("restart 1 of 2 in 0.3s after: learner 1 exited with code -9")
+    assert JobState(doc.state) == JobState.RESTARTING
+    assert doc.reason.startswith("restart 1 of 2 in 0.3s after: learner 1 exited with code -9")
     wait_for(lambda: state_of(store, job) == JobState.QUEUED, 10, "the next attempt to be queued")
     queued = store.find(job)
-    assert (queued["attempt"], queued["restarts"]) == (2, 1)
-    assert queued["not_before"] > queued["history"][sorted(queued["history"])[-1]]["ts"]
+    assert (queued.attempt, queued.restarts) == (2, 1)
+    assert queued.not_before > queued.history[-1].ts
     assert lcm.kill_tries == [job]  # the failed attempt was removed before the next was queued
     running(service, store, job, attempt=2)
     assert lcm.checkpoint_uris[(job, 2)] == f"store://jobs/{job}/checkpoints/"
 
     doc = service.report(job, 2, JobState.FAILED, "learner 0 lost", "monitor")
-    assert doc["reason"].startswith("restart 2 of 2 in 0.6s after: learner 0 lost")
+    assert doc.reason.startswith("restart 2 of 2 in 0.6s after: learner 0 lost")
     running(service, store, job, attempt=3)
 
     doc = service.report(job, 3, JobState.FAILED, "learner 0 exited with code 1", "monitor")
-    assert JobState(doc["state"]) == JobState.FAILED
-    assert "no restarts left: 2 of 2 used" in doc["reason"]
-    assert doc["restarts"] == 2
-    terminal = [e for e in history_entries(store.find(job)) if JobState(e["to"]) == JobState.FAILED]
+    assert JobState(doc.state) == JobState.FAILED
+    assert "no restarts left: 2 of 2 used" in doc.reason
+    assert doc.restarts == 2
+    terminal = [e for e in store.find(job).history if JobState(e.to_state) == JobState.FAILED]
     assert len(terminal) == 1
 
 
@@ -147,12 +147,12 @@ def test_a_requeued_restart_is_killed_once_and_not_held_back_for_a_cleanup(train
     job = submit(service, restart={"max_restarts": 1, "backoff": "30s"})
     running(service, store, job)
     service.report(job, 1, JobState.FAILED, "learner 0 lost", "monitor")
-    wait_for(lambda: "waiting out the backoff" in store.find(job)["reason"], 10, "the backoff reason")
-    assert not store.find(job)["cleanup_pending"]
+    wait_for(lambda: "waiting out the backoff" in store.find(job).reason, 10, "the backoff reason")
+    assert not store.find(job).cleanup_pending
     time.sleep(1.5)  # past the dispatcher's once-a-second scan of pending cleanups
     doc = store.find(job)
-    assert (JobState(doc["state"]), doc["attempt"], bool(doc["cleanup_pending"])) == (JobState.QUEUED, 2, False)
-    assert "waiting out the backoff" in doc["reason"]
+    assert (JobState(doc.state), doc.attempt, bool(doc.cleanup_pending)) == (JobState.QUEUED, 2, False)
+    assert "waiting out the backoff" in doc.reason
     assert lcm.kill_tries == [job]
 
 
@@ -161,8 +161,8 @@ def test_the_backoff_holds_the_job_back_with_a_reason(trainer):
     job = submit(service, restart={"max_restarts": 1, "backoff": "30s"})
     running(service, store, job)
     service.report(job, 1, JobState.FAILED, "learner 0 lost", "monitor")
-    wait_for(lambda: "waiting out the backoff" in store.find(job)["reason"], 10, "the backoff reason")
+    wait_for(lambda: "waiting out the backoff" in store.find(job).reason, 10, "the backoff reason")
     doc = store.find(job)
-    assert (JobState(doc["state"]), doc["attempt"]) == (JobState.QUEUED, 2)
+    assert (JobState(doc.state), doc.attempt) == (JobState.QUEUED, 2)
     assert (job, 2) not in lcm.deploys
-    assert JobState(service.cancel(TEAM, job, "user")["state"]) == JobState.CANCELLED
+    assert JobState(service.cancel(TEAM, job, "user").state) == JobState.CANCELLED

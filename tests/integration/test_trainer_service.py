@@ -316,7 +316,7 @@ def test_restart_admits_jobs_left_pending(mongo_server, mongo_db, unique, tmp_pa
     try:
         wait_for(lambda: fake_lcm.deployed() == ["orphan"], 10, "the orphan to be deployed")
         doc = store.find("orphan")
-        assert doc["state"] == JobState.DEPLOYING
+        assert doc.state == JobState.DEPLOYING
     finally:
         trainer.stop(grace=0)
 

@@ -9,7 +9,9 @@ import pytest
 from services.common.errors import Conflict, NotFound
 from services.common.manifest import parse_manifest
 from services.common.states import JobState
-from services.trainer.store import JobStore, history_entries
+from services.trainer.admission import Usage
+from services.trainer.record import JobRecord, LearnerReport
+from services.trainer.store import JobStore
 
 MANIFEST = parse_manifest({"name": "mnist", "command": "python train.py", "learners": 2,
                            "resources": {"gpus": 1, "cpus": 2, "memory": "4Gi"}, "priority": "high"})
@@ -23,7 +25,7 @@ def store(mongo_db, unique) -> JobStore:
     return s
 
 
-def queued(store: JobStore, job_id: str = "j1", team: str = "t") -> dict:
+def queued(store: JobStore, job_id: str = "j1", team: str = "t") -> JobRecord:
     store.insert(job_id, team, MANIFEST, code_uri="store://jobs/j1/code.tar.gz", submitted_by="k1")
     return store.transition(job_id, JobState.QUEUED, "admitted", "trainer")
 
@@ -44,16 +46,19 @@ def race(n: int, fn) -> list:
     return results
 
 
-def test_insert_stores_a_pending_job_with_its_first_history_entry(store):
+def test_insert_stores_a_pending_job_with_its_first_history_entry(store, mongo_db, unique):
     store.insert("j1", "t", MANIFEST, code_uri="store://c", submitted_by="k1")
     doc = store.get("t", "j1")
-    assert doc["state"] == JobState.PENDING and type(doc["state"]) is int
-    assert (doc["attempt"], doc["priority"], doc["queue_position"]) == (1, 2, 0)
-    assert doc["resources"] == {"gpus": 2, "cpus": 4.0, "memory": 8 * 2**30, "learners": 2}
-    assert doc["manifest"]["resources"]["memory"] == 4 * 2**30
-    assert (doc["team"], doc["name"], doc["code_uri"]) == ("t", "mnist", "store://c")
-    assert doc["submitted_by"] == "k1"
-    assert [(e["from"], e["to"], e["actor"]) for e in history_entries(doc)] == [(0, JobState.PENDING, "k1")]
+    assert isinstance(doc, JobRecord) and doc.state == JobState.PENDING
+    stored = mongo_db[f"jobs_{unique}"].find_one({"_id": "j1"})
+    assert type(stored["state"]) is int  # the document keeps the int; the record the enum
+    assert stored["resources"] == {"gpus": 2, "cpus": 4.0, "memory": 8 * 2**30, "learners": 2}
+    assert (doc.attempt, doc.priority, doc.queue_position) == (1, 2, 0)
+    assert doc.resources == Usage(gpus=2, cpus=4.0, memory=8 * 2**30, learners=2)
+    assert doc.manifest["resources"]["memory"] == 4 * 2**30
+    assert (doc.team, doc.name, doc.code_uri) == ("t", "mnist", "store://c")
+    assert doc.submitted_by == "k1"
+    assert [(e.from_state, e.to_state, e.actor) for e in doc.history] == [(0, JobState.PENDING, "k1")]
 
 
 def test_insert_refuses_a_taken_id(store):
@@ -66,15 +71,15 @@ def test_transition_records_history_with_reason_and_actor(store):
     queued(store)
     doc = store.transition("j1", JobState.DEPLOYING, "resources reserved", "trainer", attempt=1)
     doc = store.transition("j1", JobState.CANCELLED, "cancelled by user:alice", "user:alice")
-    assert doc["state"] == JobState.CANCELLED and doc["reason"] == "cancelled by user:alice"
-    steps = [(e["from"], e["to"], e["reason"], e["actor"]) for e in history_entries(doc)]
+    assert doc.state == JobState.CANCELLED and doc.reason == "cancelled by user:alice"
+    steps = [(e.from_state, e.to_state, e.reason, e.actor) for e in doc.history]
     assert steps == [
         (JobState.JOB_STATE_UNSPECIFIED, JobState.PENDING, "submitted", "k1"),
         (JobState.PENDING, JobState.QUEUED, "admitted", "trainer"),
         (JobState.QUEUED, JobState.DEPLOYING, "resources reserved", "trainer"),
         (JobState.DEPLOYING, JobState.CANCELLED, "cancelled by user:alice", "user:alice"),
     ]
-    stamps = [e["ts"] for e in history_entries(doc)]
+    stamps = [e.ts for e in doc.history]
     assert stamps == sorted(stamps)
 
 
@@ -82,18 +87,18 @@ def test_exactly_one_of_many_racing_writers_wins(store):
     queued(store)
     results = race(20, lambda i: store.apply_transition("j1", JobState.DEPLOYING, f"writer {i}", "trainer"))
     assert sum(r.changed for r in results) == 1
-    assert all(r.doc is not None and r.doc["state"] == JobState.DEPLOYING for r in results)
+    assert all(r.job is not None and r.job.state == JobState.DEPLOYING for r in results)
     doc = store.find("j1")
-    assert [e["to"] for e in history_entries(doc)].count(JobState.DEPLOYING) == 1
+    assert [e.to_state for e in doc.history].count(JobState.DEPLOYING) == 1
 
 
 def test_racing_different_transitions_keep_history_a_chain(store):
     queued(store)
     targets = [JobState.DEPLOYING, JobState.CANCELLED, JobState.FAILED, JobState.RUNNING]
     race(20, lambda i: store.transition("j1", targets[i % 4], f"writer {i}", "trainer"))
-    entries = history_entries(store.find("j1"))
-    assert all(prev["to"] == nxt["from"] for prev, nxt in zip(entries, entries[1:], strict=False))
-    assert entries[-1]["to"] == store.find("j1")["state"]
+    entries = store.find("j1").history
+    assert all(prev.to_state == nxt.from_state for prev, nxt in zip(entries, entries[1:], strict=False))
+    assert entries[-1].to_state == store.find("j1").state
 
 
 def test_repeating_a_transition_changes_nothing(store):
@@ -101,7 +106,7 @@ def test_repeating_a_transition_changes_nothing(store):
     first = store.transition("j1", JobState.DEPLOYING, "reserved", "trainer")
     again = store.apply_transition("j1", JobState.DEPLOYING, "reserved again", "someone")
     assert not again.changed
-    assert again.doc == first
+    assert again.job == first
 
 
 def test_an_illegal_transition_is_refused_and_leaves_no_trace(store):
@@ -110,13 +115,13 @@ def test_an_illegal_transition_is_refused_and_leaves_no_trace(store):
     assert store.find("j1") == before
     store.transition("j1", JobState.CANCELLED, "stop", "user")
     assert store.transition("j1", JobState.QUEUED, "back", "trainer") is None
-    assert store.find("j1")["state"] == JobState.CANCELLED
+    assert store.find("j1").state == JobState.CANCELLED
 
 
 def test_transition_of_another_attempt_or_a_missing_job_is_refused(store):
     queued(store)
     assert store.transition("j1", JobState.DEPLOYING, "old", "trainer", attempt=2) is None
-    assert store.find("j1")["state"] == JobState.QUEUED
+    assert store.find("j1").state == JobState.QUEUED
     assert store.transition("nope", JobState.CANCELLED, "x", "user") is None
 
 
@@ -124,21 +129,21 @@ def test_transition_sets_fields_with_the_state_and_clears_the_queue_position(sto
     queued(store)
     store.set_fields("j1", {"reason": "needs 2 GPUs; capacity 2, in use 2", "queue_position": 3},
                      state=JobState.QUEUED)
-    assert store.find("j1")["queue_position"] == 3
+    assert store.find("j1").queue_position == 3
     doc = store.transition("j1", JobState.DEPLOYING, "reserved", "trainer",
-                           set_fields={"learners": {"0": {"rank": 0, "state": 1}}})
-    assert (doc["queue_position"], doc["learners"]) == (0, {"0": {"rank": 0, "state": 1}})
+                           set_fields={"learners": {"0": LearnerReport(rank=0, state=1)}})
+    assert (doc.queue_position, doc.learners) == (0, {"0": LearnerReport(rank=0, state=1)})
 
 
 def test_cleanup_pending_is_set_on_entering_restarting_and_left_to_the_dispatcher_on_leaving(store):
     queued(store)
     store.transition("j1", JobState.DEPLOYING, "reserved", "trainer")
-    assert store.transition("j1", JobState.RESTARTING, "restart 1 of 1", "trainer")["cleanup_pending"]
+    assert store.transition("j1", JobState.RESTARTING, "restart 1 of 1", "trainer").cleanup_pending
     # the dispatcher's requeue after its KillJob clears the flag in the same update
     doc = store.transition("j1", JobState.QUEUED, "queued as attempt 2", "trainer",
                            set_fields={"attempt": 2, "cleanup_pending": False})
-    assert (doc["state"], doc["attempt"]) == (JobState.QUEUED, 2)
-    assert not doc["cleanup_pending"]
+    assert (doc.state, doc.attempt) == (JobState.QUEUED, 2)
+    assert not doc.cleanup_pending
     assert store.pending_cleanups() == []
 
 
@@ -146,15 +151,15 @@ def test_leaving_restarting_before_the_kill_keeps_cleanup_pending(store):
     queued(store)
     store.transition("j1", JobState.DEPLOYING, "reserved", "trainer")
     store.transition("j1", JobState.RESTARTING, "restart 1 of 1", "trainer")
-    assert store.transition("j1", JobState.CANCELLED, "cancelled", "user")["cleanup_pending"]
-    assert [d["_id"] for d in store.pending_cleanups()] == ["j1"]
+    assert store.transition("j1", JobState.CANCELLED, "cancelled", "user").cleanup_pending
+    assert [d.id for d in store.pending_cleanups()] == ["j1"]
 
 
 def test_set_fields_only_while_in_the_named_state(store):
     queued(store)
     store.transition("j1", JobState.CANCELLED, "stop", "user")
     assert store.set_fields("j1", {"reason": "late queue update"}, state=JobState.QUEUED) is None
-    assert store.find("j1")["reason"] == "stop"
+    assert store.find("j1").reason == "stop"
 
 
 def test_another_teams_job_is_not_found_like_a_missing_one(store):
@@ -171,7 +176,27 @@ def test_list_is_newest_first_scoped_and_filtered(store):
         queued(store, job_id)
     queued(store, "x", team="other")
     store.transition("b", JobState.CANCELLED, "stop", "user")
-    assert [d["_id"] for d in store.list("t")] == ["c", "b", "a"]
-    assert [d["_id"] for d in store.list("t", limit=2)] == ["c", "b"]
-    assert [d["_id"] for d in store.list("t", states_filter=[JobState.QUEUED])] == ["c", "a"]
-    assert sorted(d["_id"] for d in store.in_states([JobState.QUEUED])) == ["a", "c", "x"]
+    assert [d.id for d in store.list("t")] == ["c", "b", "a"]
+    assert [d.id for d in store.list("t", limit=2)] == ["c", "b"]
+    assert [d.id for d in store.list("t", states_filter=[JobState.QUEUED])] == ["c", "a"]
+    assert sorted(d.id for d in store.in_states([JobState.QUEUED])) == ["a", "c", "x"]
+
+
+def test_a_record_reads_history_in_key_order_and_learners_typed(store, mongo_db, unique):
+    queued(store)
+    scrambled = {
+        "00000000000000000003aaaa": {"from": 1, "to": 2, "reason": "admitted", "actor": "trainer", "ts": 3.0},
+        "00000000000000000001aaaa": {"from": 0, "to": 1, "reason": "submitted", "actor": "k1", "ts": 1.0},
+    }
+    mongo_db[f"jobs_{unique}"].update_one({"_id": "j1"}, {"$set": {
+        "history": scrambled, "learners": {"1": {"rank": 1, "state": 2, "exit_code": 0, "attempt": 1}}}})
+    job = store.find("j1")
+    assert [(e.from_state, e.to_state, e.ts) for e in job.history] == [
+        (JobState.JOB_STATE_UNSPECIFIED, JobState.PENDING, 1.0), (JobState.PENDING, JobState.QUEUED, 3.0)]
+    assert job.learners == {"1": LearnerReport(rank=1, state=2, attempt=1)}
+
+
+def test_a_change_must_name_record_fields(store):
+    queued(store)
+    with pytest.raises(ValueError, match="not fields of a job record: bogus"):
+        store.set_fields("j1", {"bogus": 1}, state=JobState.QUEUED)

@@ -11,11 +11,11 @@ from click.testing import CliRunner
 
 from services.api.app import create_app
 from services.api.identity import IdentityStore, Role
-from services.api.trainer_memory import InMemoryTrainer
 from services.common.adapters.logstore import LogLine
 from services.common.adapters.objectstore import LocalStore
 from services.common.settings import ApiSettings
 from services.common.states import JobState
+from tests.fakes.trainer_memory import InMemoryTrainer
 from tests.servers import serve_app, wait_for
 from trainforge import config
 from trainforge.cli import main

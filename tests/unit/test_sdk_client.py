@@ -11,11 +11,11 @@ import pytest
 
 from services.api.app import create_app
 from services.api.identity import IdentityStore, Role
-from services.api.trainer_memory import InMemoryTrainer
 from services.common.adapters.logstore import LogLine
 from services.common.adapters.objectstore import LocalStore
 from services.common.settings import ApiSettings
 from services.common.states import JobState
+from tests.fakes.trainer_memory import InMemoryTrainer
 from tests.servers import free_port, serve_app, wait_for
 from trainforge.sdk import ApiError, Client, ClientError, WaitTimeout, pack_code
 
@@ -195,3 +195,25 @@ def test_a_429_is_waited_out_and_retried_then_reported(monkeypatch):
     assert err.value.status == 429
     # every attempt is made, but there is no wait after the last one
     assert len(seen) == 3 + sdk.RATE_LIMIT_RETRIES and len(waits) == 2 + sdk.RATE_LIMIT_RETRIES - 1
+
+
+@pytest.mark.parametrize(("retry_after", "waited"), [("3", 3.0), ("soon", 1.0), ("999", 10.0), ("0", 0.05), (None, 1.0)])
+def test_a_429_waits_what_retry_after_asks_within_bounds(monkeypatch, retry_after, waited):
+    import httpx
+
+    from trainforge import sdk
+
+    waits: list[float] = []
+    monkeypatch.setattr(sdk.time, "sleep", waits.append)
+    answers = iter([429, 200])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if next(answers) == 429:
+            headers = {"Retry-After": retry_after} if retry_after is not None else {}
+            return httpx.Response(429, headers=headers, json={"code": "resource_exhausted", "message": "slow down",
+                                                              "details": []})
+        return httpx.Response(200, json={"id": "j-1", "state": "queued"})
+
+    client = Client("http://api.invalid", "k", transport=httpx.MockTransport(handler))
+    assert client.get("j-1")["state"] == "queued"
+    assert waits == [waited]

@@ -10,6 +10,7 @@ from services.common.manifest import parse_manifest
 from services.common.states import JobState
 from services.trainer import accounting, quotas
 from services.trainer.admission import Quota, TeamUse, Usage
+from services.trainer.record import JobRecord
 from services.trainer.servicer import quota_from_proto, quota_to_proto, usage_to_proto
 
 GI = 2**30
@@ -51,10 +52,10 @@ def test_usage_sets_every_in_use_field():
 
 
 def row(team: str, state: JobState, *, gpus: int = 0, cpus: float = 1.0, gpu_type: str = "",
-        active_since: float | None = None, gpu_seconds: float = 0.0, cpu_seconds: float = 0.0) -> dict:
-    return {"team": team, "state": int(state), "resources": {"gpus": gpus, "cpus": cpus, "memory": GI, "learners": 1},
-            "gpu_type": gpu_type, "active_since": active_since, "gpu_seconds": gpu_seconds,
-            "cpu_seconds": cpu_seconds}
+        active_since: float | None = None, gpu_seconds: float = 0.0, cpu_seconds: float = 0.0) -> JobRecord:
+    return JobRecord(id=f"{team}-{state.name}", team=team, state=state, resources=Usage(gpus, cpus, GI, 1),
+                     gpu_type=gpu_type, active_since=active_since, gpu_seconds=gpu_seconds,
+                     cpu_seconds=cpu_seconds)
 
 
 def test_reports_tally_holdings_queues_and_seconds_per_team():

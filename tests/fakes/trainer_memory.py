@@ -1,13 +1,13 @@
 """An in-memory twin of the Trainer, for running the API without the rest of the platform.
 
-Tests of the API, the SDK and the CLI use it, and so can someone working on
-the dashboard. It keeps the parts of the Trainer's contract the API relies
-on: team scoping (another team's job is NOT_FOUND), newest-first listing,
-state filters, legal transitions from services.common.states, a status
-history, and team quotas with usage (what the team's active jobs hold, its
-queue). It does not admit, queue or run anything, and it does not enforce
-quotas; `report()` moves a job the way the job monitor's ReportJobStatus
-would.
+Tests of the API, the SDK and the CLI use it; it lives under tests/ so no
+test twin ships in the production package. It keeps the parts of the
+Trainer's contract the API relies on: team scoping (another team's job is
+NOT_FOUND), newest-first listing, state filters, legal transitions from
+services.common.states, a status history, and team quotas with usage (what
+the team's active jobs hold, its queue). It does not admit, queue or run
+anything, and it does not enforce quotas; `report()` moves a job the way
+the job monitor's ReportJobStatus would.
 """
 
 from __future__ import annotations

