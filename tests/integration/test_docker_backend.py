@@ -1,0 +1,170 @@
+"""The docker backend on a real Docker engine, through the whole embedded stack (`trainforge up`, API, CLI).
+
+The engine is private to this module (tests/engine.py: dockerd from
+tools/engine/setup.sh's cache, on its own socket, stopped by PID). If it
+cannot be set up the module's tests FAIL with the reason; they never skip.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+
+from services.common.adapters.docker_engine import Engine
+from tests.e2e.test_embedded_stack import cli_json, run_cli, stack_processes, wait_terminal
+from tests.e2e.test_halt_resume import assert_bitwise_equal, example, model_of
+from tests.engine import NUMPY_IMAGE, Daemon, start_engine
+from tests.servers import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    d = start_engine()  # raises EngineUnavailable with the reason: the tier fails, it does not skip
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def docker_stack(daemon: Daemon, tmp_path_factory):
+    state = tmp_path_factory.mktemp("tf-docker-state")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "TRAINFORGE_", "DOCKER_"))}
+    env.update(TF_STATE_DIR=str(state), PYTHONUNBUFFERED="1", TF_BACKEND="docker", TF_DOCKER_URL=daemon.url)
+    run_cli(env, "up", timeout=180)
+    stack_id = (state / "stack.json").read_text()
+    yield env, state, stack_id
+    run_cli(env, "down", timeout=120, check=False)
+
+
+def ours(engine: Engine, job_id: str) -> list:
+    return engine.containers({"tf.job": job_id})
+
+
+def write_job(tmp_path: Path, name: str, script: str, manifest: str) -> Path:
+    work = tmp_path / name
+    work.mkdir()
+    (work / "job.py").write_text(script)
+    (work / "manifest.yaml").write_text(f"name: {name}\ncode: .\n{manifest}")
+    return work / "manifest.yaml"
+
+
+def test_the_example_ddp_job_completes_in_containers(docker_stack, daemon, tmp_path):
+    env, state, _ = docker_stack
+    manifest = example(tmp_path, "mnist-docker")
+    job_id = cli_json(env, "submit", str(manifest))["id"]
+    seen: set[str] = set()
+
+    def running_containers():
+        found = ours(daemon.engine, job_id)
+        seen.update(c.name for c in found)
+        return len(found) == 2 and found
+
+    found = wait_for(running_containers, 120, "the job's two containers")
+    assert {c.labels["tf.rank"] for c in found} == {"0", "1"}
+    assert all(c.labels["tf.job"] == job_id and c.labels["tf.attempt"] == "1" and c.labels["tf.team"]
+               for c in found)
+    assert all(c.memory == 2 * 2**30 and c.nano_cpus == 10**9 for c in found)
+    job = wait_terminal(env, job_id, 400)
+    assert job["state"] == "completed", job
+    assert model_of(state, job_id)
+    assert ours(daemon.engine, job_id) == [] and not daemon.engine.networks({"tf.job": job_id})
+
+
+def test_a_script_importing_a_library_only_its_image_has_runs(docker_stack, tmp_path):
+    env, _, _ = docker_stack
+    script = "import numpy\nprint('numpy', numpy.__version__, int(numpy.arange(5).sum()))\n"
+    manifest = write_job(tmp_path, "needs-numpy", script,
+                         f"image: {NUMPY_IMAGE}\ncommand: python job.py\nresources: {{cpus: 0.5, memory: 512Mi}}\n")
+    job_id = cli_json(env, "submit", str(manifest))["id"]
+    job = wait_terminal(env, job_id, 180)
+    assert job["state"] == "completed", job
+    lines = [line["line"] for line in cli_json(env, "logs", job_id)["lines"]]
+    assert any(line.startswith("numpy 2.") and line.endswith(" 10") for line in lines), lines
+
+
+def test_a_missing_image_fails_the_job_naming_it(docker_stack, tmp_path):
+    env, _, _ = docker_stack
+    manifest = write_job(tmp_path, "no-image", "print(1)\n", "image: nosuch/image:1\ncommand: python job.py\n")
+    job = wait_terminal(env, cli_json(env, "submit", str(manifest))["id"], 120)
+    assert job["state"] == "failed" and "image nosuch/image:1 not found" in job["reason"], job
+
+
+def test_a_memory_hog_is_stopped_at_its_limit_with_a_clear_reason(docker_stack, daemon, tmp_path):
+    env, _, _ = docker_stack
+    hog = "blocks = []\nwhile True:\n    blocks.append(bytearray(16 * 2**20))\n"
+    manifest = write_job(tmp_path, "memory-hog", hog, "command: python job.py\nresources: {memory: 256Mi}\n")
+    job_id = cli_json(env, "submit", str(manifest))["id"]
+    job = wait_terminal(env, job_id, 180)
+    assert job["state"] == "failed", job
+    assert "OOM-killed" in job["reason"] and "memory limit of 256Mi" in job["reason"], job
+    assert ours(daemon.engine, job_id) == []
+
+
+def test_halt_then_resume_ends_with_the_model_of_an_uninterrupted_run(docker_stack, daemon, tmp_path):
+    env, state, _ = docker_stack
+    reference = cli_json(env, "submit", str(example(tmp_path / "a", "mnist-ref", interval="5s")))["id"]
+    job_id = cli_json(env, "submit", str(example(tmp_path / "b", "mnist-halted", interval="5s")))["id"]
+    wait_for(lambda: "checkpoint" in " ".join(
+        line["line"] for line in cli_json(env, "logs", job_id)["lines"]).lower(), 240, "a first checkpoint",
+        interval=1.0)
+    run_cli(env, "halt", job_id)
+    wait_for(lambda: cli_json(env, "status", job_id)["state"] == "halted", 120, "the job to halt", interval=1.0)
+    assert ours(daemon.engine, job_id) == []
+    run_cli(env, "resume", job_id)
+    for job in (reference, job_id):
+        done = wait_terminal(env, job, 500)
+        assert done["state"] == "completed", done
+    assert_bitwise_equal(model_of(state, reference), model_of(state, job_id))
+
+
+def test_a_learner_container_killed_with_sigkill_restarts_from_its_checkpoint(docker_stack, daemon, tmp_path):
+    env, _, _ = docker_stack
+    job_id = cli_json(env, "submit", str(example(tmp_path, "mnist-sigkill", interval="5s")))["id"]
+    wait_for(lambda: "checkpoint" in " ".join(
+        line["line"] for line in cli_json(env, "logs", job_id)["lines"]).lower(), 240, "a first checkpoint",
+        interval=1.0)
+    victim = next(c for c in ours(daemon.engine, job_id) if c.labels["tf.rank"] == "1")
+    assert daemon.engine.signal(victim.id, "SIGKILL")
+    job = wait_terminal(env, job_id, 500)
+    assert job["state"] == "completed", job
+    text = "\n".join(line["line"] for line in cli_json(env, "logs", job_id)["lines"])
+    assert "killed by SIGKILL" in text
+    assert "restored the checkpoint at step" in text
+
+
+def test_an_lcm_killed_during_a_run_adopts_its_containers(docker_stack, daemon, tmp_path):
+    env, _, stack_id = docker_stack
+    job_id = cli_json(env, "submit", str(example(tmp_path, "mnist-adopt")))["id"]
+    before = wait_for(lambda: len(c := ours(daemon.engine, job_id)) == 2 and c, 120, "two containers")
+    lcm = next(p for p in stack_processes(stack_id.strip() and _stack_id(stack_id))
+               if "services.lcm" in " ".join(p.cmdline()))
+    lcm.send_signal(signal.SIGKILL)
+    psutil.wait_procs([lcm], 10)
+    run_cli(env, "up", timeout=180)  # starts what is missing: a new LCM on the same state
+    job = wait_terminal(env, job_id, 500)
+    assert job["state"] == "completed", job
+    assert job["attempt"] == 1, "the job was redeployed instead of adopted"
+    assert {c.id for c in before} and ours(daemon.engine, job_id) == []
+
+
+def test_down_leaves_no_container_or_network_behind(docker_stack, daemon, tmp_path):
+    env, _, stack_id = docker_stack
+    job_id = cli_json(env, "submit", str(example(tmp_path, "mnist-down")))["id"]
+    wait_for(lambda: len(ours(daemon.engine, job_id)) == 2, 120, "two containers")
+    run_cli(env, "down", timeout=120)
+    sid = _stack_id(stack_id)
+    assert daemon.engine.containers({"tf.stack": sid}) == []
+    assert daemon.engine.networks({"tf.stack": sid}) == []
+    assert daemon.engine.volumes({}) == []
+    run_cli(env, "up", timeout=180)
+
+
+def _stack_id(stack_json: str) -> str:
+    import json
+
+    return json.loads(stack_json)["stack_id"]
