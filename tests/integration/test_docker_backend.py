@@ -16,7 +16,7 @@ import pytest
 
 from services.common.adapters.docker_engine import Engine
 from tests.e2e.test_embedded_stack import cli_json, run_cli, stack_processes, wait_terminal
-from tests.e2e.test_halt_resume import assert_bitwise_equal, example, model_of
+from tests.e2e.test_halt_resume import assert_bitwise_equal, example, log_text, model_of
 from tests.engine import NUMPY_IMAGE, Daemon, start_engine
 from tests.servers import wait_for
 
@@ -53,26 +53,27 @@ def write_job(tmp_path: Path, name: str, script: str, manifest: str) -> Path:
     return work / "manifest.yaml"
 
 
-def test_the_example_ddp_job_completes_in_containers(docker_stack, daemon, tmp_path):
+@pytest.fixture(scope="module")
+def reference(docker_stack, daemon, tmp_path_factory):
+    """The example DDP job, uninterrupted, in containers: its final model (what the other runs must end with)."""
     env, state, _ = docker_stack
-    manifest = example(tmp_path, "mnist-docker")
-    job_id = cli_json(env, "submit", str(manifest))["id"]
-    seen: set[str] = set()
-
-    def running_containers():
-        found = ours(daemon.engine, job_id)
-        seen.update(c.name for c in found)
-        return len(found) == 2 and found
-
-    found = wait_for(running_containers, 120, "the job's two containers")
+    job_id = cli_json(env, "submit", str(example(tmp_path_factory.mktemp("ref"), "mnist-docker")))["id"]
+    found = wait_for(lambda: len(c := ours(daemon.engine, job_id)) == 2 and c, 120, "the job's two containers")
     assert {c.labels["tf.rank"] for c in found} == {"0", "1"}
     assert all(c.labels["tf.job"] == job_id and c.labels["tf.attempt"] == "1" and c.labels["tf.team"]
                for c in found)
     assert all(c.memory == 2 * 2**30 and c.nano_cpus == 10**9 for c in found)
     job = wait_terminal(env, job_id, 400)
     assert job["state"] == "completed", job
-    assert model_of(state, job_id)
-    assert ours(daemon.engine, job_id) == [] and not daemon.engine.networks({"tf.job": job_id})
+    return job_id, model_of(state, job_id)
+
+
+def test_the_example_ddp_job_completes_in_containers(reference, daemon):
+    job_id, model = reference
+    assert model
+    # the Trainer's clean-up (KillJob) of a finished job removes its network
+    wait_for(lambda: ours(daemon.engine, job_id) == [] and not daemon.engine.networks({"tf.job": job_id}), 60,
+             "the containers and the network to be removed")
 
 
 def test_a_script_importing_a_library_only_its_image_has_runs(docker_stack, tmp_path):
@@ -105,36 +106,35 @@ def test_a_memory_hog_is_stopped_at_its_limit_with_a_clear_reason(docker_stack, 
     assert ours(daemon.engine, job_id) == []
 
 
-def test_halt_then_resume_ends_with_the_model_of_an_uninterrupted_run(docker_stack, daemon, tmp_path):
+def test_halt_then_resume_ends_with_the_model_of_an_uninterrupted_run(docker_stack, daemon, reference, tmp_path):
     env, state, _ = docker_stack
-    reference = cli_json(env, "submit", str(example(tmp_path / "a", "mnist-ref", interval="5s")))["id"]
-    job_id = cli_json(env, "submit", str(example(tmp_path / "b", "mnist-halted", interval="5s")))["id"]
-    wait_for(lambda: "checkpoint" in " ".join(
-        line["line"] for line in cli_json(env, "logs", job_id)["lines"]).lower(), 240, "a first checkpoint",
-        interval=1.0)
-    run_cli(env, "halt", job_id)
-    wait_for(lambda: cli_json(env, "status", job_id)["state"] == "halted", 120, "the job to halt", interval=1.0)
-    assert ours(daemon.engine, job_id) == []
-    run_cli(env, "resume", job_id)
-    for job in (reference, job_id):
-        done = wait_terminal(env, job, 500)
-        assert done["state"] == "completed", done
-    assert_bitwise_equal(model_of(state, reference), model_of(state, job_id))
+    job_id = cli_json(env, "submit", str(example(tmp_path, "mnist-halted")))["id"]
+    wait_for(lambda: "epoch 1/3" in log_text(env, job_id), 240, "the first epoch to end", interval=1.0)
+    halted = cli_json(env, "halt", job_id, timeout=180)
+    assert halted["state"] == "halted", halted
+    assert halted["checkpoint_step"] is not None and halted["checkpoint_step"] > 0
+    wait_for(lambda: ours(daemon.engine, job_id) == [], 30, "the containers to be gone")
+    assert cli_json(env, "resume", job_id)["attempt"] == 2
+    job = wait_terminal(env, job_id, 300)
+    assert job["state"] == "completed", job
+    assert f"resuming from step {halted['checkpoint_step']}" in log_text(env, job_id)
+    assert_bitwise_equal(model_of(state, job_id), reference[1])
 
 
-def test_a_learner_container_killed_with_sigkill_restarts_from_its_checkpoint(docker_stack, daemon, tmp_path):
-    env, _, _ = docker_stack
-    job_id = cli_json(env, "submit", str(example(tmp_path, "mnist-sigkill", interval="5s")))["id"]
-    wait_for(lambda: "checkpoint" in " ".join(
-        line["line"] for line in cli_json(env, "logs", job_id)["lines"]).lower(), 240, "a first checkpoint",
-        interval=1.0)
+def test_a_learner_container_killed_with_sigkill_restarts_from_its_checkpoint(docker_stack, daemon, reference,
+                                                                             tmp_path):
+    env, state, _ = docker_stack
+    job_id = cli_json(env, "submit", str(example(tmp_path, "mnist-sigkill", interval="2s")))["id"]
+    wait_for(lambda: "epoch 1/3" in log_text(env, job_id), 240, "the first epoch to end", interval=1.0)
     victim = next(c for c in ours(daemon.engine, job_id) if c.labels["tf.rank"] == "1")
     assert daemon.engine.signal(victim.id, "SIGKILL")
-    job = wait_terminal(env, job_id, 500)
+    job = wait_terminal(env, job_id, 300)
     assert job["state"] == "completed", job
-    text = "\n".join(line["line"] for line in cli_json(env, "logs", job_id)["lines"])
-    assert "killed by SIGKILL" in text
-    assert "restored the checkpoint at step" in text
+    assert job["restarts"] == 1
+    restart = next(h for h in job["history"] if h["to"] == "restarting")
+    assert "killed by SIGKILL" in restart["reason"], restart
+    assert "resuming from step" in log_text(env, job_id)
+    assert_bitwise_equal(model_of(state, job_id), reference[1])
 
 
 def test_an_lcm_killed_during_a_run_adopts_its_containers(docker_stack, daemon, tmp_path):
