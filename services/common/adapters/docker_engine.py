@@ -23,6 +23,7 @@ from services.common.errors import NotFound, TrainforgeError, Unavailable
 
 log = logging.getLogger(__name__)
 
+API_VERSION = "1.41"
 _UNREACHABLE = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, ConnectionError, OSError)
 
 
@@ -91,8 +92,10 @@ class Engine:
     def __init__(self, url: str = "", *, timeout: float = 60.0):
         self.url = url
         try:
-            self._client = (docker.DockerClient(base_url=url, timeout=int(timeout)) if url
-                            else docker.from_env(timeout=int(timeout)))
+            # a fixed API version: nothing is asked of the engine until it is used (1.41 is 20.10's; newer
+            # engines still speak it, and it has DeviceRequests)
+            self._client = (docker.DockerClient(base_url=url, timeout=int(timeout), version=API_VERSION) if url
+                            else docker.from_env(timeout=int(timeout), version=API_VERSION))
         except docker.errors.DockerException as e:
             raise Unavailable(f"the docker engine at {url or 'DOCKER_HOST'} cannot be used: {e}") from None
 
