@@ -15,6 +15,11 @@ import psutil
 import pytest
 
 from services.common.adapters.docker_engine import Engine
+from services.common.errors import ResourceExhausted, Unavailable
+from services.common.manifest import Manifest
+from services.common.settings import LcmSettings
+from services.lcm.backends.docker import DockerBackend
+from services.lcm.lifecycle import JobDeployment, Lifecycle
 from tests.e2e.test_embedded_stack import cli_json, run_cli, stack_processes, wait_terminal
 from tests.e2e.test_halt_resume import assert_bitwise_equal, example, log_text, model_of
 from tests.engine import NUMPY_IMAGE, Daemon, start_engine
@@ -168,3 +173,46 @@ def _stack_id(stack_json: str) -> str:
     import json
 
     return json.loads(stack_json)["stack_id"]
+
+
+@pytest.fixture
+def docker_lifecycle(tmp_path, etcd_server, coordinator):
+    made = []
+
+    def make(url: str) -> Lifecycle:
+        settings = LcmSettings(backend="docker", state_dir=tmp_path / "state", etcd_endpoints=etcd_server.address,
+                               etcd_prefix=coordinator.keys.prefix, trainer_address="127.0.0.1:1", docker_url=url)
+        lcm = Lifecycle.from_settings(settings, DockerBackend(settings), coordinator, supervise_interval=600)
+        made.append(lcm)
+        return lcm
+
+    yield make
+    for lcm in made:
+        lcm.close()
+
+
+def mnist_deployment(job_id: str, **resources) -> JobDeployment:
+    manifest = Manifest(name="m", learners=2, command="python train.py", resources=resources)
+    return JobDeployment(job_id=job_id, team="team-a", attempt=1, manifest=manifest)
+
+
+def test_an_unreachable_engine_makes_the_deploy_unavailable_and_leaves_nothing(docker_lifecycle, tmp_path, unique):
+    lcm = docker_lifecycle(f"unix://{tmp_path}/gone.sock")
+    # Unavailable: the Trainer keeps the job DEPLOYING and deploys again (it is not lost)
+    with pytest.raises(Unavailable, match=r"docker engine at unix://.*gone.sock is unreachable"):
+        lcm.deploy(mnist_deployment(f"j-{unique}"))
+    assert lcm.running_jobs() == []
+    assert not (tmp_path / "state" / "lcm" / "jobs" / f"j-{unique}.json").exists()
+
+
+def test_capacity_is_the_engines_and_a_job_beyond_what_is_free_is_refused(docker_lifecycle, daemon, unique):
+    lcm = docker_lifecycle(daemon.url)
+    info = daemon.engine.info()
+    cap = lcm.capacity()
+    assert (cap.backend, cap.cpus, cap.memory, cap.gpus) == ("docker", float(info.cpus), info.memory, 0)
+    assert lcm.backend.free() == (info.cpus, info.memory), "nothing of this stack runs"
+    with pytest.raises(ResourceExhausted, match="bytes of memory; the docker engine has .* free"):
+        lcm.deploy(mnist_deployment(f"j-{unique}", memory=info.memory // 2 + 2**30))
+    with pytest.raises(ResourceExhausted, match=r"needs 400 CPU\(s\)"):
+        lcm.deploy(mnist_deployment(f"k-{unique}", cpus=200))
+    assert daemon.engine.networks({"tf.job": f"j-{unique}"}) == []
