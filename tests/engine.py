@@ -18,6 +18,7 @@ Images:
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -47,9 +48,17 @@ class Daemon:
     engine: Engine
     log: Path
     proc: subprocess.Popen | None = None
+    run_dir: Path | None = None  # socket, pid file, exec root
 
     def stop(self, timeout: float = 30.0) -> None:
         self.engine.close()
+        try:
+            self._stop(timeout)
+        finally:
+            if self.run_dir is not None:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _stop(self, timeout: float) -> None:
         try:
             os.kill(self.pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -105,11 +114,14 @@ def start_engine(cache: Path | None = None, timeout: float = 60.0) -> Daemon:
     except TimeoutError:
         proc.kill()
         proc.wait(10)
+        shutil.rmtree(run, ignore_errors=True)
         raise EngineUnavailable(f"dockerd did not answer on {url} within {timeout:g}s; its log "
                                 f"({log}):\n{_tail(log)}") from None
     if proc.poll() is not None:
+        shutil.rmtree(run, ignore_errors=True)
         raise EngineUnavailable(f"dockerd exited with {proc.returncode}; its log ({log}):\n{_tail(log)}")
-    daemon = Daemon(url=url, pid=proc.pid, cache=cache, engine=Engine(url, timeout=300), log=log, proc=proc)
+    daemon = Daemon(url=url, pid=proc.pid, cache=cache, engine=Engine(url, timeout=300), log=log, proc=proc,
+                    run_dir=run)
     try:
         ensure_images(daemon)
         sweep(daemon.engine)
