@@ -49,7 +49,7 @@ from services.common.settings import ControllerSettings
 from services.common.states import LearnerState
 
 from .checkpoints import CheckpointSync, choose_step, copy_uri
-from .learner import LearnerProcess, MemoryWatchdog, describe_exit, exit_code_of, learner_env
+from .learner import LearnerProcess, MemoryWatchdog, describe_exit, exit_code_of, launcher_reason, learner_env
 from .logship import LogArchive, LogShipper, LogSink
 from .status import StatusPublisher
 from .workdir import Stopped, prepare
@@ -383,16 +383,6 @@ class Controller:
             archive.append("system", message)
         except (OSError, ValueError) as e:
             log.warning("could not archive the line %r: %s", message, e)
-
-
-def launcher_reason(spec: LearnerSpec) -> str:
-    """What the spec's launcher wrote about how the command ended ('' when nothing)."""
-    if not spec.launcher:
-        return ""
-    try:
-        return spec.exit_reason_path.read_text().strip()
-    except OSError:
-        return ""
 
 
 def _text(e: BaseException) -> str:

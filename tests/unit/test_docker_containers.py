@@ -86,3 +86,18 @@ def test_a_spec_without_launcher_serialises_as_before(tmp_path):
     launched = spec.model_copy(update={"launcher": ["/py", "runner.py", "c.json"]})
     assert '"launcher"' in launched.to_json()
     assert type(spec).parse(launched.to_json()).launcher == ["/py", "runner.py", "c.json"]
+
+
+def test_the_controller_runs_a_launcher_before_the_shell_and_reports_its_reason(tmp_path):
+    from services.controller.learner import GUARD, guarded_argv, launcher_reason
+
+    assert guarded_argv("python t.py", 7, "/py", ("/py", "runner.py", "c.json")) == [
+        "/py", "-I", "-S", str(GUARD), "7", "/py", "runner.py", "c.json", "/bin/sh", "-c", "python t.py"]
+    assert guarded_argv("x", 7, "/py") == ["/py", "-I", "-S", str(GUARD), "7", "/bin/sh", "-c", "x"]
+    plan, _ = plan_for(tmp_path)
+    spec = plan.learners[0]
+    spec.exit_reason_path.parent.mkdir(parents=True)
+    spec.exit_reason_path.write_text("the learner was OOM-killed: it reached its memory limit of 512Mi\n")
+    assert launcher_reason(spec) == "", "without a launcher the file is not the controller's business"
+    launched = spec.model_copy(update={"launcher": ["/py", "runner.py", "c.json"]})
+    assert launcher_reason(launched) == "the learner was OOM-killed: it reached its memory limit of 512Mi"
