@@ -3,7 +3,8 @@
 People get tables, colours and a spinner (rich); `--json` (before or after
 the command) gives one machine-readable document per command instead, with
 no markup. A failure is one line on stderr and exit status 1; a followed job
-exits 0 only when it completed, so `trainforge submit --follow` can gate CI.
+exits 0 only when it completed (trainforge/exitcodes.py has the table), so
+`trainforge submit --follow` can gate CI.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainforge import cli_admin, clikit, config, stack
+from trainforge import cli_account, cli_admin, clikit, cliopts, config, exitcodes, stack
 from trainforge.clikit import emit_json as _emit_json
 from trainforge.clikit import json_flag as _json_flag
 from trainforge.clikit import out as _out
@@ -34,17 +35,30 @@ def _state_text(state: str) -> Text:
     return Text(state, style=_STATE_STYLE.get(state, ""))
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trainforge")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 @click.group(cls=clikit.Group, context_settings={"help_option_names": ["-h", "--help"]})
 @_json_flag
+@click.option("--profile", envvar="TRAINFORGE_PROFILE", help="use this profile of `trainforge login`")
+@click.version_option(_version(), "--version", "-V", prog_name="trainforge")
 @click.pass_context
-def main(ctx: click.Context, as_json: bool) -> None:
+def main(ctx: click.Context, as_json: bool, profile: str | None) -> None:
     """Submit and follow training jobs on trainforge.
 
     State (the embedded stack, the API key) lives in $TF_STATE_DIR or ~/.trainforge;
-    TRAINFORGE_API_URL and TRAINFORGE_API_KEY point the CLI at another platform.
+    `trainforge login` saves another platform's URL and key (--profile NAME for several);
+    TRAINFORGE_API_URL and TRAINFORGE_API_KEY override them.
     """
     ctx.ensure_object(dict)
     ctx.obj["json"] = as_json
+    ctx.obj["profile"] = profile
 
 
 # -- the embedded stack -------------------------------------------------------------------
@@ -175,7 +189,7 @@ def _follow(client: Client, console: Console, job_id: str, interval: float) -> d
     """Stream a job's logs and state changes until it ended; return the final job."""
     with console.status(f"{job_id}: waiting") as spinner:
         def on_state(state: str) -> None:
-            job = client.get(job_id)
+            job = client.get(job_id, retry_seconds=client.reconnect_seconds)
             note = f" — {job['reason']}" if job.get("reason") else ""
             if job.get("queue_position"):
                 note += f" (#{job['queue_position']} in queue)"
@@ -184,7 +198,7 @@ def _follow(client: Client, console: Console, job_id: str, interval: float) -> d
 
         for line in client.follow_logs(job_id, on_state=on_state, poll_interval=interval):
             _print_line(console, line)
-    return client.get(job_id)
+    return client.get(job_id, retry_seconds=client.reconnect_seconds)
 
 
 @main.command()
@@ -193,16 +207,25 @@ def _follow(client: Client, console: Console, job_id: str, interval: float) -> d
 @click.option("--code", "code_dir", type=click.Path(file_okay=False, path_type=Path),
               help="upload this folder instead of the manifest's `code:`")
 @click.option("--idempotency-key", help="retrying with the same key does not submit twice")
+@click.option("--param", "-p", "params", multiple=True, metavar="K=V", help="set params.K (repeatable)")
+@click.option("--env", "-e", "envs", multiple=True, metavar="K=V", help="set env.K for the learners (repeatable)")
 @_interval
 @_json_flag
 @click.pass_context
 def submit(ctx: click.Context, manifest: Path, follow: bool, code_dir: Path | None, idempotency_key: str | None,
-           interval: float, as_json: bool) -> None:
-    """Submit the job described by MANIFEST (its `code:` folder is packed and uploaded)."""
+           params: tuple[str, ...], envs: tuple[str, ...], interval: float, as_json: bool) -> None:
+    """Submit the job described by MANIFEST (its `code:` folder is packed and uploaded, leaving out what
+    .gitignore and .trainforgeignore list)."""
     as_json = _use_json(ctx, as_json)
     client = clikit.client(ctx)
-    job = client.submit(manifest, code_dir=code_dir, idempotency_key=idempotency_key)
     console = _out()
+    on_code, on_upload, done = cliopts.upload_progress(as_json)
+    try:
+        job = client.submit(manifest, code_dir=code_dir, idempotency_key=idempotency_key,
+                            params=cliopts.pairs(params, "--param", typed=True), env=cliopts.pairs(envs, "--env", typed=False),
+                            on_code=on_code, on_upload=on_upload)
+    finally:
+        done()
     if not follow:
         if as_json:
             _emit_json(job)
@@ -220,16 +243,18 @@ def submit(ctx: click.Context, manifest: Path, follow: bool, code_dir: Path | No
                                     f": {final['reason']}" if final.get("reason") else ""))
         if final.get("outputs_uri"):
             console.print(Text(f"outputs: {_outputs_location(final)}"))
-    ctx.exit(0 if final["state"] == "completed" else 1)
+    ctx.exit(exitcodes.for_state(final["state"]))
 
 
 @main.command()
-@click.argument("job_id", required=False)
+@click.argument("job_id", required=False, shell_complete=cli_account.complete_job_id)
 @click.option("--state", "states", multiple=True, help="only jobs in this state (repeatable)")
+@click.option("--label", "labels", multiple=True, metavar="K=V", help="only jobs with this label (repeatable: all)")
 @click.option("--limit", default=50, show_default=True, help="most jobs listed")
 @_json_flag
 @click.pass_context
-def status(ctx: click.Context, job_id: str | None, states: tuple[str, ...], limit: int, as_json: bool) -> None:
+def status(ctx: click.Context, job_id: str | None, states: tuple[str, ...], labels: tuple[str, ...], limit: int,
+           as_json: bool) -> None:
     """One job in detail (state, reason, learners, history), or a table of the team's jobs."""
     as_json = _use_json(ctx, as_json)
     client = clikit.client(ctx)
@@ -241,7 +266,8 @@ def status(ctx: click.Context, job_id: str | None, states: tuple[str, ...], limi
         else:
             _print_job(console, job)
         return
-    jobs = client.list(state=list(states) or None, limit=limit)
+    cliopts.pairs(labels, "--label", typed=False)  # K=V, said before anything is sent
+    jobs = client.list(state=list(states) or None, limit=limit, label=list(labels) or None)
     if as_json:
         _emit_json(jobs)
     else:
@@ -249,8 +275,8 @@ def status(ctx: click.Context, job_id: str | None, states: tuple[str, ...], limi
 
 
 @main.command()
-@click.argument("job_id")
-@click.option("--follow", "-f", is_flag=True, help="keep streaming until the job ends")
+@click.argument("job_id", shell_complete=cli_account.complete_job_id)
+@click.option("--follow", "-f", is_flag=True, help="keep streaming until the job ends; exits by its outcome")
 @click.option("--learner", type=int, help="only this learner's lines")
 @click.option("--query", "-q", help="only lines matching this full-text query")
 @_interval
@@ -263,12 +289,14 @@ def logs(ctx: click.Context, job_id: str, follow: bool, learner: int | None, que
     client = clikit.client(ctx)
     console = _out()
     if follow:
-        for line in client.follow_logs(job_id, learner=learner, query=query, poll_interval=interval):
+        states: list[str] = []
+        for line in client.follow_logs(job_id, learner=learner, query=query, poll_interval=interval,
+                                       on_state=states.append):
             if as_json:
                 click.echo(json.dumps(line))
             else:
                 _print_line(console, line)
-        return
+        ctx.exit(exitcodes.for_state(states[-1] if states else ""))
     lines: list[dict] = []
     cursor, job_state = None, ""
     while True:
@@ -288,7 +316,7 @@ def logs(ctx: click.Context, job_id: str, follow: bool, learner: int | None, que
 
 
 @main.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=cli_account.complete_job_id)
 @_json_flag
 @click.pass_context
 def cancel(ctx: click.Context, job_id: str, as_json: bool) -> None:
@@ -302,7 +330,7 @@ def cancel(ctx: click.Context, job_id: str, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=cli_account.complete_job_id)
 @click.option("--wait/--no-wait", default=True, show_default=True, help="wait until every checkpoint is stored")
 @click.option("--timeout", type=float, default=600, show_default=True, help="seconds to wait")
 @_json_flag
@@ -325,7 +353,7 @@ def halt(ctx: click.Context, job_id: str, wait: bool, timeout: float, as_json: b
 
 
 @main.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=cli_account.complete_job_id)
 @_json_flag
 @click.pass_context
 def resume(ctx: click.Context, job_id: str, as_json: bool) -> None:
@@ -382,6 +410,8 @@ def usage(ctx: click.Context, as_json: bool) -> None:
 
 
 main.add_command(cli_admin.admin)
+main.add_command(cli_account.login)
+main.add_command(cli_account.completion)
 
 
 if __name__ == "__main__":

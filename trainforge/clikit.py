@@ -64,7 +64,10 @@ def use_json(ctx: click.Context, as_json: bool) -> bool:
 
 def client(ctx: click.Context, *, admin: bool = False) -> Client:
     """A client with the configured key; with admin=True the platform admin key when one is configured."""
-    cfg = config.load(config.state_dir())
+    try:
+        cfg = config.load(config.state_dir(), profile=(ctx.find_root().obj or {}).get("profile"))
+    except config.UnknownProfile as e:
+        raise ClientError(str(e)) from None
     key = (cfg.admin_key or cfg.api_key) if admin else cfg.api_key
     if not key:
         hint = "run `trainforge admin bootstrap --save` or set TRAINFORGE_ADMIN_KEY" if admin else \

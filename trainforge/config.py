@@ -2,8 +2,11 @@
 
 One state directory (`$TF_STATE_DIR`, else `~/.trainforge`) holds the
 embedded stack and `config.json` with the API URL and key that
-`trainforge up` wrote. `TRAINFORGE_API_URL` / `TRAINFORGE_API_KEY` override
-the file, so the same CLI can point at a shared platform without touching it.
+`trainforge up` (or `trainforge login`) wrote. Named profiles
+(`trainforge login --profile NAME`) sit beside them in the same file and are
+chosen with `--profile NAME` or `TRAINFORGE_PROFILE`.
+`TRAINFORGE_API_URL` / `TRAINFORGE_API_KEY` override both, so the same CLI
+can point at a shared platform without touching the file.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 CONFIG_FILE = "config.json"
@@ -29,6 +32,20 @@ class Config:
     team: str = ""
     # a platform admin's key, for `trainforge admin` (saved by `trainforge admin bootstrap --save`)
     admin_key: str = ""
+    # name -> {"api_url", "api_key", "team"}, written by `trainforge login --profile NAME`
+    profiles: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+class UnknownProfile(KeyError):
+    """--profile / TRAINFORGE_PROFILE names a profile config.json does not have."""
+
+    def __init__(self, name: str, known: list[str]):
+        super().__init__(name)
+        self.name, self.known = name, known
+
+    def __str__(self) -> str:
+        have = f"; profiles: {', '.join(self.known)}" if self.known else ""
+        return f"no profile {self.name!r}; create it with `trainforge login --profile {self.name}`{have}"
 
 
 def load_file(state: Path) -> Config:
@@ -40,15 +57,26 @@ def load_file(state: Path) -> Config:
         return Config()
     if not isinstance(data, dict):
         return Config()
+    raw_profiles = data.get("profiles")
+    profiles = {str(name): {k: str(v) for k, v in p.items()} for name, p in raw_profiles.items()
+                if isinstance(p, dict)} if isinstance(raw_profiles, dict) else {}
     return Config(api_url=str(data.get("api_url", "")), api_key=str(data.get("api_key", "")),
-                  team=str(data.get("team", "")), admin_key=str(data.get("admin_key", "")))
+                  team=str(data.get("team", "")), admin_key=str(data.get("admin_key", "")), profiles=profiles)
 
 
-def load(state: Path | None = None, env: Mapping[str, str] | None = None) -> Config:
-    """The config the CLI uses: the file, then TRAINFORGE_API_URL / TRAINFORGE_API_KEY /
-    TRAINFORGE_ADMIN_KEY on top."""
+def load(state: Path | None = None, env: Mapping[str, str] | None = None, profile: str | None = None) -> Config:
+    """The config the CLI uses: the file (or its profile `profile`, else $TRAINFORGE_PROFILE), then
+    TRAINFORGE_API_URL / TRAINFORGE_API_KEY / TRAINFORGE_ADMIN_KEY on top. UnknownProfile when the
+    profile is not in the file."""
     env = os.environ if env is None else env
     cfg = load_file(state if state is not None else state_dir(env))
+    profile = profile or env.get("TRAINFORGE_PROFILE") or None
+    if profile:
+        chosen = cfg.profiles.get(profile)
+        if chosen is None:
+            raise UnknownProfile(profile, sorted(cfg.profiles))
+        cfg.api_url, cfg.api_key = chosen.get("api_url", ""), chosen.get("api_key", "")
+        cfg.team, cfg.admin_key = chosen.get("team", ""), ""
     cfg.api_url = env.get("TRAINFORGE_API_URL") or cfg.api_url
     cfg.api_key = env.get("TRAINFORGE_API_KEY") or cfg.api_key
     cfg.admin_key = env.get("TRAINFORGE_ADMIN_KEY") or cfg.admin_key

@@ -3,8 +3,15 @@
 `Client` is a thin, synchronous layer over httpx that turns every failure
 into one exception type, `ApiError`, whose message is fit to show a user
 as it is (the server's message already names the bad fields). Submitting
-packs the manifest's `code:` folder in memory, so nothing is left behind on
-disk; following a job is plain polling, which works through any proxy.
+packs the manifest's `code:` folder (honouring .gitignore and
+.trainforgeignore, trainforge/packing.py) into a temporary file and streams
+it; following a job is plain polling, which works through any proxy.
+
+Transient failures are retried with exponential backoff (tenacity): a
+connection that was never made, for every call (nothing reached the
+server); a 5xx or a timeout only for calls that are safe to repeat (reads,
+and a submit that carries an Idempotency-Key). `follow_logs` and `wait`
+keep going through an API restart for `reconnect_seconds`.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
-import tarfile
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +27,8 @@ from typing import Any
 
 import httpx
 import tenacity
-import yaml
+
+from trainforge import models, packing, uploads
 
 TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
 # Times one request is retried after a 429 (too many requests) before the error is raised.
@@ -28,8 +36,8 @@ RATE_LIMIT_RETRIES = 5
 # Where a job stays until someone acts: the end, or halted (until resumed).
 RESTING_STATES = TERMINAL_STATES | {"halted"}
 
-_EXCLUDED_DIRS = frozenset({"__pycache__", ".git"})
-_EXCLUDED_SUFFIXES = (".pyc", ".pyo")
+# Answers that mean "try again shortly": the API or a store behind it restarting.
+TRANSIENT_STATUSES = frozenset({500, 502, 503, 504})
 
 
 def _retry_after(state: tenacity.RetryCallState) -> float:
@@ -66,50 +74,45 @@ class ApiError(ClientError):
         return text
 
 
+class NotConnected(ApiError):
+    """No connection to the API could be made: the request never reached it, so repeating it is safe."""
+
+
 class WaitTimeout(ClientError):
     """`Client.wait` gave up before the job ended."""
 
 
 def pack_code(directory: str | Path) -> bytes:
-    """A folder as a gzip tar in memory, paths relative to it, without caches and VCS data."""
-    root = Path(directory)
-    if not root.is_dir():
-        raise ClientError(f"code: {root} is not a folder")
+    """A folder as a gzip tar in memory (small folders, tests); `submit` streams from a temporary file."""
+    try:
+        code = packing.list_code(directory)
+    except packing.PackError as e:
+        raise ClientError(str(e)) from None
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for path in sorted(root.rglob("*")):
-            rel = path.relative_to(root)
-            if _EXCLUDED_DIRS.intersection(rel.parts) or path.name.endswith(_EXCLUDED_SUFFIXES):
-                continue
-            if path.is_file() or path.is_symlink():
-                tar.add(path, arcname=rel.as_posix(), recursive=False)
+    packing.pack_to_file(code, buf)
     return buf.getvalue()
 
 
-def _code_dir_of(manifest_text: str, base: Path) -> Path | None:
-    """The manifest's `code:` folder, resolved against the manifest's own folder.
-
-    A manifest that does not parse is sent as it is, so the server reports its problems.
-    """
-    try:
-        data = yaml.safe_load(manifest_text)
-    except yaml.YAMLError:
-        return None
-    code = data.get("code") if isinstance(data, dict) else None
-    if not code or not isinstance(code, str):
-        return None
-    path = Path(code).expanduser()
-    return path if path.is_absolute() else base / path
+def _retryable(safe: bool) -> Callable[[BaseException], bool]:
+    def check(e: BaseException) -> bool:
+        if isinstance(e, NotConnected):
+            return True
+        return safe and isinstance(e, ApiError) and (e.status == 0 or e.status in TRANSIENT_STATUSES)
+    return check
 
 
 class Client:
     """A session with the trainforge API as one API key (one team)."""
 
     def __init__(self, api_url: str, api_key: str, timeout: float = 30.0, *,
-                 transport: httpx.BaseTransport | None = None):
+                 transport: httpx.BaseTransport | None = None, retry_seconds: float = 10.0,
+                 reconnect_seconds: float = 300.0):
+        """retry_seconds: how long one call retries transient failures; reconnect_seconds: how long
+        `follow_logs` and `wait` wait out an API that is down or restarting."""
         if not api_url:
             raise ClientError("no API URL configured; run `trainforge up` or set TRAINFORGE_API_URL")
         self.api_url = api_url.rstrip("/")
+        self.retry_seconds, self.reconnect_seconds = retry_seconds, reconnect_seconds
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=self.api_url, headers=headers, timeout=timeout, transport=transport)
 
@@ -124,7 +127,31 @@ class Client:
 
     # -- plumbing -----------------------------------------------------------
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _request(self, method: str, path: str, *, idempotent: bool | None = None,
+                 retry_seconds: float | None = None, before: Callable[[], None] | None = None,
+                 **kwargs: Any) -> Any:
+        """One call, retried on transient failures (the module's docstring says which).
+
+        idempotent: whether repeating the call is safe (default: GET and HEAD are); before(): run
+        before every attempt (rewinding an upload).
+        """
+        safe = method in ("GET", "HEAD") if idempotent is None else idempotent
+        budget = self.retry_seconds if retry_seconds is None else retry_seconds
+
+        def attempt() -> Any:
+            if before is not None:
+                before()
+            return self._request_once(method, path, **kwargs)
+
+        if budget <= 0:
+            return attempt()
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(_retryable(safe)),
+            wait=tenacity.wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2),
+            stop=tenacity.stop_after_delay(budget), reraise=True, sleep=lambda seconds: time.sleep(seconds))
+        return retrying(attempt)
+
+    def _request_once(self, method: str, path: str, **kwargs: Any) -> Any:
         # A 429 is answered before the route runs, so waiting out its Retry-After and
         # asking again is safe for every method; a client that keeps hitting it gets the error
         # (the last 429 is returned, not a RetryError). Errors of _send are never retried.
@@ -141,6 +168,9 @@ class Client:
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             return self._http.request(method, path, **kwargs)
+        except httpx.ConnectError as e:
+            raise NotConnected(0, "unavailable", f"cannot reach the trainforge API at {self.api_url} ({e}); "
+                                                 "is the stack running? try `trainforge up`") from None
         except httpx.TimeoutException as e:
             raise ApiError(0, "timeout", f"the trainforge API at {self.api_url} did not answer in time ({e})") from None
         except httpx.HTTPError as e:
@@ -150,11 +180,18 @@ class Client:
     # -- jobs -----------------------------------------------------------------
 
     def submit(self, manifest: str | Path | dict, code_dir: str | Path | None = None,
-               idempotency_key: str | None = None) -> dict:
+               idempotency_key: str | None = None, *, params: dict[str, Any] | None = None,
+               env: dict[str, str] | None = None, max_upload_bytes: int = packing.DEFAULT_MAX_BYTES,
+               on_code: Callable[[packing.CodeFiles], None] | None = None,
+               on_upload: Callable[[int, int], None] | None = None) -> dict:
         """Submit a job from a manifest file (or dict); its `code:` folder is packed and uploaded.
 
         code_dir overrides the manifest's `code:`. A relative `code:` is taken relative to the
-        manifest file, or to the current directory for a dict.
+        manifest file, or to the current directory for a dict. params/env are merged over the
+        manifest's. A folder whose files add up to more than max_upload_bytes is refused before
+        anything is sent. on_code(files) once the files are listed; on_upload(sent, archive_size) as
+        each chunk is sent.
+        Only a submit with an idempotency_key is retried after a 5xx or a timeout.
         """
         if isinstance(manifest, dict):
             text, base = json.dumps(manifest), Path.cwd()
@@ -165,22 +202,40 @@ class Client:
             except OSError as e:
                 raise ClientError(f"cannot read manifest {path}: {e.strerror or e}") from None
             base = path.resolve().parent
-        folder = Path(code_dir) if code_dir is not None else _code_dir_of(text, base)
-        files = None
-        if folder is not None:
-            if not folder.is_dir():
-                raise ClientError(f"code: folder {folder} does not exist")
-            files = {"code": ("code.tar.gz", pack_code(folder), "application/gzip")}
+        folder = Path(code_dir) if code_dir is not None else uploads.code_dir_of(text, base)
+        text = uploads.with_overrides(text, params, env)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        return self._request("POST", "/v1/jobs", data={"manifest": text}, files=files, headers=headers)
+        kwargs: dict[str, Any] = {"idempotent": bool(idempotency_key), "data": {"manifest": text},
+                                  "headers": headers}
+        if folder is None:
+            return self._request("POST", "/v1/jobs", **kwargs)
+        if not folder.is_dir():
+            raise ClientError(f"code: folder {folder} does not exist")
+        try:
+            code = packing.list_code(folder)
+            packing.check_size(code, max_upload_bytes)
+        except packing.PackError as e:
+            raise ClientError(str(e)) from None
+        if on_code is not None:
+            on_code(code)
+        with packing.temporary_archive(code) as archive:
+            size = os.fstat(archive.fileno()).st_size
+            upload = uploads.ProgressReader(archive, None if on_upload is None else lambda n: on_upload(n, size))
+            return self._request("POST", "/v1/jobs", files={"code": ("code.tar.gz", upload, "application/gzip")},
+                                 before=lambda: archive.seek(0), **kwargs)
 
-    def get(self, job_id: str) -> dict:
-        return self._request("GET", f"/v1/jobs/{job_id}")
+    def get(self, job_id: str, *, retry_seconds: float | None = None) -> dict:
+        return self._request("GET", f"/v1/jobs/{job_id}", retry_seconds=retry_seconds)
 
-    def list(self, state: str | list[str] | None = None, limit: int = 50) -> list[dict]:
+    def list(self, state: str | list[str] | None = None, limit: int = 50,
+             label: str | list[str] | None = None) -> list[dict]:
+        """The team's jobs, newest first; label: "key=value" (several: all must match)."""
         params: dict[str, Any] = {"limit": limit}
         if state:
-            params["state"] = [state] if isinstance(state, str) else list(state)
+            # The API takes lowercase names (its schema enumerates them): "RUNNING" from a user is "running".
+            params["state"] = [s.strip().lower() for s in ([state] if isinstance(state, str) else state)]
+        if label:
+            params["label"] = [label] if isinstance(label, str) else list(label)
         return self._request("GET", "/v1/jobs", params=params)["jobs"]
 
     def cancel(self, job_id: str) -> dict:
@@ -225,6 +280,11 @@ class Client:
         return self._request("DELETE", f"/v1/team/keys/{key_id}")
 
     @property
+    def typed(self) -> models.Typed:
+        """These calls with typed results (trainforge/models.py)."""
+        return models.Typed(self)
+
+    @property
     def admin(self) -> Admin:
         """Platform-admin operations (every team, quotas, usage, keys, the audit log)."""
         return Admin(self)
@@ -232,7 +292,7 @@ class Client:
     # -- logs -----------------------------------------------------------------
 
     def logs_page(self, job_id: str, *, learner: int | None = None, after: str | None = None,
-                  limit: int | None = None, query: str | None = None) -> dict:
+                  limit: int | None = None, query: str | None = None, retry_seconds: float | None = None) -> dict:
         """One page: {"lines", "next", "job_state"}."""
         params: dict[str, Any] = {}
         if learner is not None:
@@ -243,7 +303,7 @@ class Client:
             params["limit"] = limit
         if query:
             params["q"] = query
-        return self._request("GET", f"/v1/jobs/{job_id}/logs", params=params)
+        return self._request("GET", f"/v1/jobs/{job_id}/logs", params=params, retry_seconds=retry_seconds)
 
     def logs(self, job_id: str, learner: int | None = None, after: str | None = None,
              limit: int | None = None, query: str | None = None) -> tuple[list[dict], str]:
@@ -256,11 +316,14 @@ class Client:
                     on_state: Callable[[str], None] | None = None) -> Iterator[dict]:
         """Yield a job's lines as they arrive until the job ended and no lines remain.
 
-        on_state(state) is called whenever the job's state differs from the last page's.
+        on_state(state) is called whenever the job's state differs from the last page's. An API that
+        is down or restarting is waited for (reconnect_seconds); the cursor makes sure no line is
+        lost or repeated across the gap.
         """
         cursor, last_state, drained = after, None, False
         while True:
-            page = self.logs_page(job_id, learner=learner, after=cursor, query=query)
+            page = self.logs_page(job_id, learner=learner, after=cursor, query=query,
+                                  retry_seconds=self.reconnect_seconds)
             cursor = page["next"] or cursor
             if page["job_state"] != last_state:
                 last_state = page["job_state"]
@@ -281,11 +344,12 @@ class Client:
     def wait(self, job_id: str, timeout: float | None = None, on_change: Callable[[dict], None] | None = None,
              poll_interval: float = 1.0) -> dict:
         """Poll until the job ends or is halted and return it; on_change(job) on every change of state,
-        reason, queue position or learner states. Raises WaitTimeout after `timeout` seconds."""
+        reason, queue position or learner states. Raises WaitTimeout after `timeout` seconds. An API
+        that is down or restarting is waited for (reconnect_seconds)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         seen = None
         while True:
-            job = self.get(job_id)
+            job = self.get(job_id, retry_seconds=self.reconnect_seconds)
             now = (job["state"], job["reason"], job["queue_position"],
                    tuple(ln["state"] for ln in job.get("learners", [])))
             if now != seen:

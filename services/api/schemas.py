@@ -138,6 +138,16 @@ INT64_MAX = 2**63 - 1
 ROLE_DESCRIPTION = "member, team_admin or platform_admin"
 _SIZE = r"^\s*(\d{1,20}(?:\.\d{1,9})?)\s*([kKmMgGtTpP]i?)?[bB]?\s*$"
 _SIZE_MAX_LENGTH = 40
+
+
+def _digits(n: int, units: str) -> str:
+    return rf"\d{{1,{n}}}(\.\d{{1,9}})?\s*{units}[bB]?"
+
+
+# What the schema promises and the server checks first: a size whose value always fits in int64, so
+# every string the schema allows is accepted (fewer integer digits for the larger units).
+SIZE_PATTERN = r"^\s*(" + "|".join((_digits(18, ""), _digits(15, "[kK]i?"), _digits(12, "[mM]i?"),
+                                      _digits(9, "[gG]i?"), _digits(6, "[tT]i?"), _digits(3, "[pP]i?"))) + r")\s*$"
 _SIZE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15,
                "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
 
@@ -202,7 +212,9 @@ class KeyIn(BaseModel):
                       description="whose or what the key is, e.g. alice or ci", examples=["ci"])
     role: Literal["member", "team_admin", "platform_admin"] = Field(
         "member", description="no higher than the caller's own role")
-    expires_at: dt.datetime | None = Field(None, description="ISO-8601 (UTC when no offset); none: never expires")
+    expires_at: dt.datetime | None = Field(
+        None, description="ISO-8601 (UTC when no offset); must be in the future (a past time is answered 422 "
+                          "naming expires_at); none: never expires")
 
 
 # -- quotas and usage ------------------------------------------------------------------------------
@@ -219,7 +231,8 @@ def parse_size(value: object) -> int | None:
     if isinstance(value, int):
         n = value
     else:
-        m = re.match(_SIZE, value) if len(value) <= _SIZE_MAX_LENGTH else None
+        fits = len(value) <= _SIZE_MAX_LENGTH and re.match(SIZE_PATTERN, value)
+        m = re.match(_SIZE, value) if fits else None
         if not m:
             raise ValueError(f"{value[:40]!r} is not a size; use e.g. 512Mi, 8Gi or a number of bytes")
         n = int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").lower()])
@@ -232,7 +245,7 @@ def parse_size(value: object) -> int | None:
 
 Size = Annotated[int | None, BeforeValidator(parse_size), WithJsonSchema({"anyOf": [
     {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
-    {"type": "string", "pattern": _SIZE, "maxLength": _SIZE_MAX_LENGTH},
+    {"type": "string", "pattern": SIZE_PATTERN, "maxLength": _SIZE_MAX_LENGTH},
     {"type": "null"}]})]
 
 

@@ -29,6 +29,11 @@ _MAX_MEMORY = 16 * 2**40
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _GPU_TYPE = re.compile(r"^[a-z0-9-]{1,32}$")
+# One requirement specifier (PEP 508 name, extras, version, marker or URL); never an installer option.
+_REQUIREMENT = re.compile(r"^[A-Za-z0-9][^\s\n\r;#]*(\s*;[^\n\r#]*)?$|^[A-Za-z0-9][A-Za-z0-9._\[\], -]*[<>=!~@][^\n\r#]*$")
+_MAX_REQUIREMENTS = 200
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_MAX_LABELS = 32
 
 
 def parse_memory(value: Any) -> int:
@@ -142,6 +147,12 @@ class Manifest(_Strict):
     checkpoint: Checkpoint = Checkpoint()
     priority: Priority = Priority.NORMAL
     image: str | None = Field(None, description="container image (kubernetes and docker backends)")
+    requirements: str | list[str] | None = Field(
+        None, description="packages the learner needs: a requirements file in the code folder, or a list of "
+                          "requirement strings; the local backend builds (and caches) a virtual environment")
+    labels: dict[str, str] = Field(default_factory=dict, description="key: value pairs to filter jobs by")
+    timeout: Duration | None = Field(None, description="the longest the learners may run, e.g. 2h; "
+                                                       "exceeding it fails the job (checkpoints are kept)")
 
     @field_validator("name")
     @classmethod
@@ -171,6 +182,40 @@ class Manifest(_Strict):
         bad = [k for k in v if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
         if bad:
             raise ValueError(f"invalid variable names: {', '.join(sorted(bad))}")
+        return v
+
+    @field_validator("requirements")
+    @classmethod
+    def _requirements(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, str):
+            return _relative_path(v)
+        if isinstance(v, list):
+            if len(v) > _MAX_REQUIREMENTS:
+                raise ValueError(f"at most {_MAX_REQUIREMENTS} requirements")
+            for item in v:
+                if not _REQUIREMENT.match(item):
+                    raise ValueError(f"{item!r} is not a requirement such as numpy or numpy>=2,<3 "
+                                     "(one per entry, no installer options)")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > _MAX_LABELS:
+            raise ValueError(f"at most {_MAX_LABELS} labels")
+        for key, value in v.items():
+            if not _LABEL_KEY.match(key):
+                raise ValueError(f"label {key!r}: keys are 1-63 letters, digits, '-', '_' or '.', "
+                                 "starting alphanumeric")
+            if len(value) > 63 or "=" in value or "," in value:
+                raise ValueError(f"label {key}: values are at most 63 characters, without '=' or ','")
+        return v
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout(cls, v: float | None) -> float | None:
+        if v is not None and v <= 0:
+            raise ValueError("must be greater than 0; leave it out for no limit")
         return v
 
     @model_validator(mode="after")

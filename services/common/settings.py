@@ -100,6 +100,13 @@ class ControllerSettings(StoreSettings):
     log_batch_lines: int = Field(500, ge=1, le=10000, description="most lines per shipped batch")
     log_batch_seconds: float = Field(0.5, gt=0, le=30, description="longest a line waits before it is shipped")
     kill_grace: float = Field(10.0, ge=0, le=600, description="seconds between SIGTERM and SIGKILL")
+    env_cache_dir: Path | None = Field(None, description="where per-job environments (manifest requirements:) "
+                                                         "are built and cached (default <state_dir>/envs)")
+    env_build_timeout: float = Field(1800.0, gt=0, le=86400,
+                                     description="longest one environment may take to build")
+
+    def env_cache(self) -> Path:
+        return self.env_cache_dir or self.state_dir / "envs"
 
 
 class MonitorSettings(StoreSettings):

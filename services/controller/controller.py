@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from services.common.adapters.etcd import Coordinator
 from services.common.adapters.logstore import LogStore
@@ -51,6 +52,7 @@ from services.common.states import LearnerState
 from .checkpoints import CheckpointSync, choose_step, copy_uri
 from .learner import LearnerProcess, MemoryWatchdog, describe_exit, exit_code_of, launcher_reason, learner_env
 from .logship import LogArchive, LogShipper, LogSink
+from .pyenv import BuildStopped, EnvCache, requirements_of
 from .status import StatusPublisher
 from .workdir import Stopped, prepare
 
@@ -63,6 +65,9 @@ HALT_POLL = 0.5
 DRAIN_SECONDS = 30.0
 FINAL_STATUS_SECONDS = 30.0
 READERS_SECONDS = 10.0
+# How often an environment build's progress is published as the PREPARING status, and how much of a line.
+ENV_PROGRESS_SECONDS = 1.0
+MAX_PROGRESS_CHARS = 300
 
 
 @dataclass
@@ -284,14 +289,24 @@ class Controller:
         elif spec.checkpoint_uri:
             self._system_line(archive, f"no complete checkpoint found; starting from scratch (no step under "
                                        f"{spec.checkpoint_uri} was stored by all {spec.world_size} learners)")
+        try:
+            learner_python = self._environment(archive)
+        except BuildStopped as e:
+            if self._halt.is_set():
+                return self._halted(archive, None, "before the learner started")
+            return Outcome(LearnerState.LEARNER_FAILED, message=f"{self._stop_reason}: {e} (learner not started)")
+        except (TrainforgeError, OSError) as e:
+            return Outcome(LearnerState.LEARNER_FAILED, message=f"preparing the learner failed: {_text(e)}")
         if self._stop.is_set():
             if self._halt.is_set():
                 return self._halted(archive, None, "before the learner started")
             return Outcome(LearnerState.LEARNER_FAILED, message=f"{self._stop_reason} (learner not started)")
 
+        env = learner_env(spec, python=learner_python)
+        if learner_python != self.python:
+            env["VIRTUAL_ENV"] = str(Path(learner_python).parent.parent)
         learner = self._learner = LearnerProcess(spec.manifest.rendered_command(), spec.workdir,
-                                                 learner_env(spec, python=self.python), archive, python=self.python,
-                                                 launcher=tuple(spec.launcher))
+                                                 env, archive, python=self.python, launcher=tuple(spec.launcher))
         try:
             learner.start()
         except OSError as e:
@@ -340,6 +355,29 @@ class Controller:
         log.info("uploaded %d output files to %s", len(uploaded), outputs)
         return Outcome(LearnerState.LEARNER_COMPLETED, 0, outputs_uri=outputs)
 
+    def _environment(self, archive: LogArchive) -> str:
+        """The learner's interpreter: the platform's, or the job's own environment (services/controller/pyenv.py)."""
+        reqs = requirements_of(self.spec.manifest, self.spec.workdir)
+        if reqs is None:
+            return self.python
+        shown = [0.0]
+
+        def progress(line: str) -> None:
+            self._system_line(archive, line)
+            now = time.monotonic()
+            if now - shown[0] >= ENV_PROGRESS_SECONDS:  # etcd sees a line a second, the archive every line
+                shown[0] = now
+                with self._halt_lock:  # never overwrite a published HALTING
+                    if not self._halt.is_set():
+                        self._publish(LearnerState.LEARNER_PREPARING, message=line[:MAX_PROGRESS_CHARS])
+
+        cache = EnvCache(self.settings.env_cache(), python=self.python, timeout=self.settings.env_build_timeout)
+        python = cache.ensure(reqs, progress=progress, stop_requested=self._stop.is_set)
+        with self._halt_lock:  # the status says PREPARING without a stale installer line
+            if not self._halt.is_set():
+                self._publish(LearnerState.LEARNER_PREPARING, message="environment ready")
+        return str(python)
+
     def _final_checkpoint(self) -> None:
         """A learner that exited for any other reason may have left a newer checkpoint: keep it if possible."""
         try:
@@ -351,7 +389,11 @@ class Controller:
         """Wait for the learner, forwarding a stop request as SIGTERM and then SIGKILL."""
         kill_at: float | None = None
         killed = False
+        limit = self.spec.manifest.timeout
+        deadline = time.monotonic() + limit if limit else None
         while (returncode := learner.wait(0.2)) is None:
+            if deadline is not None and time.monotonic() >= deadline and not self._stop.is_set():
+                self.request_stop(f"ran longer than {_duration(limit)} (the manifest's timeout)")
             if self._stop.is_set() and kill_at is None:
                 grace = self.settings.kill_grace
                 self._system_line(archive, f"{self._stop_reason}: sending SIGTERM, SIGKILL after {grace:g}s")
@@ -383,6 +425,14 @@ class Controller:
             archive.append("system", message)
         except (OSError, ValueError) as e:
             log.warning("could not archive the line %r: %s", message, e)
+
+
+def _duration(seconds: float) -> str:
+    """7200 -> '2h', 90 -> '90s': as a user would write the manifest's timeout."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 def _text(e: BaseException) -> str:

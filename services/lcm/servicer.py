@@ -1,6 +1,6 @@
 """The LCM's gRPC face: requests become lifecycle calls, results become messages.
 
-Validation happens once, in `JobDeployment.from_request`; the lifecycle and
+Validation happens once, in `deployment_from_request`; the lifecycle and
 its backend then work with well-formed values only. Handles go back as
 "role:id" strings, for diagnostics only. Domain errors become status codes in
 `rpc.handler`, so the Trainer sees the lifecycle's message (e.g. "needs 4
@@ -16,7 +16,7 @@ import grpc
 from protos import common_pb2, lcm_pb2, lcm_pb2_grpc
 from services.common.contracts.ids import check_job_id
 from services.common.rpc import handler
-from services.lcm.lifecycle import JobDeployment, Lifecycle, check_attempt
+from services.lcm.lifecycle import Lifecycle, check_attempt, deployment_from_request
 
 log = logging.getLogger(__name__)
 Ctx = grpc.ServicerContext
@@ -28,7 +28,7 @@ class LcmServicer(lcm_pb2_grpc.LifecycleManagerServicer):
 
     @handler
     def DeployJob(self, request: lcm_pb2.DeployJobRequest, context: Ctx) -> lcm_pb2.DeployJobResponse:
-        job = JobDeployment.from_request(request)
+        job = deployment_from_request(request)
         return lcm_pb2.DeployJobResponse(handles=[str(h) for h in self._lifecycle.deploy(job)])
 
     @handler

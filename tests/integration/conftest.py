@@ -1,7 +1,9 @@
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
+from services.common.states import LearnerState
 from services.lcm.lifecycle import Lifecycle
 
 
@@ -9,6 +11,22 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "/integration/" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
+
+
+def put(coordinator, job: str, rank: int, state: LearnerState, attempt: int = 1, lease=None, **extra) -> None:
+    """Write a learner's status value as its controller would (the wire format, fields spelled out)."""
+    value = {"state": int(state), "attempt": attempt, "exit_code": None, "ts": time.time(), "message": "",
+             "tail": [], "outputs_uri": "", **extra}
+    coordinator.put(coordinator.keys.learner_status(job, rank), value, lease=lease)
+
+
+def monitor_claimed(coordinator, job: str) -> bool:
+    return coordinator.get(coordinator.keys.monitor(job))[0] is not None
+
+
+@pytest.fixture
+def job(unique) -> str:
+    return f"job-{unique}"
 
 
 def backend_maker(build: Callable[..., Lifecycle]) -> Iterator[Callable[..., Lifecycle]]:

@@ -6,6 +6,13 @@ real HTTP. Each answer must not be a 5xx, must have a status the operation
 declares, and its body and headers must match the declared schema — the
 routes declare their response models and error bodies, so this checks the
 shapes clients rely on.
+
+Two more phases check that the schema tells the truth: the negative phase
+sends only requests the schema forbids (a state it does not enumerate, a
+job id that breaks its pattern, a size over its bound, a `code` that is not
+a file) and each must be refused with a 4xx; the stateful phase follows the
+schema's OpenAPI links from a submitted job to get, logs, halt, resume and
+cancel it.
 """
 
 from __future__ import annotations
@@ -17,9 +24,11 @@ from types import SimpleNamespace
 import hypothesis
 import pytest
 import schemathesis
+from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
+    negative_data_rejection,
     response_headers_conformance,
     response_schema_conformance,
     status_code_conformance,
@@ -75,6 +84,14 @@ def _spec() -> dict:
 
 
 schema = schemathesis.openapi.from_dict(_spec())
+# Only requests the schema forbids; unknown query parameters (which HTTP APIs ignore) and a negated
+# Authorization header (the fixed header always supplies one) are left out of what counts as forbidden.
+negative = schemathesis.openapi.from_dict(_spec())
+negative.config.generation.update(modes=[GenerationMode.NEGATIVE], allow_extra_parameters=False,
+                                  with_security_parameters=False)
+SETTINGS = dict(deadline=None, derandomize=True, database=None,
+                suppress_health_check=[hypothesis.HealthCheck.too_slow, hypothesis.HealthCheck.filter_too_much,
+                                       hypothesis.HealthCheck.data_too_large])
 
 
 def test_the_spec_under_test_is_the_served_apps(served):
@@ -88,3 +105,40 @@ def test_the_spec_under_test_is_the_served_apps(served):
 def test_api_conforms_to_its_spec(case, served):
     case.call_and_validate(base_url=served.url, headers={"Authorization": f"Bearer {served.key}"}, checks=CHECKS,
                            timeout=30)
+
+
+@negative.parametrize()
+@hypothesis.settings(max_examples=15, **SETTINGS)
+def test_api_refuses_what_its_spec_forbids(case, served):
+    case.call_and_validate(base_url=served.url, headers={"Authorization": f"Bearer {served.key}"},
+                           checks=[not_a_server_error, negative_data_rejection], timeout=30)
+
+
+def test_job_workflows_through_the_specs_links(served):
+    """Submit, then get/logs/halt/resume/cancel the job the answer names, in generated orders."""
+    machine = schemathesis.openapi.from_dict(_spec()).as_state_machine()
+    calls: list[tuple[str, str, int]] = []
+
+    class Workflow(machine):  # type: ignore[misc, valid-type]
+        def call(self, case, **kwargs):
+            if case.operation.path == "/v1/jobs" and case.method == "POST":
+                # A job to follow the links from: the stateless tests already fuzz the manifest itself.
+                case.body = {"manifest": "name: linked\nframework: custom\ncommand: 'true'\n"}
+                case.headers = {k: v for k, v in (case.headers or {}).items() if k.lower() != "idempotency-key"}
+            response = super().call(case, **kwargs)
+            calls.append((case.method, case.operation.path, response.status_code))
+            return response
+
+        def get_call_kwargs(self, case):
+            return {"base_url": served.url, "headers": {"Authorization": f"Bearer {served.key}"}, "timeout": 30}
+
+        def validate_response(self, response, case, additional_checks=None, **kwargs):
+            case.validate_response(response, checks=CHECKS)
+
+    Workflow.run(settings=hypothesis.settings(max_examples=15, stateful_step_count=6, **SETTINGS))
+    followed = {(method, path) for method, path, status in calls if status in (200, 409) and "{job_id}" in path}
+    assert ("POST", "/v1/jobs") in {(m, p) for m, p, st in calls if st == 201}, calls
+    # Jobs the links led to were found and acted on (200, or 409 for a halt of a queued job): which operations
+    # the generated sequences reach varies with the schema, so at least one change and one more.
+    changes = {("POST", f"/v1/jobs/{{job_id}}/{verb}") for verb in ("cancel", "halt", "resume")}
+    assert followed & changes and len(followed) >= 2, sorted(followed)

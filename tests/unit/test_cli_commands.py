@@ -142,7 +142,7 @@ def test_submit_follow_streams_and_exits_by_outcome(cli):
     assert "completed" in out and "outputs: store://jobs/" in out
 
     t = drive("failed")
-    result = cli.run("submit", path, "--follow", "--interval", "0.05", code=1)
+    result = cli.run("submit", path, "--follow", "--interval", "0.05", code=3)  # exitcodes.JOB_FAILED
     t.join(10)
     assert "failed" in result.stdout and "code 3" in result.stdout
 

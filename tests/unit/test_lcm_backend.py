@@ -15,7 +15,7 @@ from services.common.manifest import Manifest
 from services.common.settings import LcmSettings
 from services.lcm.backends import make_backend
 from services.lcm.backends.local import child_env, detect_gpus
-from services.lcm.lifecycle import JobDeployment
+from services.lcm.lifecycle import JobDeployment, deployment_from_request
 
 MANIFEST = Manifest(name="mnist", learners=3, command="python train.py")
 
@@ -27,10 +27,10 @@ def request(**kw) -> lcm_pb2.DeployJobRequest:
 
 
 def test_a_deploy_request_becomes_a_validated_deployment():
-    job = JobDeployment.from_request(request())
-    assert job == JobDeployment("j-0123abcd", "team-a", 2, MANIFEST, "store://jobs/j-0123abcd/code.tar.gz",
-                                "store://ckpt")
-    assert job.learners == 3
+    job = deployment_from_request(request())
+    assert job == JobDeployment(job_id="j-0123abcd", team="team-a", attempt=2, manifest=MANIFEST,
+                                code_uri="store://jobs/j-0123abcd/code.tar.gz", checkpoint_uri="store://ckpt")
+    assert job.world_size == 3
 
 
 @pytest.mark.parametrize(("change", "field"), [
@@ -40,7 +40,7 @@ def test_a_deploy_request_becomes_a_validated_deployment():
 ])
 def test_bad_deploy_requests_name_the_field(change, field):
     with pytest.raises(InvalidArgument) as e:
-        JobDeployment.from_request(request(**change))
+        deployment_from_request(request(**change))
     assert field in {d["field"] for d in e.value.details}
 
 

@@ -104,7 +104,8 @@ def test_wrong_key_and_unreachable_api(platform):
     with Client(platform.url, "tf_00000000_" + "x" * 43) as c, pytest.raises(ApiError) as e:
         c.list()
     assert e.value.status == 401
-    with Client(f"http://127.0.0.1:{free_port()}", platform.key, timeout=2) as c, pytest.raises(ApiError) as e:
+    with Client(f"http://127.0.0.1:{free_port()}", platform.key, timeout=2, retry_seconds=0) as c, \
+            pytest.raises(ApiError) as e:
         c.list()
     assert e.value.status == 0 and "cannot reach" in str(e.value) and "trainforge up" in str(e.value)
 

@@ -7,15 +7,18 @@ nothing across teams.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Header, Path, Query, Request, Response, UploadFile
+from pydantic import StringConstraints, WithJsonSchema
 
 from services.api.audit import note_target
 from services.api.deps import LogsDep, ObjectsDep, SettingsDep, TenantDep, TrainerDep
 from services.api.logs import read_job_logs
 from services.api.schemas import ErrorResponse, Job, JobList, LogPage, error_responses
 from services.api.submit import submit_job
+from services.common.contracts import ids
 from services.common.errors import InvalidArgument
 from services.common.states import JobState, job_state
 
@@ -26,13 +29,35 @@ router = APIRouter(
 )
 
 _NOT_FOUND = {404: {"model": ErrorResponse, "description": "no such job in the caller's team"}}
-JobId = Annotated[str, Path(description="the job id, e.g. j-1a2b3c4d5e6f", max_length=128)]
+# OpenAPI links: what a client (and the schemathesis stateful test) can do next with the job in a response.
+_JOB_OPS = {"GetJob": "get_job_v1_jobs__job_id__get", "GetLogs": "get_logs_v1_jobs__job_id__logs_get",
+            "HaltJob": "halt_job_v1_jobs__job_id__halt_post", "ResumeJob": "resume_job_v1_jobs__job_id__resume_post",
+            "CancelJob": "cancel_job_v1_jobs__job_id__cancel_post"}
+JOB_LINKS = {"links": {name: {"operationId": op, "parameters": {"job_id": "$response.body#/id"}}
+                       for name, op in _JOB_OPS.items()}}
+JobId = Annotated[str, Path(description=f"the job id, e.g. j-1a2b3c4d5e6f: {ids.RULE}", max_length=ids.MAX_LEN,
+                            pattern=ids.PATTERN)]
+# The states a list may ask for, as the schema enumerates them: names in any case, comma-separated
+# (JSON Schema patterns have no case-insensitive flag, hence [rR][uU]...).
+_STATE_NAMES = "|".join("".join(f"[{c}{c.upper()}]" if c.isalpha() else c for c in s.name.lower())
+                        for s in JobState if s.value)
+STATES_PATTERN = rf"^({_STATE_NAMES})(,({_STATE_NAMES}))*$"
+# Checked by parse_states (not pydantic), so a bad value's error names the field `state` and lists the states.
+StateFilter = Annotated[str, WithJsonSchema({"type": "string", "pattern": STATES_PATTERN, "maxLength": 400})]
+# A file part, never a plain form field (which the server refuses): OpenAPI's binary string.
+CODE_SCHEMA = {"type": "string", "format": "binary", "description": "the job's code folder as a .tar.gz archive, "
+               "sent as a file part"}
+LabelFilter = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}=[^=,]{0,63}$")]
 
 
 def parse_states(values: list[str] | None) -> list[JobState]:
     out: list[JobState] = []
     for value in values or []:
-        for name in filter(None, (v.strip() for v in value.split(","))):
+        if len(value) > 400 or not re.fullmatch(STATES_PATTERN, value):
+            valid = ", ".join(s.name.lower() for s in JobState if s.value)
+            raise InvalidArgument(f"state: {value[:60]!r} is not a comma-separated list of job states; valid: {valid}",
+                                  details=[{"field": "state", "message": f"use one or more of {valid}"}])
+        for name in value.split(","):
             try:
                 state = job_state(name)
             except ValueError as e:
@@ -46,7 +71,9 @@ def parse_states(values: list[str] | None) -> list[JobState]:
 
 @router.post(
     "", status_code=201, response_model=Job, summary="Submit a job",
-    responses={200: {"model": Job, "description": "an earlier request with this Idempotency-Key created the job"},
+    responses={201: JOB_LINKS,
+               200: {"model": Job, "description": "an earlier request with this Idempotency-Key created the job",
+                     **JOB_LINKS},
                409: {"model": ErrorResponse, "description": "Idempotency-Key reused with another manifest"},
                413: {"model": ErrorResponse, "description": "code archive larger than the limit"}},
 )
@@ -54,7 +81,8 @@ def submit(
     tenant: TenantDep, settings: SettingsDep, trainer: TrainerDep, objects: ObjectsDep, request: Request,
     response: Response,
     manifest: Annotated[str, Form(description="the job manifest, YAML or JSON text")],
-    code: Annotated[UploadFile | None, File(description="the job's code folder as a .tar.gz archive")] = None,
+    code: Annotated[UploadFile | None, File(description="the job's code folder as a .tar.gz archive"),
+                    WithJsonSchema(CODE_SCHEMA)] = None,
     idempotency_key: Annotated[str | None, Header(
         description="retries with the same key return the job the first request created")] = None,
 ) -> dict:
@@ -73,11 +101,34 @@ def submit(
 @router.get("", response_model=JobList, summary="List the team's jobs, newest first")
 def list_jobs(
     tenant: TenantDep, trainer: TrainerDep,
-    state: Annotated[list[str] | None, Query(
-        description="only jobs in these states (repeat or comma-separate), e.g. running,queued")] = None,
+    state: Annotated[list[StateFilter] | None, Query(
+        description="only jobs in these states (repeat or comma-separate), e.g. running,queued", max_length=16)] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="most jobs returned")] = 50,
+    label: Annotated[list[LabelFilter] | None, Query(
+        description="only jobs whose manifest has this label, as key=value (repeat: all must match)",
+        max_length=16)] = None,
 ) -> dict:
-    return {"jobs": trainer.list_jobs(tenant.team, limit=limit, states=parse_states(state))}
+    wanted = parse_labels(label)
+    if not wanted:
+        return {"jobs": trainer.list_jobs(tenant.team, limit=limit, states=parse_states(state))}
+    # Labels live in the manifest, which the Trainer does not index: filter the newest LABEL_SCAN jobs.
+    jobs = trainer.list_jobs(tenant.team, limit=LABEL_SCAN, states=parse_states(state))
+    return {"jobs": [j for j in jobs if wanted.items() <= (j.get("manifest") or {}).get("labels", {}).items()][:limit]}
+
+
+# How many of the newest jobs a label filter looks at.
+LABEL_SCAN = 1000
+
+
+def parse_labels(values: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for value in values or []:
+        key, sep, val = value.partition("=")
+        if not sep or not key:
+            raise InvalidArgument(f"label: {value!r} is not key=value",
+                                  details=[{"field": "label", "message": "must be key=value"}])
+        out[key] = val
+    return out
 
 
 @router.get("/{job_id}", response_model=Job, responses=_NOT_FOUND, summary="One job")
@@ -101,7 +152,7 @@ def get_logs(
 
 
 @router.post("/{job_id}/halt", response_model=Job,
-             responses={**_NOT_FOUND, 409: {"model": ErrorResponse,
+             responses={200: JOB_LINKS, **_NOT_FOUND, 409: {"model": ErrorResponse,
                                            "description": "the job is not deploying or running"}},
              summary="Halt a job: checkpoint every learner, stop, free the quota")
 def halt_job(tenant: TenantDep, trainer: TrainerDep, job_id: JobId) -> dict:
@@ -111,7 +162,7 @@ def halt_job(tenant: TenantDep, trainer: TrainerDep, job_id: JobId) -> dict:
 
 
 @router.post("/{job_id}/resume", response_model=Job,
-             responses={**_NOT_FOUND, 409: {"model": ErrorResponse, "description": "the job is not halted"}},
+             responses={200: JOB_LINKS, **_NOT_FOUND, 409: {"model": ErrorResponse, "description": "the job is not halted"}},
              summary="Resume a halted job from its checkpoint")
 def resume_job(tenant: TenantDep, trainer: TrainerDep, job_id: JobId) -> dict:
     """The job goes through the queue again as its next attempt; its learners restore the last checkpoint

@@ -17,6 +17,8 @@ from services.common.errors import InvalidArgument
 
 MAX_LEN = 40
 _JOB_ID = re.compile(rf"^[a-z0-9](?:[a-z0-9-]{{0,{MAX_LEN - 2}}}[a-z0-9])?$")
+# The same rule as a regular expression, for schemas (the REST API's OpenAPI path parameters).
+PATTERN = _JOB_ID.pattern
 RULE = f"1-{MAX_LEN} lowercase letters, digits or '-', starting and ending with a letter or digit"
 
 

@@ -88,8 +88,8 @@ class Site:
     master_port: int
 
 
-class AttemptPlan(BaseModel):
-    """One attempt of one job, everything decided: the only thing a backend is handed to launch."""
+class JobDeployment(BaseModel):
+    """One attempt of one job, as the Trainer asked for it (validated once, by the lifecycle)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -99,16 +99,26 @@ class AttemptPlan(BaseModel):
     manifest: Manifest
     code_uri: str = ""
     checkpoint_uri: str = ""
+
+    @property
+    def world_size(self) -> int:
+        return self.manifest.learners
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the whole attempt needs."""
+        return self.manifest.resources.gpus * self.world_size
+
+
+class AttemptPlan(JobDeployment):
+    """One attempt of one job, everything decided: the only thing a backend is handed to launch."""
+
     attempt_dir: Path
     master_addr: str
     master_port: int
     gpu_ids: tuple[tuple[int, ...], ...]
     learners: tuple[LearnerSpec, ...]
     monitor: MonitorSpec
-
-    @property
-    def world_size(self) -> int:
-        return len(self.learners)
 
     @property
     def all_gpus(self) -> set[int]:

@@ -26,8 +26,8 @@ from services.common.contracts.etcd import AttemptInfo, HaltRequest
 from services.common.contracts.ids import check_job_id
 from services.common.errors import Conflict, ResourceExhausted
 from services.common.settings import LcmSettings
-from services.lcm.backends.base import AttemptPlan, Backend, Capacity, Handle, JobView
-from services.lcm.lifecycle.plan import JobDeployment, build_plan, check_attempt
+from services.lcm.backends.base import AttemptPlan, Backend, Capacity, Handle, JobDeployment, JobView
+from services.lcm.lifecycle.plan import build_plan, check_attempt
 from services.lcm.lifecycle.records import AttemptRecord, attempt_records
 from services.lcm.lifecycle.supervision import Supervision, unfinished
 from services.lcm.lifecycle.types import RunningJob
@@ -126,7 +126,7 @@ class Lifecycle:
             plan = self._reserve(job)
             try:
                 self._coord.put(self._keys.attempt(job.job_id), AttemptInfo(
-                    attempt=job.attempt, learners=job.learners, checkpoint_uri=job.checkpoint_uri).value())
+                    attempt=job.attempt, learners=job.world_size, checkpoint_uri=job.checkpoint_uri).value())
                 handles = self.backend.launch(plan)
             except BaseException:
                 self.backend.stop(job.job_id)
@@ -146,8 +146,8 @@ class Lifecycle:
             others = [r for r in self._records.all() if r.job_id != job.job_id
                       and (r.job_id in self._launching or self.backend.observe(r.plan).alive)]
             running = sum(r.plan.world_size for r in others)
-            if running + job.learners > cap.max_learners:
-                raise ResourceExhausted(f"needs {job.learners} learner(s); the {cap.backend} backend runs at most "
+            if running + job.world_size > cap.max_learners:
+                raise ResourceExhausted(f"needs {job.world_size} learner(s); the {cap.backend} backend runs at most "
                                         f"{cap.max_learners} and {running} are running")
             used = {g for r in others for g in r.plan.all_gpus}
             free = [g for g in range(cap.gpus) if g not in used]

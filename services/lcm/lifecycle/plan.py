@@ -1,22 +1,20 @@
 """From a validated deploy request to the attempt plan a backend launches.
 
-`JobDeployment` is the request in the LCM's terms (the manifest parsed once,
-the job id checked against the platform's rule), made in exactly one place
-(`from_request`). `build_plan` decides everything else about the attempt,
+`JobDeployment` (in `backends/base.py`, the base of the plan) is the request
+in the LCM's terms (the manifest parsed once, the job id checked against the
+platform's rule), made in exactly one place (`deployment_from_request`). `build_plan` decides everything else about the attempt,
 once: each rank's `LearnerSpec` (workdir, rendezvous, its GPUs) and the
 `MonitorSpec`. A backend never re-derives any of it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from protos import lcm_pb2
 from services.common.contracts.ids import check_job_id
 from services.common.contracts.specs import LearnerSpec, MonitorSpec
 from services.common.errors import InvalidArgument
-from services.common.manifest import Manifest, parse_manifest
-from services.lcm.backends.base import AttemptPlan, Site
+from services.common.manifest import parse_manifest
+from services.lcm.backends.base import AttemptPlan, JobDeployment, Site
 
 
 def check_attempt(attempt: int) -> int:
@@ -26,55 +24,33 @@ def check_attempt(attempt: int) -> int:
     return attempt
 
 
-@dataclass(frozen=True)
-class JobDeployment:
-    """One attempt of one job, as the Trainer asked for it."""
-
-    job_id: str
-    team: str
-    attempt: int
-    manifest: Manifest
-    code_uri: str = ""
-    checkpoint_uri: str = ""
-
-    @classmethod
-    def from_request(cls, request: lcm_pb2.DeployJobRequest) -> JobDeployment:
-        """Validate a DeployJobRequest; InvalidArgument names the field at fault."""
-        check_job_id(request.job_id)
-        if not request.team:
-            raise InvalidArgument("team is required", details=[{"field": "team", "message": "required"}])
-        check_attempt(request.attempt)
-        if not request.manifest_json:
-            raise InvalidArgument("manifest_json is required",
-                                  details=[{"field": "manifest_json", "message": "required"}])
-        return cls(job_id=request.job_id, team=request.team, attempt=request.attempt,
-                   manifest=parse_manifest(request.manifest_json), code_uri=request.code_uri,
-                   checkpoint_uri=request.checkpoint_uri)
-
-    @property
-    def learners(self) -> int:
-        return self.manifest.learners
-
-    @property
-    def gpus(self) -> int:
-        """GPUs the whole attempt needs."""
-        return self.manifest.resources.gpus * self.learners
+def deployment_from_request(request: lcm_pb2.DeployJobRequest) -> JobDeployment:
+    """Validate a DeployJobRequest; InvalidArgument names the field at fault."""
+    check_job_id(request.job_id)
+    if not request.team:
+        raise InvalidArgument("team is required", details=[{"field": "team", "message": "required"}])
+    check_attempt(request.attempt)
+    if not request.manifest_json:
+        raise InvalidArgument("manifest_json is required",
+                              details=[{"field": "manifest_json", "message": "required"}])
+    return JobDeployment(job_id=request.job_id, team=request.team, attempt=request.attempt,
+                         manifest=parse_manifest(request.manifest_json), code_uri=request.code_uri,
+                         checkpoint_uri=request.checkpoint_uri)
 
 
 def build_plan(job: JobDeployment, site: Site, gpus: list[int], *, lease_ttl: int,
                start_timeout: float) -> AttemptPlan:
     """The attempt's plan: rank r gets the r-th slice of `gpus` (the manifest's GPUs per learner each)."""
     per = job.manifest.resources.gpus
-    gpu_ids = tuple(tuple(gpus[r * per:(r + 1) * per]) for r in range(job.learners))
+    gpu_ids = tuple(tuple(gpus[r * per:(r + 1) * per]) for r in range(job.world_size))
     learners = tuple(
-        LearnerSpec(job_id=job.job_id, team=job.team, attempt=job.attempt, rank=rank, world_size=job.learners,
+        LearnerSpec(job_id=job.job_id, team=job.team, attempt=job.attempt, rank=rank, world_size=job.world_size,
                     manifest=job.manifest, code_uri=job.code_uri, checkpoint_uri=job.checkpoint_uri,
                     workdir=site.attempt_dir / f"learner-{rank}", master_addr=site.master_addr,
                     master_port=site.master_port, gpu_ids=list(gpu_ids[rank]), lease_ttl=lease_ttl)
-        for rank in range(job.learners))
-    monitor = MonitorSpec(job_id=job.job_id, team=job.team, attempt=job.attempt, learners=job.learners,
+        for rank in range(job.world_size))
+    monitor = MonitorSpec(job_id=job.job_id, team=job.team, attempt=job.attempt, learners=job.world_size,
                           start_timeout=start_timeout)
-    return AttemptPlan(job_id=job.job_id, team=job.team, attempt=job.attempt, manifest=job.manifest,
-                       code_uri=job.code_uri, checkpoint_uri=job.checkpoint_uri, attempt_dir=site.attempt_dir,
+    return AttemptPlan(**dict(job), attempt_dir=site.attempt_dir,
                        master_addr=site.master_addr, master_port=site.master_port, gpu_ids=gpu_ids,
                        learners=learners, monitor=monitor)

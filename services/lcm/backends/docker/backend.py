@@ -23,7 +23,9 @@ runner or an older attempt left behind.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from pathlib import Path
 
 from services.common.adapters.docker_engine import ContainerView, Engine
 from services.common.errors import ResourceExhausted, TrainforgeError
@@ -71,10 +73,14 @@ class DockerBackend(LocalBackend):
         if name not in self._engine.networks(net_labels):
             self._engine.create_network(name, str(containers.subnet_of(plan.master_addr)), net_labels)
         plan.attempt_dir.mkdir(parents=True, exist_ok=True)
+        # where the controllers build a manifest's `requirements:` (ControllerSettings.env_cache, which they
+        # read from the same environment): the learner runs that environment's interpreter in its container
+        env_cache = Path(os.environ.get("TF_ENV_CACHE_DIR") or Path(self._settings.state_dir) / "envs").resolve()
+        env_cache.mkdir(parents=True, exist_ok=True)
         learners = []
         for spec in plan.learners:
             box = containers.container_plan(plan, spec, engine_url=self._url, image=image, stack=self._stack,
-                                            python=self._python)
+                                            python=self._python, env_cache=env_cache)
             path = plan.attempt_dir / f"container-{spec.rank}.json"
             write_atomically(path, box.model_dump_json(indent=2))
             learners.append(spec.model_copy(update={"launcher": [self._python, str(containers.RUNNER), str(path)]}))

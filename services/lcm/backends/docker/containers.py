@@ -117,10 +117,13 @@ class ContainerPlan(BaseModel):
 
 
 def container_plan(plan: AttemptPlan, spec: LearnerSpec, *, engine_url: str, image: str, stack: str,
-                   python: str) -> ContainerPlan:
+                   python: str, env_cache: Path | None = None) -> ContainerPlan:
+    """`env_cache`: the controllers' per-job environments (a manifest's `requirements:`), mounted read-only."""
     subnet = subnet_of(plan.master_addr)
     res = plan.manifest.resources
     mounts = [*platform_mounts(python), (str(spec.workdir), str(spec.workdir), False)]
+    if env_cache is not None:
+        mounts.append((str(env_cache), str(env_cache), True))
     return ContainerPlan(
         engine_url=engine_url, name=container_name(plan.job_id, plan.attempt, spec.rank), image=image,
         network=network_name(plan.job_id, plan.attempt), ip=rank_address(subnet, spec.rank),

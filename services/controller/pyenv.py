@@ -1,0 +1,268 @@
+"""Per-job Python environments: a manifest's `requirements:` as a cached virtual environment.
+
+A job that names requirements runs its learner in a virtual environment
+built for exactly that requirement set, on top of the platform's own
+interpreter. The environment's own site-packages come first on `sys.path`;
+after them a `.pth` file adds the platform's site-packages (so torch, which
+a user rarely wants a second copy of, is still found) and the folder that
+holds the learner-side helper `frameworks/` (which imports nothing from
+`services/`). A requirement that asks for another version of something the
+platform has installs its own copy, and that copy wins.
+
+Environments are shared: each lives under `<cache>/<digest>/`, the digest
+covering the normalised requirements, the platform interpreter and the
+helper's location, so two jobs with the same requirements build once. Two
+controllers that need the same environment at once are serialised by an
+exclusive lock on `<digest>.lock`; the environment counts as built only
+once its `.trainforge-ready` marker exists, so one left half-built by a
+killed controller is removed and built again. The installer is uv (fast,
+and its own download cache keeps rebuilds cheap); its output lines are the
+progress the learner's PREPARING status shows, and its last lines are the
+message of a failed build.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import frameworks
+from services.common.errors import InvalidArgument, TrainforgeError
+from services.common.manifest import Manifest
+
+log = logging.getLogger(__name__)
+
+READY = ".trainforge-ready"
+REQUIREMENTS_FILE = "trainforge-requirements.txt"
+PLATFORM_PTH = "_trainforge_platform.pth"
+# How many of the installer's last lines a failed build reports.
+TAIL_LINES = 15
+# A requirements file larger than this is not a requirements file.
+MAX_REQUIREMENTS_BYTES = 1 << 20
+# Installer variables passed through to uv (index, cache, offline mode, proxies); nothing else of ours.
+_PASSED = ("HOME", "PATH", "LANG", "TMPDIR", "SSL_CERT_FILE", "SSL_CERT_DIR", "HTTP_PROXY", "HTTPS_PROXY",
+           "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
+
+
+class EnvBuildFailed(TrainforgeError):
+    """Building the job's environment failed; the message ends with the installer's last lines."""
+
+    code = "env_build_failed"
+
+
+class BuildStopped(Exception):
+    """A stop was requested while the environment was being built."""
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """A normalised requirement set and where it came from (for messages)."""
+
+    lines: tuple[str, ...]
+    source: str
+
+    def text(self) -> str:
+        return "".join(f"{line}\n" for line in self.lines)
+
+
+def _normalise(text: str) -> list[str]:
+    out = []
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if line and not line.startswith("#"):
+            out.append(line)
+    return out
+
+
+def requirements_of(manifest: Manifest, workdir: Path) -> Requirements | None:
+    """The manifest's requirement set, reading a requirements file from the (already extracted) code folder.
+
+    InvalidArgument names the field when the file is missing or unreadable.
+    """
+    spec = manifest.requirements
+    if spec is None:
+        return None
+    if isinstance(spec, list):
+        # A list has no order that matters: the same set in another order is the same environment.
+        return Requirements(tuple(sorted(dict.fromkeys(s.strip() for s in spec))), "the manifest's requirements")
+    path = (workdir / spec).resolve()
+    if not path.is_relative_to(workdir.resolve()):
+        raise InvalidArgument(f"requirements: {spec} resolves outside the code folder")
+    try:
+        if path.stat().st_size > MAX_REQUIREMENTS_BYTES:
+            raise InvalidArgument(f"requirements: {spec} is larger than {MAX_REQUIREMENTS_BYTES} bytes")
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InvalidArgument(f"requirements: {spec} is not in the code folder") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidArgument(f"requirements: cannot read {spec}: {e}") from None
+    return Requirements(tuple(_normalise(text)), spec)
+
+
+def installer() -> str:
+    """The uv executable: the one installed with the platform, else one on PATH."""
+    try:
+        from uv import find_uv_bin  # the PyPI package ships the binary
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        found = shutil.which("uv")
+        if found is None:
+            raise EnvBuildFailed("requirements: the installer uv is not installed on this machine "
+                                 "(pip install uv)") from None
+        return found
+
+
+def helper_root() -> Path:
+    """The folder holding the `frameworks` package, which learners import the helper from."""
+    return Path(frameworks.__file__).resolve().parent.parent
+
+
+def platform_site_dirs(python: str) -> list[str]:
+    """The site-packages folders of the platform interpreter `python`."""
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        import site
+
+        return [p for p in site.getsitepackages() if os.path.isdir(p)]
+    out = subprocess.run([python, "-c", "import json, site; print(json.dumps(site.getsitepackages()))"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    return [p for p in json.loads(out.stdout) if os.path.isdir(p)]
+
+
+class EnvCache:
+    """Builds and finds environments under `root`; `ensure()` returns the environment's interpreter."""
+
+    def __init__(self, root: Path, *, python: str = sys.executable, uv: str | None = None,
+                 timeout: float = 1800.0, lock_poll: float = 0.5):
+        self.root, self.python, self.timeout, self.lock_poll = Path(root), python, timeout, lock_poll
+        self._uv = uv
+
+    def digest(self, reqs: Requirements) -> str:
+        h = hashlib.sha256()
+        for part in (os.path.realpath(self.python), str(helper_root()), reqs.text()):
+            h.update(part.encode())
+            h.update(b"\0")
+        return h.hexdigest()[:24]
+
+    def ensure(self, reqs: Requirements, *, progress: Callable[[str], None] = lambda _: None,
+               stop_requested: Callable[[], bool] = lambda: False) -> Path:
+        """The environment's `bin/python`, building it first if needed.
+
+        Raises EnvBuildFailed (the installer's last lines), BuildStopped.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        key = self.digest(reqs)
+        env_dir = self.root / key
+        python = env_dir / "bin" / "python"
+        if (env_dir / READY).exists():
+            os.utime(env_dir / READY)  # when it was last used, for whoever prunes the cache
+            return python
+        with open(self.root / f"{key}.lock", "a+b") as lock:
+            waited = False
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if not waited:
+                        progress(f"waiting for another learner building the environment for {reqs.source}")
+                        waited = True
+                    if stop_requested():
+                        raise BuildStopped("stopped while waiting for the environment") from None
+                    time.sleep(self.lock_poll)
+            try:
+                if not (env_dir / READY).exists():  # the one we waited for may have built it
+                    try:
+                        self._build(reqs, env_dir, progress, stop_requested)
+                    except BaseException:
+                        shutil.rmtree(env_dir, ignore_errors=True)  # the next job starts clean
+                        raise
+                os.utime(env_dir / READY)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        return python
+
+    def _build(self, reqs: Requirements, env_dir: Path, progress: Callable[[str], None],
+               stop_requested: Callable[[], bool]) -> None:
+        if env_dir.exists():
+            log.info("removing the half-built environment %s", env_dir)
+            shutil.rmtree(env_dir)
+        uv = self._uv or installer()
+        n = len(reqs.lines)
+        progress(f"building the environment for {reqs.source} ({n} requirement{'s' * (n != 1)})")
+        self._run([uv, "venv", "--quiet", "--python", self.python, str(env_dir)], "creating the environment",
+                  progress, stop_requested)
+        site_packages = self._site_packages(env_dir)
+        lines = [str(helper_root())] + [f"import site; site.addsitedir({d!r})" for d in
+                                        platform_site_dirs(self.python)]
+        (site_packages / PLATFORM_PTH).write_text("\n".join(lines) + "\n")
+        req_file = env_dir / REQUIREMENTS_FILE
+        req_file.write_text(reqs.text())
+        if reqs.lines:
+            self._run([uv, "pip", "install", "--python", str(env_dir / "bin" / "python"), "-r", str(req_file)],
+                      f"installing {reqs.source}", progress, stop_requested)
+        (env_dir / READY).write_text(json.dumps({"requirements": list(reqs.lines), "source": reqs.source,
+                                                 "built_at": time.time()}))
+        log.info("built the environment %s for %s", env_dir, reqs.source)
+
+    @staticmethod
+    def _site_packages(env_dir: Path) -> Path:
+        found = sorted(env_dir.glob("lib/python*/site-packages"))
+        if not found:
+            raise EnvBuildFailed(f"requirements: the new environment {env_dir} has no site-packages folder")
+        return found[0]
+
+    def _run(self, argv: list[str], what: str, progress: Callable[[str], None],
+             stop_requested: Callable[[], bool]) -> None:
+        """Run the installer, its output lines as progress; EnvBuildFailed with its last lines if it fails."""
+        env = {k: v for k, v in os.environ.items() if k in _PASSED or k.startswith("UV_")}
+        env["NO_COLOR"] = "1"
+        tail: deque[str] = deque(maxlen=TAIL_LINES)
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, env=env, cwd=self.root,
+                                    start_new_session=True)
+        except OSError as e:
+            raise EnvBuildFailed(f"requirements: {what} failed: cannot run {argv[0]}: {e.strerror or e}") from None
+        reader = threading.Thread(target=self._read, args=(proc.stdout, tail, progress), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + self.timeout
+        while proc.poll() is None:
+            try:
+                proc.wait(0.2)
+            except subprocess.TimeoutExpired:
+                pass
+            if stop_requested() or time.monotonic() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                reader.join(5)
+                if stop_requested():
+                    raise BuildStopped(f"stopped while {what}")
+                raise EnvBuildFailed(f"requirements: {what} took longer than {self.timeout:g}s")
+        reader.join(10)
+        if proc.returncode != 0:
+            lines = "\n".join(tail)
+            raise EnvBuildFailed(f"requirements: {what} failed (installer exit code {proc.returncode}):\n{lines}")
+
+    @staticmethod
+    def _read(stream, tail: deque[str], progress: Callable[[str], None]) -> None:
+        with stream:
+            for raw in stream:
+                line = raw.rstrip()
+                if line:
+                    tail.append(line)
+                    log.info("installer: %s", line)
+                    progress(line)

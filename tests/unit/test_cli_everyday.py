@@ -1,0 +1,72 @@
+"""The CLI's everyday pieces: exit codes, --version, login and profiles, completion, labels, --param/--env."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from services.common.states import JobState
+from tests.unit.test_cli_commands import cli, manifest, ship  # noqa: F401 - cli is a fixture
+from trainforge import config, exitcodes
+from trainforge.cli import main
+
+
+def test_logs_follow_exits_by_the_jobs_outcome(cli):  # noqa: F811
+    job_id = cli.json("submit", manifest(cli.tmp))["id"]
+    ship(cli.logs, job_id, 0, range(1, 3))
+    cli.trainer.report(job_id, JobState.DEPLOYING, "dispatched")
+    cli.trainer.report(job_id, JobState.FAILED, "learner 0 exited with code 3")
+    out = cli.run("logs", job_id, "-f", "--interval", "0.05", code=exitcodes.JOB_FAILED).stdout
+    assert "learner 0 says 2" in out
+    other = cli.json("submit", manifest(cli.tmp))["id"]
+    cli.json("cancel", other)
+    cli.run("logs", other, "-f", "--interval", "0.05", code=exitcodes.JOB_CANCELLED)
+
+
+def test_version():
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0 and result.stdout.startswith("trainforge, version ")
+
+
+def test_login_saves_profiles_and_profile_picks_one(cli, tmp_path):  # noqa: F811
+    cfg = config.load_file(cli.state)
+    state = tmp_path / "laptop"
+    runner = CliRunner(env={"TF_STATE_DIR": str(state), "TRAINFORGE_API_URL": None, "TRAINFORGE_API_KEY": None,
+                            "TRAINFORGE_PROFILE": None})
+    bad = runner.invoke(main, ["login", "--url", cfg.api_url, "--key", "tf_00000000_" + "x" * 43])
+    assert bad.exit_code == exitcodes.ERROR and not (state / config.CONFIG_FILE).exists()
+    ok = runner.invoke(main, ["login", "--url", cfg.api_url, "--profile", "work"], input=cfg.api_key + "\n")
+    assert ok.exit_code == 0, ok.output
+    assert "as team alpha" in ok.stdout and "profile 'work'" in ok.stdout and cfg.api_key not in ok.stdout
+    saved = json.loads((state / config.CONFIG_FILE).read_text())
+    assert saved["profiles"]["work"]["team"] == "alpha" and saved["api_key"] == ""
+    assert oct((state / config.CONFIG_FILE).stat().st_mode & 0o777) == "0o600"
+    # No default entry: the plain command has no key; the profile, by option or variable, has one.
+    assert runner.invoke(main, ["status"]).exit_code == exitcodes.ERROR
+    assert runner.invoke(main, ["--profile", "work", "status", "--json"]).exit_code == 0
+    assert runner.invoke(main, ["status", "--json"], env={"TRAINFORGE_PROFILE": "work"}).exit_code == 0
+    missing = runner.invoke(main, ["--profile", "home", "status"])
+    assert missing.exit_code == exitcodes.ERROR and "no profile 'home'" in missing.stderr
+
+
+def test_completion_script_and_job_ids(cli):  # noqa: F811
+    script = cli.run("completion", "bash").stdout
+    assert "_TRAINFORGE_COMPLETE" in script
+    job_id = cli.json("submit", manifest(cli.tmp))["id"]
+    result = cli.runner.invoke(main, [], env={"_TRAINFORGE_COMPLETE": "bash_complete", "COMP_WORDS": "trainforge cancel j-",
+                                              "COMP_CWORD": "2"}, prog_name="trainforge")
+    assert f"plain,{job_id}" in result.stdout.splitlines()
+
+
+def test_labels_params_and_env_at_submit(cli):  # noqa: F811
+    path = manifest(cli.tmp, "name: demo\nframework: custom\ncommand: python train.py {{lr}}\ncode: src\n"
+                             "params: {lr: 1}\nlabels: {team: vision}\n")
+    a = cli.json("submit", path, "--param", "lr=0.5", "-p", "epochs=3", "--env", "WANDB_MODE=offline")
+    assert a["manifest"]["params"] == {"lr": 0.5, "epochs": 3}
+    assert a["manifest"]["env"] == {"WANDB_MODE": "offline"}
+    b = cli.json("submit", manifest(cli.tmp))
+    assert [j["id"] for j in cli.json("status", "--label", "team=vision")] == [a["id"]]
+    assert {j["id"] for j in cli.json("status")} == {a["id"], b["id"]}
+    assert cli.json("status", "--label", "team=nlp") == []
+    assert "is not KEY=VALUE" in cli.run("submit", path, "--param", "lr", code=exitcodes.USAGE).stderr
