@@ -7,7 +7,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 TORCH := torch==2.13.0
 STAMP := $(VENV)/.stamp-installed
 
-.PHONY: demo test check unit integration e2e protos protos-check lock bench clean down
+.PHONY: demo test check unit integration e2e protos protos-check lock bench clean down engine
 
 $(STAMP): requirements/runtime.lock requirements/dev.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,13 +30,18 @@ check: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) -m protos.generate --check
 
-test: check
+# The docker backend's private engine (binaries, learner image root filesystem, a wheel), cached in
+# .cache/engine/; seconds when warm. Its tests start dockerd themselves and fail (never skip) without it.
+engine: $(STAMP)
+	PYTHON=$(PY) tools/engine/setup.sh
+
+test: check engine
 	$(PY) -m pytest tests
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit
 
-integration: $(STAMP)
+integration: $(STAMP) engine
 	$(PY) -m pytest tests/integration
 
 e2e: $(STAMP)
@@ -55,6 +60,7 @@ bench: $(STAMP)
 	$(PY) bench/submit_latency.py
 	$(PY) bench/halt_resume.py
 	$(PY) bench/checkpoint_upload.py
+	$(PY) bench/docker_overhead.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

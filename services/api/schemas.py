@@ -40,7 +40,8 @@ class Learner(BaseModel):
     attempt: int
     message: str
     isolation: str = Field("", description='what the learner runs in: "sandbox" (its own filesystem view, user, '
-                                           'network and limits) or "none"; empty before it started')
+                                           'network and limits), "container" (the docker backend) or "none"; '
+                                           'empty before it started')
 
 
 class HistoryEvent(BaseModel):

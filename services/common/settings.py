@@ -99,6 +99,8 @@ class LcmSettings(StoreSettings):
     local_gpus: int = Field(-1, ge=-1, description="GPUs the local backend offers (-1: detect)")
     local_max_learners: int = Field(64, ge=1, description="learners the local backend runs at once")
     lease_ttl: int = Field(10, ge=2, le=300, description="seconds a learner's etcd lease lives without keepalive")
+    docker_url: str = Field("", description="the docker backend's engine, e.g. unix:///run/docker.sock (empty: DOCKER_HOST or the default socket)")
+    docker_image: str = Field("trainforge/learner:bookworm", description="the docker backend's image for a manifest without `image:`")
 
 
 class ControllerSettings(StoreSettings):

@@ -50,7 +50,7 @@ from services.common.settings import ControllerSettings
 from services.common.states import LearnerState
 
 from .checkpoints import CheckpointSync, choose_step, copy_uri
-from .learner import LearnerProcess, MemoryWatchdog, describe_exit, exit_code_of, learner_env
+from .learner import LearnerProcess, MemoryWatchdog, describe_exit, exit_code_of, launcher_reason, learner_env
 from .logship import LogArchive, LogShipper, LogSink
 from .pyenv import BuildStopped, EnvCache, requirements_of
 from .sandbox import Sandbox, choose
@@ -304,6 +304,10 @@ class Controller:
                 return self._halted(archive, None, "before the learner started")
             return Outcome(LearnerState.LEARNER_FAILED, message=f"{self._stop_reason} (learner not started)")
 
+        if spec.launcher:
+            # the backend's launcher runs the command in its own isolation (the docker backend: a container)
+            self._isolation = "container"
+            return self._run_prepared(archive, None, learner_python)
         chosen = choose(spec, self.settings, python=learner_python)
         self._isolation = chosen.isolation.value
         if chosen.note:
@@ -324,6 +328,8 @@ class Controller:
         program = None
         if sandbox is not None:
             env, program = Sandbox.env(env), sandbox.argv(spec.manifest.rendered_command())
+        elif spec.launcher:
+            program = [*spec.launcher, "/bin/sh", "-c", spec.manifest.rendered_command()]
         learner = self._learner = LearnerProcess(spec.manifest.rendered_command(), spec.workdir, env, archive,
                                                  python=self.python, program=program)
         try:
@@ -334,22 +340,25 @@ class Controller:
         with self._halt_lock:  # a halt published meanwhile is not overwritten
             if not self._halt.is_set():
                 self._publish(LearnerState.LEARNER_RUNNING)
-        # In a sandbox the memory cgroup enforces the limit; the watchdog is the fallback without one.
+        # In a sandbox the memory cgroup enforces the limit, behind a launcher the container's; the watchdog is
+        # the fallback without either (behind a launcher it would measure only the launcher's own memory).
+        watched = sandbox is None and not spec.launcher
         watchdog = MemoryWatchdog(learner, spec.manifest.resources.memory)
-        if sandbox is None:
+        if watched:
             watchdog.start()
         self._checkpoints.start()
         returncode = self._wait(learner, archive)
         with self._halt_lock:  # from here a halt no longer changes the outcome
             self._learner_exited = True
             halted = self._halt.is_set()
-        if sandbox is None:
+        if watched:
             watchdog.stop()
         self._checkpoints.stop()
         if not learner.finish_output(READERS_SECONDS):
             log.warning("the learner's output pipes did not close; its last lines may be missing")
         exit_code = exit_code_of(returncode)
         log.info("%s", describe_exit(returncode))
+        reason = launcher_reason(spec)
 
         if halted:
             how = ("killed after the grace period" if self._killed
@@ -362,7 +371,7 @@ class Controller:
         if self._stop.is_set():
             return Outcome(LearnerState.LEARNER_FAILED, exit_code, f"{self._stop_reason}; {describe_exit(returncode)}")
         if returncode != 0:
-            return Outcome(LearnerState.LEARNER_FAILED, exit_code, describe_exit(returncode))
+            return Outcome(LearnerState.LEARNER_FAILED, exit_code, reason or describe_exit(returncode))
 
         self._publish(LearnerState.LEARNER_STORING, exit_code=0)
         if not spec.output_dir.resolve().is_relative_to(spec.workdir.resolve()):

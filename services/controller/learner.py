@@ -89,6 +89,16 @@ def describe_exit(returncode: int) -> str:
     return f"learner exited with code {returncode}"
 
 
+def launcher_reason(spec: LearnerSpec) -> str:
+    """What the spec's launcher wrote about how the command ended ('' when nothing)."""
+    if not spec.launcher:
+        return ""
+    try:
+        return spec.exit_reason_path.read_text().strip()
+    except OSError:
+        return ""
+
+
 def human_bytes(n: float) -> str:
     """1536 -> '1.5Ki'; binary units as in the manifest's memory field."""
     if n < 1024:

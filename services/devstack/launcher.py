@@ -28,7 +28,8 @@ from pydantic import ValidationError
 
 from services.api.admin import IssuedKey, bootstrap_key
 from services.common import isolation, proctree
-from services.common.settings import ApiSettings
+from services.common.errors import TrainforgeError
+from services.common.settings import ApiSettings, LcmSettings
 from services.devstack import procs
 from services.devstack.components import (
     BY_NAME,
@@ -292,6 +293,29 @@ def _stop_strays(stack_id: str, grace: float, exclude: set[int], done: Report) -
     return True
 
 
+def _remove_containers(stack_id: str, done: Callable[[ComponentStatus], None]) -> None:
+    """With the docker backend: remove every container and network labelled with the stack (a learner whose
+    runner was stopped with its controller leaves its container to this)."""
+    settings = LcmSettings()
+    if settings.backend != "docker":
+        return
+    from services.common.adapters.docker_engine import Engine
+
+    try:
+        engine = Engine(settings.docker_url)
+        try:
+            removed = engine.remove_containers({"tf.stack": stack_id})
+            engine.remove_networks({"tf.stack": stack_id})
+        finally:
+            engine.close()
+    except TrainforgeError as e:
+        done(ComponentStatus("docker containers", None, settings.docker_url, Status.UNHEALTHY, e.message))
+        return
+    if removed:
+        done(ComponentStatus("docker containers", None, settings.docker_url, Status.STOPPED,
+                             f"{removed} removed"))
+
+
 def down(state_dir: str | Path, *, report: Report = _ignore, grace: float = 20.0) -> list[ComponentStatus]:
     """Stop what `up` started: the services, then every other process of the stack, then the stores."""
     state = _resolve(state_dir)
@@ -320,6 +344,7 @@ def down(state_dir: str | Path, *, report: Report = _ignore, grace: float = 20.0
             done(_stop_component(state, c.name, stack_id, grace))
         if stack_id:
             _stop_strays(stack_id, 1.0, set(), done)
+            _remove_containers(stack_id, done)
         for pid_path in (state / "pids").glob("*.pid"):
             pid_path.unlink(missing_ok=True)
     return statuses

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from protos import lcm_pb2
 from services.common.contracts.ids import check_job_id
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, Unavailable
 from services.common.manifest import Manifest
 from services.common.settings import LcmSettings
 from services.lcm.backends import make_backend
@@ -85,7 +86,18 @@ def test_children_get_the_lcms_settings_and_can_import_the_project(tmp_path, mon
     assert "TF_BACKEND" not in env  # the LCM's own settings are not the children's
 
 
-@pytest.mark.parametrize("name", ["kubernetes", "docker"])
+@pytest.mark.parametrize("name", ["kubernetes"])
 def test_backends_not_in_this_build_are_refused_clearly(name, tmp_path):
     with pytest.raises(InvalidArgument, match=f"^backend {name} is not available in this build$"):
         make_backend(LcmSettings(backend=name, state_dir=tmp_path))
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+def test_the_docker_backend_is_made_without_reaching_its_engine(tmp_path):
+    backend = make_backend(LcmSettings(backend="docker", state_dir=tmp_path,
+                                       docker_url=f"unix://{tmp_path}/no-such.sock"))
+    assert backend.name == "docker"
+    with pytest.raises(Unavailable, match="docker engine at unix://.*no-such.sock is unreachable"):
+        backend.capacity()
+    backend.close()
+    gc.collect()  # the SDK's failed connection leaves its socket to the collector: collect it here

@@ -61,7 +61,8 @@ class LearnerStatus(_Value):
     `tail` is filled when the learner exits (its last output lines); `step`
     and `checkpoint_uri` name the stored checkpoint a LEARNER_HALTED learner
     left. `isolation` is what the learner runs in once that is decided:
-    "sandbox" or "none" (services/controller/sandbox/); "" before.
+    "sandbox" or "none" (services/controller/sandbox/), "container" behind a
+    backend's launcher (the docker backend); "" before.
     """
 
     state: LearnerState
@@ -73,7 +74,7 @@ class LearnerStatus(_Value):
     outputs_uri: str = ""
     step: int | None = None
     checkpoint_uri: str = ""
-    isolation: str = Field("", pattern="^(sandbox|none|)$")
+    isolation: str = Field("", pattern="^(sandbox|container|none|)$")
 
     @field_validator("state", mode="before")
     @classmethod

@@ -86,12 +86,16 @@ class LearnerSpec(_Spec):
     master_port: int = Field(29500, ge=1, le=65535)
     gpu_ids: list[int] = Field(default_factory=list)
     lease_ttl: int = Field(10, ge=2, le=300)
+    # argv the controller puts before `/bin/sh -c command`: a backend's way to run the command elsewhere (the
+    # docker backend's runner starts it in a container); empty: the command runs here
+    launcher: list[str] = Field(default_factory=list)
     # Values of the team secrets the manifest's env names, by variable: only in the spec file the
     # controller reads (0600), never in a record, a repr or a log (`model_dump` leaves them out).
     secret_env: dict[str, str] = Field(default_factory=dict, exclude=True, repr=False)
 
     def to_json(self) -> str:
-        data = self.model_dump(mode="json")
+        # without a launcher the spec reads as it always did
+        data = self.model_dump(mode="json", exclude=None if self.launcher else {"launcher"})
         if self.secret_env:
             data["secret_env"] = dict(self.secret_env)
         return json.dumps(data, indent=2)
@@ -116,6 +120,11 @@ class LearnerSpec(_Spec):
     def archive_path(self) -> Path:
         """The learner's local log archive, next to (not inside) its working directory."""
         return self.workdir.parent / f"learner-{self.rank}-{self.attempt}.log.jsonl"
+
+    @property
+    def exit_reason_path(self) -> Path:
+        """Where a launcher explains how the command ended (e.g. OOM-killed at its limit), next to the archive."""
+        return self.workdir.parent / f"learner-{self.rank}-{self.attempt}.reason"
 
     @property
     def outputs_prefix(self) -> str:

@@ -19,5 +19,9 @@ def make_backend(settings: LcmSettings) -> Backend:
         from services.lcm.backends.local import LocalBackend
 
         return LocalBackend(settings)
+    if settings.backend == "docker":
+        from services.lcm.backends.docker import DockerBackend
+
+        return DockerBackend(settings)
     raise InvalidArgument(f"backend {settings.backend} is not available in this build",
-                          details=[{"field": "backend", "message": "not available in this build; use local"}])
+                          details=[{"field": "backend", "message": "not available in this build; use local or docker"}])

@@ -1,0 +1,132 @@
+"""What the docker backend decides about an attempt's containers: names, labels, addresses, mounts, limits.
+
+Per attempt there is one internal bridge network with a /24 of its own
+(`10.213.<n>.0/24`): rank r's container gets `.(r + 2)`, so rank 0's address
+is known before anything starts and goes into the plan as the DDP
+rendezvous (container-name DNS needs the engine's iptables rules, which a
+private engine may not have). Every network and container carries the
+labels `tf.stack`, `tf.team`, `tf.job`, `tf.attempt` (and `tf.rank`), which
+is how a restarted LCM, a kill and `trainforge down` find them again.
+
+`ContainerPlan` is written next to each learner's spec; the learner runner
+(`runner.py`) reads it and starts the container with the learner's command
+and environment. The platform's interpreter, its virtual environment and
+the project root are bind-mounted read-only at the paths they have here, the
+learner's working directory read-write, so the learner-side helpers and the
+platform's torch work in any image that has a C library; what the image adds
+(its own packages, via its PYTHONPATH) comes on top.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from services.common.contracts.specs import LearnerSpec
+from services.common.errors import ResourceExhausted
+from services.lcm.backends.base import AttemptPlan
+
+ROOT = Path(__file__).resolve().parents[4]
+RUNNER = Path(__file__).with_name("runner.py")
+MASTER_PORT = 29500
+_POOL = ipaddress.ip_network("10.213.0.0/16")
+LABEL_PREFIX = "tf."
+
+
+def stack_label() -> str:
+    """The stack every container and network of this LCM belongs to (`trainforge down` removes by it)."""
+    return os.environ.get("TF_STACK_ID") or "default"
+
+
+def labels(stack: str, job_id: str, team: str = "", attempt: int | None = None,
+           rank: int | None = None) -> dict[str, str]:
+    out = {"tf.stack": stack, "tf.job": job_id}
+    if team:
+        out["tf.team"] = team
+    if attempt is not None:
+        out["tf.attempt"] = str(attempt)
+    if rank is not None:
+        out["tf.rank"] = str(rank)
+    return out
+
+
+def network_name(job_id: str, attempt: int) -> str:
+    return f"tf-{job_id}-a{attempt}"
+
+
+def container_name(job_id: str, attempt: int, rank: int) -> str:
+    return f"tf-{job_id}-a{attempt}-r{rank}"
+
+
+def pick_subnet(job_id: str, attempt: int, used: set[str]) -> ipaddress.IPv4Network:
+    """A free /24 of 10.213.0.0/16, starting at one the job's id hashes to (few collisions to skip)."""
+    subnets = list(_POOL.subnets(new_prefix=24))
+    start = int(hashlib.sha256(f"{job_id}/{attempt}".encode()).hexdigest(), 16) % len(subnets)
+    taken = {ipaddress.ip_network(s) for s in used}
+    for i in range(len(subnets)):
+        net = subnets[(start + i) % len(subnets)]
+        if not any(net.overlaps(t) for t in taken):
+            return net
+    raise ResourceExhausted(f"no free /24 left in {_POOL} for job {job_id}'s network")
+
+
+def subnet_of(master_addr: str) -> ipaddress.IPv4Network:
+    return ipaddress.ip_network(f"{master_addr}/24", strict=False)
+
+
+def rank_address(subnet: ipaddress.IPv4Network, rank: int) -> str:
+    return str(subnet.network_address + rank + 2)
+
+
+def platform_mounts(python: str) -> list[tuple[str, str, bool]]:
+    """Read-only mounts that make the platform's interpreter and code work at the same paths in a container."""
+    paths = {str(ROOT)}
+    for p in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(python))):
+        paths.add(p)
+        paths.add(os.path.realpath(p))
+    return [(os.path.realpath(p), p, True) for p in sorted(paths) if os.path.isdir(p)]
+
+
+class ContainerPlan(BaseModel):
+    """One learner's container, decided by the backend; read by the runner."""
+
+    model_config = ConfigDict(frozen=True)
+
+    engine_url: str
+    name: str
+    image: str
+    network: str
+    ip: str
+    labels: dict[str, str]
+    nano_cpus: int
+    memory: int
+    gpu_ids: tuple[int, ...] = ()
+    mounts: tuple[tuple[str, str, bool], ...] = ()
+    workdir: str
+    pythonpath: str  # put before the image's own PYTHONPATH
+    reason_path: str
+
+    @classmethod
+    def load(cls, path: str | Path) -> ContainerPlan:
+        return cls.model_validate_json(Path(path).read_text())
+
+
+def container_plan(plan: AttemptPlan, spec: LearnerSpec, *, engine_url: str, image: str, stack: str,
+                   python: str, env_cache: Path | None = None) -> ContainerPlan:
+    """`env_cache`: the controllers' per-job environments (a manifest's `requirements:`), mounted read-only."""
+    subnet = subnet_of(plan.master_addr)
+    res = plan.manifest.resources
+    mounts = [*platform_mounts(python), (str(spec.workdir), str(spec.workdir), False)]
+    if env_cache is not None:
+        mounts.append((str(env_cache), str(env_cache), True))
+    return ContainerPlan(
+        engine_url=engine_url, name=container_name(plan.job_id, plan.attempt, spec.rank), image=image,
+        network=network_name(plan.job_id, plan.attempt), ip=rank_address(subnet, spec.rank),
+        labels=labels(stack, plan.job_id, plan.team, plan.attempt, spec.rank),
+        nano_cpus=int(res.cpus * 1e9), memory=res.memory, gpu_ids=tuple(spec.gpu_ids), mounts=tuple(mounts),
+        workdir=str(spec.workdir), pythonpath=str(ROOT), reason_path=str(spec.exit_reason_path))

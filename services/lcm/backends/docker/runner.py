@@ -1,0 +1,156 @@
+"""The learner's command in a container: what a docker-backend controller runs in place of `/bin/sh -c command`.
+
+The controller keeps its whole contract (status under a lease, the halt
+protocol, checkpoints, log shipping, outputs) because, to it, this runner
+*is* the learner: it is started under the controller's guard as
+`python runner.py <container plan> /bin/sh -c <command>` with the learner's
+environment, and it
+
+- starts the container the plan describes (image, limits, labels, static
+  address on the attempt's network) with that command and environment;
+- copies the container's stdout and stderr to its own, which the controller
+  archives and ships;
+- forwards SIGTERM and SIGINT to the container, where the engine's init
+  (tini, with TINI_KILL_PROCESS_GROUP) hands them to the whole command;
+- exits with the container's exit code, after writing a reason a user
+  understands (OOM-killed at the memory limit, the engine lost, the image
+  missing) to the plan's `reason_path` for the controller's final status;
+- removes the container.
+
+The learner's workdir is the same path in the container, so checkpoints the
+learner writes are where the controller looks for them.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+
+if __name__ == "__main__":  # started by path, with the learner's environment (no PYTHONPATH)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
+import os  # noqa: E402
+
+from services.common.adapters.docker_engine import ContainerRequest, Engine  # noqa: E402
+from services.common.errors import TrainforgeError, Unavailable  # noqa: E402
+from services.common.retry import Backoff  # noqa: E402
+from services.lcm.backends.docker.containers import ContainerPlan  # noqa: E402
+
+EXIT_CANNOT_START = 125  # docker run's own code for "the container could not be started"
+
+
+def human_bytes(n: int) -> str:
+    for unit, size in (("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return f"{n}B"
+
+
+def container_env(plan: ContainerPlan, image_env: dict[str, str], env: dict[str, str]) -> dict[str, str]:
+    """The learner's environment in the container: ours, the platform's code first on the image's PYTHONPATH."""
+    out = dict(env)
+    out["PYTHONPATH"] = os.pathsep.join(p for p in (plan.pythonpath, image_env.get("PYTHONPATH", "")) if p)
+    out["PATH"] = os.pathsep.join(p for p in (env.get("PATH", ""), image_env.get("PATH", "")) if p)
+    # tini (the engine's init) hands a signal to the command's whole process group, not just the shell
+    out["TINI_KILL_PROCESS_GROUP"] = "1"
+    return out
+
+
+def _pump(stream, out) -> None:
+    try:
+        for chunk in stream:
+            out.write(chunk)
+            out.flush()
+    except Exception as e:  # noqa: BLE001 - the engine went away mid-stream; wait() reports it
+        print(f"[runner] the container's output stopped: {e}", file=sys.stderr, flush=True)
+
+
+class Runner:
+    def __init__(self, plan: ContainerPlan, command: list[str], env: dict[str, str]):
+        self.plan, self.command, self.env = plan, command, env
+        self.engine = Engine(plan.engine_url, timeout=30)
+        self.cid = ""
+        self._signalled: set[int] = set()
+
+    def _forward(self, signum: int, _frame) -> None:
+        if self.cid and signum not in self._signalled:
+            self._signalled.add(signum)
+            self.engine.signal(self.cid, signal.Signals(signum).name)
+
+    def reason(self, text: str) -> None:
+        print(f"[runner] {text}", file=sys.stderr, flush=True)
+        try:
+            Path(self.plan.reason_path).write_text(text + "\n")
+        except OSError as e:
+            print(f"[runner] cannot write {self.plan.reason_path}: {e}", file=sys.stderr, flush=True)
+
+    def start(self) -> None:
+        p = self.plan
+        image_env = self.engine.image_env(p.image)
+        self.cid = self.engine.run(ContainerRequest(
+            name=p.name, image=p.image, command=self.command, env=container_env(p, image_env, self.env),
+            labels=p.labels, network=p.network, ip=p.ip, nano_cpus=p.nano_cpus, memory=p.memory,
+            gpu_ids=p.gpu_ids, mounts=p.mounts, workdir=p.workdir))
+
+    def wait(self) -> int:
+        """The container's exit code; an engine that stops answering is waited for (the learner may run on)."""
+        backoff = Backoff(initial=1.0, maximum=15.0)
+        lost_since = None
+        pause = threading.Event()  # never set: a wait that a signal does not cut short
+        while True:
+            try:
+                return self.engine.wait(self.cid)
+            except Unavailable as e:
+                if lost_since is None:
+                    lost_since = e.message
+                    print(f"[runner] {e.message}; waiting for the engine to come back", file=sys.stderr, flush=True)
+                pause.wait(backoff.next())
+            except TrainforgeError as e:
+                self.reason(f"the container {self.plan.name} was lost: {e.message}")
+                return 255
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._forward)
+        Path(self.plan.reason_path).unlink(missing_ok=True)
+        try:
+            self.start()
+        except TrainforgeError as e:
+            self.reason(f"the container could not be started: {e.message}")
+            return EXIT_CANNOT_START
+        pumps = [threading.Thread(target=_pump, args=(self.engine.logs(self.cid, stdout=out, stderr=not out), dst),
+                                  daemon=True)
+                 for out, dst in ((True, sys.stdout.buffer), (False, sys.stderr.buffer))]
+        for t in pumps:
+            t.start()
+        code = self.wait()
+        for t in pumps:
+            t.join(10)
+        view = self.engine.container(self.cid)
+        if view is not None and view.oom_killed:
+            self.reason(f"the learner was OOM-killed: it reached its memory limit of {human_bytes(self.plan.memory)} "
+                        f"(container {self.plan.name}, exit code {code})")
+        elif code != 0 and code in (137, 143) and not self._signalled:
+            self.reason(f"the learner's container {self.plan.name} was killed by "
+                        f"{'SIGKILL' if code == 137 else 'SIGTERM'} from outside (exit code {code})")
+        elif code != 0:
+            self.reason(f"the learner exited with code {code} (container {self.plan.name}, image {self.plan.image})")
+        try:
+            self.engine.remove_container(self.cid)
+        except TrainforgeError as e:
+            print(f"[runner] could not remove {self.plan.name}: {e.message}", file=sys.stderr, flush=True)
+        return code
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3:
+        print("usage: runner.py <container plan> <command...>", file=sys.stderr)
+        return 2
+    plan = ContainerPlan.load(argv[1])
+    return Runner(plan, argv[2:], dict(os.environ)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,103 @@
+"""The docker backend's decisions about containers, without an engine: addresses, labels, limits, GPUs, env."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.common.adapters.docker_engine import device_requests, label_filter
+from services.common.errors import ResourceExhausted
+from services.common.manifest import Manifest
+from services.lcm.backends.base import Site
+from services.lcm.backends.docker import containers
+from services.lcm.backends.docker.runner import container_env, human_bytes
+from services.lcm.lifecycle import JobDeployment, build_plan
+
+
+def plan_for(tmp_path: Path, gpus: int = 0, learners: int = 2):
+    manifest = Manifest(name="m", learners=learners, command="python train.py", image="team/img:1",
+                        resources={"gpus": gpus, "cpus": 1.5, "memory": "512Mi"})
+    job = JobDeployment(job_id="j-abc", team="team-a", attempt=3, manifest=manifest)
+    subnet = containers.pick_subnet("j-abc", 3, set())
+    site = Site(attempt_dir=tmp_path / "j-abc" / "3", master_addr=containers.rank_address(subnet, 0),
+                master_port=containers.MASTER_PORT)
+    return build_plan(job, site, list(range(gpus * learners)), lease_ttl=10, start_timeout=30), subnet
+
+
+def test_subnets_are_24s_of_the_pool_that_skip_the_used_ones():
+    first = containers.pick_subnet("j-1", 1, set())
+    assert first.prefixlen == 24 and first.subnet_of(ipaddress.ip_network("10.213.0.0/16"))
+    assert containers.pick_subnet("j-1", 1, set()) == first, "the same attempt hashes to the same start"
+    other = containers.pick_subnet("j-1", 1, {str(first), "172.17.0.0/16"})
+    assert other != first
+    every = {str(n) for n in ipaddress.ip_network("10.213.0.0/16").subnets(new_prefix=24)}
+    with pytest.raises(ResourceExhausted, match="no free /24"):
+        containers.pick_subnet("j-1", 1, every)
+
+
+def test_a_learners_container_plan_has_its_address_labels_limits_and_mounts(tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_STACK_ID", "stack-9")
+    plan, subnet = plan_for(tmp_path, gpus=1)
+    spec = plan.learners[1]
+    box = containers.container_plan(plan, spec, engine_url="unix:///x.sock", image="team/img:1",
+                                    stack=containers.stack_label(), python=sys.executable)
+    assert plan.master_addr == str(subnet.network_address + 2) and box.ip == str(subnet.network_address + 3)
+    assert spec.master_addr == plan.master_addr, "the DDP rendezvous is rank 0's container"
+    assert (box.name, box.network) == ("tf-j-abc-a3-r1", "tf-j-abc-a3")
+    assert box.labels == {"tf.stack": "stack-9", "tf.job": "j-abc", "tf.team": "team-a", "tf.attempt": "3",
+                          "tf.rank": "1"}
+    assert (box.nano_cpus, box.memory, box.gpu_ids) == (1_500_000_000, 512 * 2**20, (1,))
+    assert (str(spec.workdir), str(spec.workdir), False) in box.mounts
+    assert all(ro for src, dst, ro in box.mounts if dst != str(spec.workdir))
+    assert any(dst == sys.base_prefix for _, dst, _ in box.mounts), "the interpreter is mounted"
+    assert box.reason_path == str(spec.exit_reason_path)
+
+
+def test_gpu_device_requests_are_built_for_the_nvidia_runtime():
+    assert device_requests(()) == []
+    (req,) = device_requests((0, 2))
+    assert (req["Driver"], req["DeviceIDs"], req["Capabilities"]) == ("nvidia", ["0", "2"], [["gpu"]])
+
+
+def test_label_filters_match_a_value_or_any():
+    assert label_filter({"tf.job": "j-1", "tf.stack": ""}) == ["tf.job=j-1", "tf.stack"]
+
+
+def test_the_container_env_puts_the_platform_before_the_images_pythonpath(tmp_path):
+    plan, _ = plan_for(tmp_path)
+    box = containers.container_plan(plan, plan.learners[0], engine_url="", image="i", stack="s",
+                                    python=sys.executable)
+    env = container_env(box, {"PYTHONPATH": "/opt/image-libs", "PATH": "/usr/bin"},
+                        {"PATH": "/venv/bin", "TF_RANK": "0"})
+    assert env["PYTHONPATH"] == f"{containers.ROOT}:/opt/image-libs"
+    assert env["PATH"] == "/venv/bin:/usr/bin" and env["TF_RANK"] == "0"
+    assert env["TINI_KILL_PROCESS_GROUP"] == "1"
+    assert human_bytes(256 * 2**20) == "256Mi" and human_bytes(2 * 2**30) == "2Gi" and human_bytes(1000) == "1000B"
+
+
+def test_a_spec_without_launcher_serialises_as_before(tmp_path):
+    plan, _ = plan_for(tmp_path)
+    spec = plan.learners[0]
+    assert "launcher" not in json.loads(spec.to_json())
+    launched = spec.model_copy(update={"launcher": ["/py", "runner.py", "c.json"]})
+    assert '"launcher"' in launched.to_json()
+    assert type(spec).parse(launched.to_json()).launcher == ["/py", "runner.py", "c.json"]
+
+
+def test_the_controller_runs_a_launcher_before_the_shell_and_reports_its_reason(tmp_path):
+    from services.controller.learner import GUARD, guarded_argv, launcher_reason
+
+    assert guarded_argv("python t.py", 7, "/py", ("/py", "runner.py", "c.json")) == [
+        "/py", "-I", "-S", str(GUARD), "7", "/py", "runner.py", "c.json", "/bin/sh", "-c", "python t.py"]
+    assert guarded_argv("x", 7, "/py") == ["/py", "-I", "-S", str(GUARD), "7", "/bin/sh", "-c", "x"]
+    plan, _ = plan_for(tmp_path)
+    spec = plan.learners[0]
+    spec.exit_reason_path.parent.mkdir(parents=True)
+    spec.exit_reason_path.write_text("the learner was OOM-killed: it reached its memory limit of 512Mi\n")
+    assert launcher_reason(spec) == "", "without a launcher the file is not the controller's business"
+    launched = spec.model_copy(update={"launcher": ["/py", "runner.py", "c.json"]})
+    assert launcher_reason(launched) == "the learner was OOM-killed: it reached its memory limit of 512Mi"
