@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainforge import cli_admin, clikit, config, stack
+from trainforge import cli_admin, cli_logs, clikit, config, stack
 from trainforge.clikit import emit_json as _emit_json
 from trainforge.clikit import json_flag as _json_flag
 from trainforge.clikit import out as _out
@@ -252,16 +252,21 @@ def status(ctx: click.Context, job_id: str | None, states: tuple[str, ...], limi
 @click.argument("job_id")
 @click.option("--follow", "-f", is_flag=True, help="keep streaming until the job ends")
 @click.option("--learner", type=int, help="only this learner's lines")
-@click.option("--query", "-q", help="only lines matching this full-text query")
+@click.option("--query", "-q", help="only lines matching this full-text query (says how much the index holds)")
+@click.option("--download", "download_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="save each learner's raw log archive (JSON lines) in this folder instead of printing")
 @_interval
 @_json_flag
 @click.pass_context
-def logs(ctx: click.Context, job_id: str, follow: bool, learner: int | None, query: str | None, interval: float,
-         as_json: bool) -> None:
-    """Print a job's logs from the log store, in order; they stay searchable after the job ended."""
+def logs(ctx: click.Context, job_id: str, follow: bool, learner: int | None, query: str | None,
+         download_dir: Path | None, interval: float, as_json: bool) -> None:
+    """Print every line of a job's log, in order; a finished job's log comes from its archives, complete."""
     as_json = _use_json(ctx, as_json)
     client = clikit.client(ctx)
     console = _out()
+    if download_dir is not None:
+        _download_logs(client, console, job_id, learner, download_dir, as_json)
+        return
     if follow:
         for line in client.follow_logs(job_id, learner=learner, query=query, poll_interval=interval):
             if as_json:
@@ -269,11 +274,34 @@ def logs(ctx: click.Context, job_id: str, follow: bool, learner: int | None, que
             else:
                 _print_line(console, line)
         return
+    if query:
+        _search_logs(client, console, job_id, learner, query, as_json)
+        return
+    job_state = client.get(job_id)["state"]
     lines: list[dict] = []
-    cursor, job_state = None, ""
+    cursor: dict[str, int] = {}
+    printer = cli_logs.LinePrinter(console)
+    for line in client.stream_logs(job_id, learner=learner):
+        cursor[f"{line['learner']}:{line['attempt']}"] = line["seq"]
+        if as_json:
+            lines.append(line)
+        else:
+            printer.print(line)
+    printer.close()
+    if as_json:
+        _emit_json({"lines": lines, "next": cli_logs.format_cursor(cursor), "job_state": job_state})
+    elif not cursor:
+        console.print(f"no log lines for {job_id} ({job_state})")
+
+
+def _search_logs(client: Client, console: Console, job_id: str, learner: int | None, query: str,
+                 as_json: bool) -> None:
+    lines: list[dict] = []
+    cursor, job_state, coverage = None, "", ""
     while True:
         page = client.logs_page(job_id, learner=learner, after=cursor, query=query)
         job_state = page["job_state"]
+        coverage = coverage or page.get("coverage", "")
         if not page["lines"]:
             break
         lines.extend(page["lines"])
@@ -282,9 +310,28 @@ def logs(ctx: click.Context, job_id: str, follow: bool, learner: int | None, que
                 _print_line(console, line)
         cursor = page["next"]
     if as_json:
-        _emit_json({"lines": lines, "next": cursor or "", "job_state": job_state})
-    elif not lines:
-        console.print(f"no log lines for {job_id} ({job_state})")
+        _emit_json({"lines": lines, "next": cursor or "", "job_state": job_state, "coverage": coverage})
+        return
+    if not lines:
+        console.print(f"no log lines for {job_id} match {query!r} ({job_state})")
+    if coverage:
+        console.print(Text(coverage, style="dim"))
+
+
+def _download_logs(client: Client, console: Console, job_id: str, learner: int | None, folder: Path,
+                   as_json: bool) -> None:
+    job = client.get(job_id)
+    ranks = [learner] if learner is not None else sorted({ln["rank"] for ln in job.get("learners") or []}) or [0]
+    folder.mkdir(parents=True, exist_ok=True)
+    saved = []
+    for rank in ranks:
+        path = folder / f"{job_id}-{rank}.jsonl"
+        size = client.download_log(job_id, path, learner=rank)
+        saved.append({"learner": rank, "path": str(path), "bytes": size})
+        if not as_json:
+            console.print(f"learner {rank}: {size:,} bytes in {path}")
+    if as_json:
+        _emit_json({"job": job_id, "files": saved})
 
 
 @main.command()

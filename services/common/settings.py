@@ -95,7 +95,9 @@ class LcmSettings(StoreSettings):
 
 
 class ControllerSettings(StoreSettings):
-    log_batch_lines: int = Field(500, ge=1, le=10000, description="most lines per shipped batch")
+    log_batch_lines: int = Field(2000, ge=1, le=10000, description="most lines per shipped batch")
+    log_drain_seconds: float = Field(30.0, ge=0, le=3600, description="longest the end of a run waits for the log "
+                                     "store to take the rest of the log (the archive keeps every line regardless)")
     log_batch_seconds: float = Field(0.5, gt=0, le=30, description="longest a line waits before it is shipped")
     kill_grace: float = Field(10.0, ge=0, le=600, description="seconds between SIGTERM and SIGKILL")
 

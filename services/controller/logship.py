@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -26,15 +27,24 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from services.common.adapters.logstore import LogLine
+from services.common.adapters.objectstore import ObjectStore
+from services.common.contracts import storekeys
+from services.common.contracts.specs import LearnerSpec
 from services.common.retry import Backoff
 
 log = logging.getLogger(__name__)
 
 STREAMS = ("stdout", "stderr", "system")
+_ARCHIVE_NAME = re.compile(r"^learner-(\d+)-(\d+)\.log\.jsonl$")
 
 
 class LogSink(Protocol):
-    """Where batches go; `write` raises when the batch was not (fully) stored."""
+    """Where batches go; `write` raises when the batch was not (fully) stored.
+
+    A sink that also has `write_raw(docs)` (a list of (doc id, archive line
+    bytes)) is given the archive's lines as they are, saving a decode and an
+    encode per line: the archive line already is the index document.
+    """
 
     def write(self, lines: list[LogLine]) -> None: ...
 
@@ -183,7 +193,7 @@ class LogShipper:
             self._drained = True
             return
         with f:
-            pending: list[LogLine] = []
+            pending: list[tuple[LogLine, bytes]] = []
             oldest = 0.0
             while True:
                 self._wake.clear()
@@ -204,7 +214,7 @@ class LogShipper:
                         continue
                     if not pending:
                         oldest = self._clock()
-                    pending.append(line)
+                    pending.append((line, raw))
                 if pending and (len(pending) >= self._max_lines or closing
                                 or self._clock() - oldest >= self._max_seconds):
                     if self._send(pending):
@@ -223,9 +233,13 @@ class LogShipper:
                 wait = self._poll if not pending else max(0.0, oldest + self._max_seconds - self._clock())
                 self._wake.wait(wait)
 
-    def _send(self, batch: list[LogLine]) -> bool:
+    def _send(self, batch: list[tuple[LogLine, bytes]]) -> bool:
         try:
-            self._sink.write(batch)
+            write_raw = getattr(self._sink, "write_raw", None)
+            if write_raw is not None:
+                write_raw([(line.doc_id, raw) for line, raw in batch])
+            else:
+                self._sink.write([line for line, _ in batch])
             return True
         except Exception as e:  # noqa: BLE001 - any sink failure means "retry the batch"
             self.failures += 1
@@ -246,3 +260,35 @@ class LogShipper:
         except (ValueError, TypeError) as e:
             log.warning("skipping an unreadable archive line (%s): %r", e, raw[:200])
             return None
+
+
+def upload_earlier_archives(spec: LearnerSpec, store: Callable[[], ObjectStore]) -> list[str]:
+    """Upload this rank's archives of earlier attempts that never reached the object store.
+
+    A controller killed outright (SIGKILL, a lost node) uploads nothing; its
+    attempt's archive stays beside the attempt's working directory. Backends
+    that keep attempts side by side (`<job dir>/<attempt>/learner-<rank>/`,
+    the local backend's layout) let the next attempt's controller find and
+    upload it, so the killed attempt's lines stay readable, kept apart under
+    their own attempt. Best effort: a failure is logged, never raised.
+    """
+    job_dir = spec.workdir.parent.parent
+    done: list[str] = []
+    try:
+        found = sorted(job_dir.glob(f"*/learner-{spec.rank}-*.log.jsonl"))
+    except OSError:
+        return done
+    for path in found:
+        m = _ARCHIVE_NAME.match(path.name)
+        if not m or int(m.group(1)) != spec.rank or int(m.group(2)) >= spec.attempt:
+            continue
+        key = storekeys.log_key(spec.job_id, spec.rank, int(m.group(2)))
+        try:
+            if store().exists(key):
+                continue
+            store().put_file(key, path)
+            done.append(key)
+            log.info("uploaded the log archive %s left by an earlier attempt's controller", key)
+        except Exception as e:  # noqa: BLE001 - salvage must never stop this attempt
+            log.warning("could not upload the earlier log archive %s: %s", path, e)
+    return done

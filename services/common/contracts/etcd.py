@@ -60,7 +60,8 @@ class LearnerStatus(_Value):
 
     `tail` is filled when the learner exits (its last output lines); `step`
     and `checkpoint_uri` name the stored checkpoint a LEARNER_HALTED learner
-    left.
+    left; `lines_archived` / `lines_shipped` count its log lines (archive,
+    index) in a final status.
     """
 
     state: LearnerState
@@ -72,6 +73,9 @@ class LearnerStatus(_Value):
     outputs_uri: str = ""
     step: int | None = None
     checkpoint_uri: str = ""
+    # Final statuses only: lines in the learner's log archive, and how many of them the index confirmed.
+    lines_archived: int | None = None
+    lines_shipped: int | None = None
 
     @field_validator("state", mode="before")
     @classmethod
