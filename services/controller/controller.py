@@ -61,6 +61,8 @@ CHECKPOINT_POLL = 1.0
 HALT_POLL = 0.5
 # How long the end of a run may wait for etcd (the log store's wait is a setting, log_drain_seconds).
 FINAL_STATUS_SECONDS = 30.0
+# The archive's writes are flushed at least this often while the learner prints (see LogArchive).
+ARCHIVE_FLUSH_SECONDS = 0.005
 READERS_SECONDS = 10.0
 
 
@@ -222,7 +224,9 @@ class Controller:
                              max_seconds=self.settings.log_batch_seconds)
         try:
             archive = LogArchive(spec.archive_path, job=spec.job_id, team=spec.team, learner=spec.rank,
-                                 attempt=spec.attempt, on_append=shipper.notify)
+                                 attempt=spec.attempt, on_append=shipper.notify,
+                                 flush_interval=ARCHIVE_FLUSH_SECONDS)
+            shipper.before_read = archive.flush
         except OSError as e:
             return self._finish(Outcome(LearnerState.LEARNER_FAILED,
                                         message=f"cannot create the log archive: {_text(e)}"), 0)
