@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainforge import cli_admin, cli_logs, clikit, config, stack
+from trainforge import cli_admin, cli_logs, cli_observe, clikit, config, stack
 from trainforge.clikit import emit_json as _emit_json
 from trainforge.clikit import json_flag as _json_flag
 from trainforge.clikit import out as _out
@@ -240,6 +240,7 @@ def status(ctx: click.Context, job_id: str | None, states: tuple[str, ...], limi
             _emit_json(job)
         else:
             _print_job(console, job)
+            cli_observe.print_progress(console, client, job_id)
         return
     jobs = client.list(state=list(states) or None, limit=limit)
     if as_json:
@@ -429,6 +430,8 @@ def usage(ctx: click.Context, as_json: bool) -> None:
 
 
 main.add_command(cli_admin.admin)
+main.add_command(cli_observe.metrics)
+main.add_command(cli_observe.events)
 
 
 if __name__ == "__main__":

@@ -295,6 +295,15 @@ class Client:
                     written += len(chunk)
         return written
 
+    def metrics(self, job_id: str, names: list[str] | None = None) -> dict:
+        """{"series": {name: [{step, value, ts, learner, attempt}]}, "last": {...}, "progress": {...}}."""
+        params = {"name": ",".join(names)} if names else {}
+        return self._request("GET", f"/v1/jobs/{job_id}/metrics", params=params)
+
+    def events(self, job_id: str) -> list[dict]:
+        """The job's timeline: [{time, kind, from, to, reason, actor}]."""
+        return self._request("GET", f"/v1/jobs/{job_id}/events")["events"]
+
     def follow_logs(self, job_id: str, learner: int | None = None, after: str | None = None, *,
                     query: str | None = None, poll_interval: float = 1.0,
                     on_state: Callable[[str], None] | None = None) -> Iterator[dict]:

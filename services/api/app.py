@@ -32,6 +32,7 @@ from services.api.routes import admin as admin_routes
 from services.api.routes import auth as auth_routes
 from services.api.routes import health as health_routes
 from services.api.routes import jobs as job_routes
+from services.api.routes import observe as observe_routes
 from services.api.routes import team as team_routes
 from services.api.tokens import TokenCodec
 from services.api.trainer_client import TrainerApi, TrainerClient
@@ -247,6 +248,6 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
     # outermost, so refusals (413, 401, 429) and crashes are audited too
     app.add_middleware(AuditMiddleware, audit=audit)
 
-    for module in (job_routes, team_routes, auth_routes, admin_routes, health_routes):
+    for module in (job_routes, observe_routes, team_routes, auth_routes, admin_routes, health_routes):
         app.include_router(_publish_roles(module.router))
     return app

@@ -40,9 +40,9 @@ class Archive:
     size: int
 
 
-def archives(objects: ObjectStore, job_id: str, learner: int | None = None) -> list[Archive]:
-    """The job's log archives, by learner then attempt."""
-    prefix = storekeys.job_prefix(job_id) + "logs/"
+def archives(objects: ObjectStore, job_id: str, learner: int | None = None, *, kind: str = "logs") -> list[Archive]:
+    """The job's log archives (kind "metrics": its metrics archives), by learner then attempt."""
+    prefix = storekeys.metrics_prefix(job_id) if kind == "metrics" else storekeys.logs_prefix(job_id)
     found: list[Archive] = []
     for info in objects.list(prefix):
         m = _NAME.match(info.key[len(prefix):])
@@ -71,9 +71,10 @@ def _keyed(objects: ObjectStore, archive: Archive) -> Iterator[tuple[tuple, byte
             log.warning("skipping an unreadable line in %s: %r", archive.key, raw[:200])
 
 
-def merged_raw(objects: ObjectStore, job_id: str, learner: int | None = None) -> Iterator[bytes]:
+def merged_raw(objects: ObjectStore, job_id: str, learner: int | None = None, *,
+               kind: str = "logs") -> Iterator[bytes]:
     """Every line of the job, in order, as JSON lines (bytes)."""
-    found = archives(objects, job_id, learner)
+    found = archives(objects, job_id, learner, kind=kind)
     if len(found) == 1:
         yield from raw_lines(objects, found[0])
         return

@@ -51,6 +51,7 @@ from services.common.states import LearnerState
 from .checkpoints import CheckpointSync, choose_step, copy_uri
 from .learner import LearnerProcess, MemoryWatchdog, describe_exit, exit_code_of, learner_env
 from .logship import LogArchive, LogShipper, LogSink, upload_earlier_archives
+from .metricstail import MetricsChannel
 from .status import StatusPublisher
 from .workdir import Stopped, prepare
 
@@ -122,6 +123,13 @@ class Controller:
         if self._store is None:
             self._store = store_from_settings(self.settings)
         return self._store
+
+    def _store_or_none(self) -> ObjectStore | None:
+        try:
+            return self._object_store()
+        except Exception as e:  # noqa: BLE001 - reported where the log archive's upload fails too
+            log.warning("no object store for the metrics archive: %s", e)
+            return None
 
     # -- halting ------------------------------------------------------------------
 
@@ -232,6 +240,8 @@ class Controller:
                                         message=f"cannot create the log archive: {_text(e)}"), 0)
         shipper.start()
         upload_earlier_archives(spec, self._object_store)
+        metrics = MetricsChannel(spec, self.settings.logstore_url, self.settings.logstore_index,
+                                 flush_interval=ARCHIVE_FLUSH_SECONDS).start()
         rc = 0
         try:
             outcome = self._run_learner(archive)
@@ -241,6 +251,7 @@ class Controller:
                 self._learner.signal_group(signal.SIGKILL)  # no learner runs on unwatched
             outcome = Outcome(LearnerState.LEARNER_FAILED, message=f"controller error: {type(e).__name__}: {e}")
             rc = 1
+        metrics.finish(min(self.settings.log_drain_seconds, 5.0), self._store_or_none())
         outcome.tail = archive.tail()
         if outcome.state == LearnerState.LEARNER_FAILED:
             self._system_line(archive, outcome.message)

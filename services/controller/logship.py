@@ -35,7 +35,7 @@ from services.common.retry import Backoff
 
 log = logging.getLogger(__name__)
 
-STREAMS = ("stdout", "stderr", "system")
+STREAMS = ("stdout", "stderr", "system", "metric")
 _ARCHIVE_NAME = re.compile(r"^learner-(\d+)-(\d+)\.log\.jsonl$")
 
 
@@ -122,7 +122,7 @@ class LogArchive:
                 self._flushed_at = now
             # Numbered only once it is written, so a failed write leaves no gap.
             self._seq = seq
-            if stream != "system":
+            if stream in ("stdout", "stderr"):
                 self._tail.append(text)
         if self._on_append is not None:
             self._on_append()

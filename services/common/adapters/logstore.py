@@ -41,6 +41,11 @@ MAPPINGS = {
 }
 
 
+def metrics_index(log_index: str) -> str:
+    """The index of training-metric records beside a log index (same document shape, stream "metric")."""
+    return f"{log_index}-metrics"
+
+
 class _PlainJsonNode(Urllib3HttpNode):
     def perform_request(self, method, target, body=None, headers=None, **kwargs):  # noqa: ANN001
         if headers:
