@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.api import prom
 from services.api.audit import AuditLog, AuditMiddleware
 from services.api.deps import REQUIRED_ROLE
 from services.api.identity import IdentityStore, Role
@@ -250,4 +251,5 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
 
     for module in (job_routes, observe_routes, team_routes, auth_routes, admin_routes, health_routes):
         app.include_router(_publish_roles(module.router))
+    prom.install(app)
     return app

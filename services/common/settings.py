@@ -51,6 +51,7 @@ class StoreSettings(_Base):
     s3_access_key: str = Field("", description="S3 access key id")
     s3_secret_key: str = Field("", description="S3 secret access key")
     s3_region: str = Field("us-east-1", description="S3 region")
+    log_json: bool = Field(False, description="service logs as JSON lines carrying job, team and request ids")
     trainer_address: str = Field("127.0.0.1:50051", description="host:port of the Trainer gRPC server")
     lcm_address: str = Field("127.0.0.1:50052", description="host:port of the LCM gRPC server")
 
@@ -82,6 +83,8 @@ class ApiSettings(StoreSettings):
 class TrainerSettings(StoreSettings):
     dispatch_interval: float = Field(1.0, gt=0, le=60, description="seconds between queue passes")
     lcm_timeout: float = Field(30.0, gt=0, le=600, description="seconds an LCM call may take")
+    metrics_port: int = Field(-1, ge=-1, le=65535, description="port of the Prometheus /metrics endpoint "
+                              "(-1: none, 0: any free port)")
 
 
 class LcmSettings(StoreSettings):
@@ -92,6 +95,8 @@ class LcmSettings(StoreSettings):
     local_gpus: int = Field(-1, ge=-1, description="GPUs the local backend offers (-1: detect)")
     local_max_learners: int = Field(64, ge=1, description="learners the local backend runs at once")
     lease_ttl: int = Field(10, ge=2, le=300, description="seconds a learner's etcd lease lives without keepalive")
+    metrics_port: int = Field(-1, ge=-1, le=65535, description="port of the Prometheus /metrics endpoint "
+                              "(-1: none, 0: any free port)")
 
 
 class ControllerSettings(StoreSettings):
