@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainforge import cli_admin, cli_logs, cli_observe, clikit, config, stack
+from trainforge import cli_admin, cli_logs, cli_observe, cli_retention, clikit, config, stack
 from trainforge.clikit import emit_json as _emit_json
 from trainforge.clikit import json_flag as _json_flag
 from trainforge.clikit import out as _out
@@ -430,6 +430,7 @@ def usage(ctx: click.Context, as_json: bool) -> None:
 
 
 main.add_command(cli_admin.admin)
+cli_admin.admin.add_command(cli_retention.retention)
 main.add_command(cli_observe.metrics)
 main.add_command(cli_observe.events)
 

@@ -362,6 +362,19 @@ class Admin:
     def __init__(self, client: Client):
         self._c = client
 
+    def retention(self, team: str) -> dict:
+        """{"logs_days", "metrics_days", "outputs_days"} (None: kept for ever)."""
+        return self._c._request("GET", f"/v1/admin/teams/{team}/retention")
+
+    def set_retention(self, team: str, *, logs_days: float | None = None, metrics_days: float | None = None,
+                      outputs_days: float | None = None) -> dict:
+        body = {"logs_days": logs_days, "metrics_days": metrics_days, "outputs_days": outputs_days}
+        return self._c._request("PUT", f"/v1/admin/teams/{team}/retention", json=body)
+
+    def sweep_retention(self) -> list[dict]:
+        """Apply every team's retention now; what was deleted."""
+        return self._c._request("POST", "/v1/admin/retention/sweep")["deleted"]
+
     def teams(self) -> list[dict]:
         return self._c._request("GET", "/v1/admin/teams")["teams"]
 

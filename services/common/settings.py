@@ -68,6 +68,8 @@ class ApiSettings(StoreSettings):
     jwt_issuer: str = Field("trainforge", description="required JWT iss")
     max_upload_bytes: int = Field(256 * 2**20, ge=1024, description="largest code archive accepted")
     log_page_max: int = Field(5000, ge=1, le=10000, description="most log lines returned by one request")
+    retention_interval: float = Field(3600.0, ge=0, le=7 * 86400, description="seconds between retention sweeps "
+                                      "of logs, metrics and outputs (0: none)")
     jwt_lifetime: int = Field(3600, ge=60, le=86400, description="seconds a token from POST /v1/auth/token lives")
     rate_limit_per_second: float = Field(20.0, ge=0, le=1e6,
                                          description="requests per second one API key may make (0: no limit)")
