@@ -431,6 +431,7 @@ def usage(ctx: click.Context, as_json: bool) -> None:
 
 main.add_command(cli_admin.admin)
 cli_admin.admin.add_command(cli_retention.retention)
+cli_admin.admin.add_command(cli_retention.reindex)
 main.add_command(cli_observe.metrics)
 main.add_command(cli_observe.events)
 

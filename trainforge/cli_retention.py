@@ -60,3 +60,21 @@ def retention(ctx: click.Context, team: str | None, logs_days: str | None, metri
     for kind in ("logs", "metrics", "outputs"):
         days = policy[f"{kind}_days"]
         console.print(f"{kind:<8} {'kept for ever' if days is None else f'{days:g} days after the job ended'}")
+
+
+@click.command()
+@click.argument("jobs", nargs=-1)
+@click.option("--all", "all_jobs", is_flag=True, help="every job with a log archive")
+@json_flag
+@click.pass_context
+def reindex(ctx: click.Context, jobs: tuple[str, ...], all_jobs: bool, as_json: bool) -> None:
+    """Rebuild the log search index of JOBS (or --all) from their archives, in the background."""
+    if not jobs and not all_jobs:
+        raise click.UsageError("name JOBS or pass --all")
+    as_json = use_json(ctx, as_json)
+    started = clikit.client(ctx, admin=True).admin.reindex_logs(list(jobs), all_jobs)
+    if as_json:
+        emit_json(started)
+    else:
+        out().print(f"reindexing {len(started['jobs'])} jobs in the background; "
+                    "`trainforge logs JOB -q WORD` shows how much the index holds")

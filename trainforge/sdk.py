@@ -371,6 +371,10 @@ class Admin:
         body = {"logs_days": logs_days, "metrics_days": metrics_days, "outputs_days": outputs_days}
         return self._c._request("PUT", f"/v1/admin/teams/{team}/retention", json=body)
 
+    def reindex_logs(self, jobs: list[str] | None = None, all_jobs: bool = False) -> dict:
+        """Start rebuilding the log index from the archives: {"jobs": [...], "started": true}."""
+        return self._c._request("POST", "/v1/admin/logs/reindex", json={"jobs": jobs or [], "all": all_jobs})
+
     def sweep_retention(self) -> list[dict]:
         """Apply every team's retention now; what was deleted."""
         return self._c._request("POST", "/v1/admin/retention/sweep")["deleted"]

@@ -45,3 +45,22 @@ def test_a_sweep_applies_each_teams_retention_and_audits_it(mongo_db, logstore, 
         entries = [e for e in admin.audit(team="alpha") if e["method"] == "RETENTION"]
         assert len(entries) == 1 and entries[0]["target"] == jobs["alpha"] and entries[0]["route"] == "retention/logs"
         client.close()
+
+
+def test_an_admin_rebuilds_a_jobs_index_from_its_archive(mongo_db, logstore, tmp_path):
+    with make_platform(mongo_db, logstore, tmp_path) as p:
+        objects = LocalStore(tmp_path / "objects")
+        job = "j-0123456789ab"
+        lines = [LogLine(job, "alpha", 0, 1, "stdout", s, "2030-01-01T00:00:00.000Z", f"line {s}")
+                 for s in range(1, 101)]
+        objects.put_bytes(f"jobs/{job}/logs/0-1.jsonl", b"".join(json.dumps(ln.to_doc()).encode() + b"\n"
+                                                                 for ln in lines))
+        with Client(str(p.client.base_url), p.keys["platform"]) as client:
+            assert client.admin.reindex_logs([job]) == {"jobs": [job], "started": True}
+
+            def indexed() -> bool:
+                logstore.refresh()
+                return logstore.count(job) == 100
+
+            wait_for(indexed, 30, "the reindex")
+        assert [ln["line"] for ln in logstore.read(job, limit=200).lines] == [f"line {s}" for s in range(1, 101)]

@@ -1,11 +1,15 @@
-"""/v1/admin retention: a team's policy for logs, metrics and outputs, and a sweep on demand."""
+"""/v1/admin log upkeep: a team's retention of logs, metrics and outputs, a sweep on demand, and a reindex."""
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
+from pydantic import BaseModel, Field
 
+from services.api import reindex
 from services.api.deps import AuditDep, IdentityDep, LogsDep, ObjectsDep, PlatformAdminDep, TrainerDep
 from services.api.retention import RetentionPolicy, RetentionStore, sweep
 from services.api.schemas import error_responses
@@ -48,3 +52,29 @@ def run_sweep(_: PlatformAdminDep, identity: IdentityDep, trainer: TrainerDep, o
         return {"deleted": sweep(trainer, objects, logs, metrics, audit, _store(request, identity))}
     finally:
         metrics.close()
+
+
+log = logging.getLogger(__name__)
+
+
+class ReindexIn(BaseModel):
+    jobs: list[str] = Field(default_factory=list, max_length=1000, description="job ids to reindex")
+    all: bool = Field(False, description="every job with a log archive")
+
+
+@router.post("/logs/reindex", status_code=202, summary="Rebuild the log search index from the archives")
+def start_reindex(_: PlatformAdminDep, objects: ObjectsDep, logs: LogsDep, body: ReindexIn) -> dict:
+    """Starts in the background (the log store ingests a few thousand lines a second) and answers at once
+    with the jobs it will reindex; a job's search coverage (`trainforge logs JOB -q ...`) shows the progress."""
+    jobs = reindex.jobs_with_archives(objects) if body.all else list(dict.fromkeys(body.jobs))
+
+    def run() -> None:
+        for job in jobs:
+            try:
+                done = reindex.reindex_job(objects, logs, job)
+                log.info("reindexed %d lines of %s", done.lines, job, extra={"job": job})
+            except Exception as e:  # noqa: BLE001 - one job's failure must not stop the others
+                log.warning("reindexing %s failed: %s", job, e, extra={"job": job})
+
+    threading.Thread(target=run, name="reindex", daemon=True).start()
+    return {"jobs": jobs, "started": True}
