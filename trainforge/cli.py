@@ -266,7 +266,7 @@ def logs(ctx: click.Context, job_id: str, follow: bool, learner: int | None, que
     client = clikit.client(ctx)
     console = _out()
     if download_dir is not None:
-        _download_logs(client, console, job_id, learner, download_dir, as_json)
+        cli_logs.download_logs(client, console, job_id, learner, download_dir, as_json)
         return
     if follow:
         for line in client.follow_logs(job_id, learner=learner, query=query, poll_interval=interval):
@@ -276,7 +276,7 @@ def logs(ctx: click.Context, job_id: str, follow: bool, learner: int | None, que
                 _print_line(console, line)
         return
     if query:
-        _search_logs(client, console, job_id, learner, query, as_json)
+        cli_logs.search_logs(client, console, job_id, learner, query, as_json, _print_line)
         return
     job_state = client.get(job_id)["state"]
     lines: list[dict] = []
@@ -293,46 +293,6 @@ def logs(ctx: click.Context, job_id: str, follow: bool, learner: int | None, que
         _emit_json({"lines": lines, "next": cli_logs.format_cursor(cursor), "job_state": job_state})
     elif not cursor:
         console.print(f"no log lines for {job_id} ({job_state})")
-
-
-def _search_logs(client: Client, console: Console, job_id: str, learner: int | None, query: str,
-                 as_json: bool) -> None:
-    lines: list[dict] = []
-    cursor, job_state, coverage = None, "", ""
-    while True:
-        page = client.logs_page(job_id, learner=learner, after=cursor, query=query)
-        job_state = page["job_state"]
-        coverage = coverage or page.get("coverage", "")
-        if not page["lines"]:
-            break
-        lines.extend(page["lines"])
-        if not as_json:
-            for line in page["lines"]:
-                _print_line(console, line)
-        cursor = page["next"]
-    if as_json:
-        _emit_json({"lines": lines, "next": cursor or "", "job_state": job_state, "coverage": coverage})
-        return
-    if not lines:
-        console.print(f"no log lines for {job_id} match {query!r} ({job_state})")
-    if coverage:
-        console.print(Text(coverage, style="dim"))
-
-
-def _download_logs(client: Client, console: Console, job_id: str, learner: int | None, folder: Path,
-                   as_json: bool) -> None:
-    job = client.get(job_id)
-    ranks = [learner] if learner is not None else sorted({ln["rank"] for ln in job.get("learners") or []}) or [0]
-    folder.mkdir(parents=True, exist_ok=True)
-    saved = []
-    for rank in ranks:
-        path = folder / f"{job_id}-{rank}.jsonl"
-        size = client.download_log(job_id, path, learner=rank)
-        saved.append({"learner": rank, "path": str(path), "bytes": size})
-        if not as_json:
-            console.print(f"learner {rank}: {size:,} bytes in {path}")
-    if as_json:
-        _emit_json({"job": job_id, "files": saved})
 
 
 @main.command()

@@ -7,9 +7,15 @@ formatted by hand (ANSI colours only on a terminal) and written in chunks.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import TextIO
 
 from rich.console import Console
+from rich.text import Text
+
+from trainforge.clikit import emit_json
+from trainforge.sdk import Client
 
 _STYLE = {"stderr": "\x1b[31m", "system": "\x1b[2m"}
 _DIM, _RESET = "\x1b[2m", "\x1b[0m"
@@ -55,3 +61,45 @@ class LinePrinter:
 
     def close(self) -> None:
         self.flush()
+
+
+def search_logs(client: Client, console: Console, job_id: str, learner: int | None, query: str,
+                as_json: bool, print_line: Callable[[Console, dict], None]) -> None:
+    """Pages of index hits, then how much of the log the index holds."""
+    lines: list[dict] = []
+    cursor, job_state, coverage = None, "", ""
+    while True:
+        page = client.logs_page(job_id, learner=learner, after=cursor, query=query)
+        job_state = page["job_state"]
+        coverage = coverage or page.get("coverage", "")
+        if not page["lines"]:
+            break
+        lines.extend(page["lines"])
+        if not as_json:
+            for line in page["lines"]:
+                print_line(console, line)
+        cursor = page["next"]
+    if as_json:
+        emit_json({"lines": lines, "next": cursor or "", "job_state": job_state, "coverage": coverage})
+        return
+    if not lines:
+        console.print(f"no log lines for {job_id} match {query!r} ({job_state})")
+    if coverage:
+        console.print(Text(coverage, style="dim"))
+
+
+def download_logs(client: Client, console: Console, job_id: str, learner: int | None, folder: Path,
+                  as_json: bool) -> None:
+    """Each learner's raw archive (its latest attempt) into `folder`."""
+    job = client.get(job_id)
+    ranks = [learner] if learner is not None else sorted({ln["rank"] for ln in job.get("learners") or []}) or [0]
+    folder.mkdir(parents=True, exist_ok=True)
+    saved = []
+    for rank in ranks:
+        path = folder / f"{job_id}-{rank}.jsonl"
+        size = client.download_log(job_id, path, learner=rank)
+        saved.append({"learner": rank, "path": str(path), "bytes": size})
+        if not as_json:
+            console.print(f"learner {rank}: {size:,} bytes in {path}")
+    if as_json:
+        emit_json({"job": job_id, "files": saved})

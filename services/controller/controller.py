@@ -124,13 +124,6 @@ class Controller:
             self._store = store_from_settings(self.settings)
         return self._store
 
-    def _store_or_none(self) -> ObjectStore | None:
-        try:
-            return self._object_store()
-        except Exception as e:  # noqa: BLE001 - reported where the log archive's upload fails too
-            log.warning("no object store for the metrics archive: %s", e)
-            return None
-
     # -- halting ------------------------------------------------------------------
 
     def _watch_halt(self) -> None:
@@ -251,7 +244,7 @@ class Controller:
                 self._learner.signal_group(signal.SIGKILL)  # no learner runs on unwatched
             outcome = Outcome(LearnerState.LEARNER_FAILED, message=f"controller error: {type(e).__name__}: {e}")
             rc = 1
-        metrics.finish(min(self.settings.log_drain_seconds, 5.0), self._store_or_none())
+        metrics.finish(min(self.settings.log_drain_seconds, 5.0), self._object_store)
         outcome.tail = archive.tail()
         if outcome.state == LearnerState.LEARNER_FAILED:
             self._system_line(archive, outcome.message)

@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from services.common.adapters.logstore import LogStore, metrics_index
@@ -124,14 +125,14 @@ class MetricsChannel:
         self._tail.start()
         return self
 
-    def finish(self, drain_seconds: float, store: ObjectStore | None) -> None:
+    def finish(self, drain_seconds: float, store: Callable[[], ObjectStore]) -> None:
         """Read the last records, ship what the drain allows, upload the archive; never raises."""
         self._tail.stop()
         self.archive.close()
         try:
             self._shipper.close(drain_seconds)
-            if store is not None and self.archive.lines_written:
-                store.put_file(storekeys.metrics_key(self._spec.job_id, self._spec.rank, self._spec.attempt),
+            if self.archive.lines_written:
+                store().put_file(storekeys.metrics_key(self._spec.job_id, self._spec.rank, self._spec.attempt),
                                self.archive_path)
         except Exception as e:  # noqa: BLE001 - metrics are best effort beside the learner's outcome
             log.warning("storing the metrics archive failed: %s", e)
