@@ -39,12 +39,21 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from click.testing import CliRunner  # noqa: E402
+
+from services.api.app import create_app  # noqa: E402
+from services.api.identity import IdentityStore, Role  # noqa: E402
 from services.common.adapters.logstore import LogStore  # noqa: E402
+from services.common.adapters.mongo import connect  # noqa: E402
 from services.common.adapters.objectstore import LocalStore  # noqa: E402
+from services.common.settings import ApiSettings  # noqa: E402
+from services.common.states import JobState  # noqa: E402
 from services.controller.controller import ARCHIVE_FLUSH_SECONDS  # noqa: E402
 from services.controller.learner import LearnerProcess  # noqa: E402
 from services.controller.logship import LogArchive, LogShipper  # noqa: E402
-from tests.servers import serve_app, start_osmem  # noqa: E402
+from tests.fakes.trainer_memory import InMemoryTrainer  # noqa: E402
+from tests.servers import serve_app, start_mongo, start_osmem  # noqa: E402
+from trainforge.cli import main as cli_main  # noqa: E402
 
 FLOOD = ("import sys\nw = sys.stdout.write\npad = 'x' * 76\n"
          "for i in range({n}):\n    w(f'line {{i:07d}} {{pad}}\\n')\n")
@@ -125,14 +134,11 @@ def run_learner(n: int, tmp: Path, url: str | None, index: str) -> float:
 
 
 def run_read(api_url: str, key: str, state: Path, job: str, n: int) -> float:
-    from click.testing import CliRunner
-
-    from trainforge.cli import main
 
     runner = CliRunner(env={"TF_STATE_DIR": str(state), "TRAINFORGE_API_URL": api_url, "TRAINFORGE_API_KEY": key})
     start = time.perf_counter()
     with redirect_stdout(io.StringIO()):
-        result = runner.invoke(main, ["logs", job], catch_exceptions=False)
+        result = runner.invoke(cli_main, ["logs", job], catch_exceptions=False)
     elapsed = time.perf_counter() - start
     got = result.stdout.count("\n")
     if result.exit_code != 0 or got != n:
@@ -193,13 +199,6 @@ def main() -> int:
 
 
 def bench_read(tmp: Path, archive: Path, n: int, rounds: int) -> list[float]:
-    from services.api.app import create_app
-    from services.api.identity import IdentityStore, Role
-    from services.common.adapters.mongo import connect
-    from services.common.settings import ApiSettings
-    from services.common.states import JobState
-    from tests.fakes.trainer_memory import InMemoryTrainer
-    from tests.servers import start_mongo
 
     mongo = start_mongo()
     try:
