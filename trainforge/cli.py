@@ -21,8 +21,11 @@ from rich.text import Text
 from trainforge import (
     cli_account,
     cli_admin,
+    cli_logs,
     cli_notify,
+    cli_observe,
     cli_outputs,
+    cli_retention,
     cli_secrets,
     clikit,
     cliopts,
@@ -278,6 +281,7 @@ def status(ctx: click.Context, job_id: str | None, states: tuple[str, ...], labe
             _emit_json(job)
         else:
             _print_job(console, job)
+            cli_observe.print_progress(console, client, job_id)
         return
     cliopts.pairs(labels, "--label", typed=False)  # K=V, said before anything is sent
     jobs = client.list(state=list(states) or None, limit=limit, label=list(labels) or None)
@@ -291,16 +295,21 @@ def status(ctx: click.Context, job_id: str | None, states: tuple[str, ...], labe
 @click.argument("job_id", shell_complete=cli_account.complete_job_id)
 @click.option("--follow", "-f", is_flag=True, help="keep streaming until the job ends; exits by its outcome")
 @click.option("--learner", type=int, help="only this learner's lines")
-@click.option("--query", "-q", help="only lines matching this full-text query")
+@click.option("--query", "-q", help="only lines matching this full-text query (says how much the index holds)")
+@click.option("--download", "download_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="save each learner's raw log archive (JSON lines) in this folder instead of printing")
 @_interval
 @_json_flag
 @click.pass_context
-def logs(ctx: click.Context, job_id: str, follow: bool, learner: int | None, query: str | None, interval: float,
-         as_json: bool) -> None:
-    """Print a job's logs from the log store, in order; they stay searchable after the job ended."""
+def logs(ctx: click.Context, job_id: str, follow: bool, learner: int | None, query: str | None,
+         download_dir: Path | None, interval: float, as_json: bool) -> None:
+    """Print every line of a job's log, in order; a finished job's log comes from its archives, complete."""
     as_json = _use_json(ctx, as_json)
     client = clikit.client(ctx)
     console = _out()
+    if download_dir is not None:
+        cli_logs.download_logs(client, console, job_id, learner, download_dir, as_json)
+        return
     if follow:
         states: list[str] = []
         for line in client.follow_logs(job_id, learner=learner, query=query, poll_interval=interval,
@@ -310,21 +319,23 @@ def logs(ctx: click.Context, job_id: str, follow: bool, learner: int | None, que
             else:
                 _print_line(console, line)
         ctx.exit(exitcodes.for_state(states[-1] if states else ""))
+    if query:
+        cli_logs.search_logs(client, console, job_id, learner, query, as_json, _print_line)
+        return
+    job_state = client.get(job_id)["state"]
     lines: list[dict] = []
-    cursor, job_state = None, ""
-    while True:
-        page = client.logs_page(job_id, learner=learner, after=cursor, query=query)
-        job_state = page["job_state"]
-        if not page["lines"]:
-            break
-        lines.extend(page["lines"])
-        if not as_json:
-            for line in page["lines"]:
-                _print_line(console, line)
-        cursor = page["next"]
+    cursor: dict[str, int] = {}
+    printer = cli_logs.LinePrinter(console)
+    for line in client.stream_logs(job_id, learner=learner):
+        cursor[f"{line['learner']}:{line['attempt']}"] = line["seq"]
+        if as_json:
+            lines.append(line)
+        else:
+            printer.print(line)
+    printer.close()
     if as_json:
-        _emit_json({"lines": lines, "next": cursor or "", "job_state": job_state})
-    elif not lines:
+        _emit_json({"lines": lines, "next": cli_logs.format_cursor(cursor), "job_state": job_state})
+    elif not cursor:
         console.print(f"no log lines for {job_id} ({job_state})")
 
 
@@ -430,6 +441,10 @@ main.add_command(cli_outputs.checkpoints)
 main.add_command(cli_secrets.secret)
 main.add_command(cli_notify.notifications)
 main.add_command(cli_notify.webhook)
+cli_admin.admin.add_command(cli_retention.retention)
+cli_admin.admin.add_command(cli_retention.reindex)
+main.add_command(cli_observe.metrics)
+main.add_command(cli_observe.events)
 
 
 if __name__ == "__main__":

@@ -329,6 +329,59 @@ class Client:
         page = self.logs_page(job_id, learner=learner, after=after, limit=limit, query=query)
         return page["lines"], page["next"]
 
+    def _stream(self, path: str, params: dict[str, Any]) -> Iterator[httpx.Response]:
+        try:
+            with self._http.stream("GET", path, params=params, timeout=httpx.Timeout(self._http.timeout.connect,
+                                                                                      read=300.0)) as resp:
+                if not resp.is_success:
+                    resp.read()
+                    raise _error_from(resp)
+                yield resp
+        except httpx.TimeoutException as e:
+            raise ApiError(0, "timeout", f"the trainforge API at {self.api_url} did not answer in time ({e})") from None
+        except httpx.HTTPError as e:
+            raise ApiError(0, "unavailable", f"cannot reach the trainforge API at {self.api_url} ({e})") from None
+
+    def stream_log_lines(self, job_id: str, learner: int | None = None) -> Iterator[bytes]:
+        """Every line of a job as JSON-line bytes, in order (a settled job's come from its archives: all of them)."""
+        params = {"learner": learner} if learner is not None else {}
+        for resp in self._stream(f"/v1/jobs/{job_id}/logs/stream", params):
+            rest = b""
+            for chunk in resp.iter_bytes(1 << 16):
+                lines = (rest + chunk).split(b"\n")
+                rest = lines.pop()
+                yield from lines
+            if rest:
+                yield rest
+
+    def stream_logs(self, job_id: str, learner: int | None = None) -> Iterator[dict]:
+        """Every line of a job as a dict, in order."""
+        for raw in self.stream_log_lines(job_id, learner):
+            if raw:
+                yield json.loads(raw)
+
+    def download_log(self, job_id: str, path: str | Path, learner: int = 0, attempt: int | None = None) -> int:
+        """Save one learner's raw log archive (its latest attempt unless given); returns the bytes written."""
+        params: dict[str, Any] = {"learner": learner}
+        if attempt is not None:
+            params["attempt"] = attempt
+        written = 0
+        with open(path, "wb") as f:
+            for resp in self._stream(f"/v1/jobs/{job_id}/logs/raw", params):
+                for chunk in resp.iter_bytes():
+                    f.write(chunk)
+                    written += len(chunk)
+        return written
+
+    def metrics(self, job_id: str, names: list[str] | None = None) -> dict:
+        """{"series": {name: [{step, value, ts, learner, attempt}]}, "last": {...}, "progress": {...}}."""
+        params = {"name": ",".join(names)} if names else {}
+        return self._request("GET", f"/v1/jobs/{job_id}/metrics", params=params)
+
+    def events(self, job_id: str) -> list[dict]:
+        """The job's timeline: [{time, kind, from, to, reason, actor}]."""
+        return self._request("GET", f"/v1/jobs/{job_id}/events")["events"]
+
     def follow_logs(self, job_id: str, learner: int | None = None, after: str | None = None, *,
                     query: str | None = None, poll_interval: float = 1.0,
                     on_state: Callable[[str], None] | None = None) -> Iterator[dict]:
@@ -390,6 +443,23 @@ class Admin:
 
     def __init__(self, client: Client):
         self._c = client
+
+    def retention(self, team: str) -> dict:
+        """{"logs_days", "metrics_days", "outputs_days"} (None: kept for ever)."""
+        return self._c._request("GET", f"/v1/admin/teams/{team}/retention")
+
+    def set_retention(self, team: str, *, logs_days: float | None = None, metrics_days: float | None = None,
+                      outputs_days: float | None = None) -> dict:
+        body = {"logs_days": logs_days, "metrics_days": metrics_days, "outputs_days": outputs_days}
+        return self._c._request("PUT", f"/v1/admin/teams/{team}/retention", json=body)
+
+    def reindex_logs(self, jobs: list[str] | None = None, all_jobs: bool = False) -> dict:
+        """Start rebuilding the log index from the archives: {"jobs": [...], "started": true}."""
+        return self._c._request("POST", "/v1/admin/logs/reindex", json={"jobs": jobs or [], "all": all_jobs})
+
+    def sweep_retention(self) -> list[dict]:
+        """Apply every team's retention now; what was deleted."""
+        return self._c._request("POST", "/v1/admin/retention/sweep")["deleted"]
 
     def teams(self) -> list[dict]:
         return self._c._request("GET", "/v1/admin/teams")["teams"]

@@ -236,3 +236,48 @@ def install_halt_handler(signum: int = signal.SIGTERM) -> None:
 def should_halt() -> bool:
     """True once the halt signal arrived; never blocks."""
     return _halt_requested.is_set()
+
+
+# -- training metrics ----------------------------------------------------------------------
+#
+# A learner reports metrics by appending JSON lines to a file in its working
+# directory; its controller tails the file and ships the records beside the
+# log (docs/CONTRACTS.md, "Training metrics"). Writing a local file never waits
+# on the network. Plain scripts in any language can follow the same
+# convention: append `{"step": 12, "loss": 0.41, ...}` lines to
+# $TF_METRICS_FILE (default `.tf-metrics.jsonl` in $TF_WORKDIR or the cwd).
+# Reserved names describe progress: `epoch`, `total_steps`, `total_epochs`.
+
+METRICS_FILE = ".tf-metrics.jsonl"
+_metrics_lock = threading.Lock()
+
+
+def metrics_file() -> Path:
+    """Where `report_metrics` appends ($TF_METRICS_FILE, else METRICS_FILE in $TF_WORKDIR or the cwd)."""
+    explicit = os.environ.get("TF_METRICS_FILE", "").strip()
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("TF_WORKDIR") or ".") / METRICS_FILE
+
+
+def report_metrics(step: int, **values: float) -> None:
+    """Record metric values at a training step, e.g. report_metrics(100, loss=0.41, accuracy=0.87).
+
+    Non-blocking: one line appended to a local file (no network). Values must
+    be numbers; `epoch`, `total_steps` and `total_epochs` feed the job's
+    progress and ETA in `trainforge status`.
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    clean: dict[str, float] = {}
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            try:
+                value = float(value)  # a 0-d tensor or numpy scalar
+            except (TypeError, ValueError):
+                raise ValueError(f"metric {name!r} must be a number, got {value!r}") from None
+        clean[name] = value
+    record = json.dumps({"step": step, "ts": round(time.time(), 3), **clean}, allow_nan=True)
+    path = metrics_file()
+    with _metrics_lock, open(path, "a", encoding="utf-8") as f:
+        f.write(record + "\n")

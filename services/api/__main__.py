@@ -9,6 +9,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from services.api.app import create_app
+from services.common.observability import configure_logging
 from services.common.settings import ApiSettings
 
 
@@ -19,6 +20,8 @@ def main() -> int:
     except ValidationError as e:
         print(f"invalid settings: {e}", file=sys.stderr)
         return 2
+    if settings.log_json:
+        configure_logging(json_logs=True)
     try:
         app = create_app(settings)
     except ValueError as e:  # settings it cannot serve with, e.g. a JWT secret too short for its algorithm

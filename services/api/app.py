@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.api import prom, retention
 from services.api.audit import AuditLog, AuditMiddleware
 from services.api.deps import REQUIRED_ROLE
 from services.api.identity import IdentityStore, Role
@@ -34,7 +35,9 @@ from services.api.routes import auth as auth_routes
 from services.api.routes import health as health_routes
 from services.api.routes import jobs as job_routes
 from services.api.routes import notifications as notification_routes
+from services.api.routes import observe as observe_routes
 from services.api.routes import outputs as output_routes
+from services.api.routes import retention as retention_routes
 from services.api.routes import secrets as secret_routes
 from services.api.routes import team as team_routes
 from services.api.tokens import TokenCodec
@@ -229,7 +232,10 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        sweeper = retention.start_sweeper(settings, trainer, objects, logs, audit, identity.db)
         yield
+        if sweeper is not None:
+            sweeper.stop()
         for close in owned:
             try:
                 close()
@@ -255,7 +261,8 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
     # outermost, so refusals (413, 401, 429) and crashes are audited too
     app.add_middleware(AuditMiddleware, audit=audit)
 
-    for module in (job_routes, output_routes, secret_routes, notification_routes, team_routes, auth_routes,
-                   admin_routes, admin_job_routes, health_routes):
+    for module in (job_routes, observe_routes, output_routes, secret_routes, notification_routes, team_routes,
+                   auth_routes, admin_routes, admin_job_routes, retention_routes, health_routes):
         app.include_router(_publish_roles(module.router))
+    prom.install(app)
     return app

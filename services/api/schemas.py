@@ -95,6 +95,10 @@ class LogPage(BaseModel):
     lines: list[LogLine]
     next: str = Field(description="cursor to pass as `after` for the lines that follow")
     job_state: str = Field(description="the job's state when the page was read")
+    source: str = Field("index", description='"archive" (a settled job: every line) or "index" (the search index)')
+    indexed: int | None = Field(None, description="searches only: lines of the job the index holds")
+    total: int | None = Field(None, description="searches only: lines in the job's archives (settled jobs)")
+    coverage: str = Field("", description='searches only: e.g. "index holds 42,000 of 200,001 lines"')
 
 
 class ComponentHealth(BaseModel):

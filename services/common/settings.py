@@ -51,6 +51,7 @@ class StoreSettings(_Base):
     s3_access_key: str = Field("", description="S3 access key id")
     s3_secret_key: str = Field("", description="S3 secret access key")
     s3_region: str = Field("us-east-1", description="S3 region")
+    log_json: bool = Field(False, description="service logs as JSON lines carrying job, team and request ids")
     trainer_address: str = Field("127.0.0.1:50051", description="host:port of the Trainer gRPC server")
     lcm_address: str = Field("127.0.0.1:50052", description="host:port of the LCM gRPC server")
 
@@ -67,6 +68,8 @@ class ApiSettings(StoreSettings):
     jwt_issuer: str = Field("trainforge", description="required JWT iss")
     max_upload_bytes: int = Field(256 * 2**20, ge=1024, description="largest code archive accepted")
     log_page_max: int = Field(5000, ge=1, le=10000, description="most log lines returned by one request")
+    retention_interval: float = Field(3600.0, ge=0, le=7 * 86400, description="seconds between retention sweeps "
+                                      "of logs, metrics and outputs (0: none)")
     jwt_lifetime: int = Field(3600, ge=60, le=86400, description="seconds a token from POST /v1/auth/token lives")
     rate_limit_per_second: float = Field(20.0, ge=0, le=1e6,
                                          description="requests per second one API key may make (0: no limit)")
@@ -89,6 +92,8 @@ class TrainerSettings(StoreSettings):
                                                                     "later waits double, up to 300 s")
     secrets_key: str = Field("", description="Fernet key encrypting team secrets at rest; required outside dev "
                                           "mode (dev mode: generated into <state_dir>/secrets.key)")
+    metrics_port: int = Field(-1, ge=-1, le=65535, description="port of the Prometheus /metrics endpoint "
+                              "(-1: none, 0: any free port)")
 
 
 class LcmSettings(StoreSettings):
@@ -101,10 +106,14 @@ class LcmSettings(StoreSettings):
     lease_ttl: int = Field(10, ge=2, le=300, description="seconds a learner's etcd lease lives without keepalive")
     docker_url: str = Field("", description="the docker backend's engine, e.g. unix:///run/docker.sock (empty: DOCKER_HOST or the default socket)")
     docker_image: str = Field("trainforge/learner:bookworm", description="the docker backend's image for a manifest without `image:`")
+    metrics_port: int = Field(-1, ge=-1, le=65535, description="port of the Prometheus /metrics endpoint "
+                              "(-1: none, 0: any free port)")
 
 
 class ControllerSettings(StoreSettings):
-    log_batch_lines: int = Field(500, ge=1, le=10000, description="most lines per shipped batch")
+    log_batch_lines: int = Field(2000, ge=1, le=10000, description="most lines per shipped batch")
+    log_drain_seconds: float = Field(30.0, ge=0, le=3600, description="longest the end of a run waits for the log "
+                                     "store to take the rest of the log (the archive keeps every line regardless)")
     log_batch_seconds: float = Field(0.5, gt=0, le=30, description="longest a line waits before it is shipped")
     kill_grace: float = Field(10.0, ge=0, le=600, description="seconds between SIGTERM and SIGKILL")
     env_cache_dir: Path | None = Field(None, description="where per-job environments (manifest requirements:) "

@@ -51,7 +51,8 @@ from services.common.states import LearnerState
 
 from .checkpoints import CheckpointSync, choose_step, copy_uri
 from .learner import LearnerProcess, MemoryWatchdog, describe_exit, exit_code_of, launcher_reason, learner_env
-from .logship import LogArchive, LogShipper, LogSink
+from .logship import LogArchive, LogShipper, LogSink, upload_earlier_archives
+from .metricstail import MetricsChannel
 from .pyenv import BuildStopped, EnvCache, requirements_of
 from .sandbox import Sandbox, choose
 from .status import StatusPublisher
@@ -62,9 +63,10 @@ log = logging.getLogger(__name__)
 # How often a running learner's checkpoint directory and the job's halt key are looked at.
 CHECKPOINT_POLL = 1.0
 HALT_POLL = 0.5
-# How long the end of a run may wait for the log store and for etcd.
-DRAIN_SECONDS = 30.0
+# How long the end of a run may wait for etcd (the log store's wait is a setting, log_drain_seconds).
 FINAL_STATUS_SECONDS = 30.0
+# The archive's writes are flushed at least this often while the learner prints (see LogArchive).
+ARCHIVE_FLUSH_SECONDS = 0.005
 READERS_SECONDS = 10.0
 # How often an environment build's progress is published as the PREPARING status, and how much of a line.
 ENV_PROGRESS_SECONDS = 1.0
@@ -82,11 +84,14 @@ class Outcome:
     tail: list[str] = field(default_factory=list)
     step: int | None = None
     checkpoint_uri: str = ""
+    lines_archived: int | None = None
+    lines_shipped: int | None = None
 
     def status(self, attempt: int, isolation: str = "") -> LearnerStatus:
         return LearnerStatus(state=self.state, attempt=attempt, exit_code=self.exit_code, message=self.message,
                              tail=self.tail, outputs_uri=self.outputs_uri, step=self.step,
-                             checkpoint_uri=self.checkpoint_uri, isolation=isolation)
+                             checkpoint_uri=self.checkpoint_uri, isolation=isolation,
+                             lines_archived=self.lines_archived, lines_shipped=self.lines_shipped)
 
 
 class Controller:
@@ -227,11 +232,16 @@ class Controller:
                              max_seconds=self.settings.log_batch_seconds)
         try:
             archive = LogArchive(spec.archive_path, job=spec.job_id, team=spec.team, learner=spec.rank,
-                                 attempt=spec.attempt, on_append=shipper.notify)
+                                 attempt=spec.attempt, on_append=shipper.notify,
+                                 flush_interval=ARCHIVE_FLUSH_SECONDS)
+            shipper.before_read = archive.flush
         except OSError as e:
             return self._finish(Outcome(LearnerState.LEARNER_FAILED,
                                         message=f"cannot create the log archive: {_text(e)}"), 0)
         shipper.start()
+        upload_earlier_archives(spec, self._object_store)
+        metrics = MetricsChannel(spec, self.settings.logstore_url, self.settings.logstore_index,
+                                 flush_interval=ARCHIVE_FLUSH_SECONDS).start()
         rc = 0
         try:
             outcome = self._run_learner(archive)
@@ -241,21 +251,24 @@ class Controller:
                 self._learner.signal_group(signal.SIGKILL)  # no learner runs on unwatched
             outcome = Outcome(LearnerState.LEARNER_FAILED, message=f"controller error: {type(e).__name__}: {e}")
             rc = 1
+        metrics.finish(min(self.settings.log_drain_seconds, 5.0), self._object_store)
         outcome.tail = archive.tail()
         if outcome.state == LearnerState.LEARNER_FAILED:
             self._system_line(archive, outcome.message)
         archive.close()
 
-        if not shipper.close(DRAIN_SECONDS):
-            log.warning("not every log line reached the log store (last error: %s); the archive keeps them",
-                        shipper.last_error or "timed out")
+        if not shipper.close(self.settings.log_drain_seconds):
+            log.warning("%d of %d log lines reached the log store (last error: %s); the archive keeps them all",
+                        shipper.shipped, archive.lines_written, shipper.last_error or "timed out")
+        outcome.lines_archived, outcome.lines_shipped = archive.lines_written, shipper.shipped
         try:
             self._upload_log_archive()
         except Exception as e:  # noqa: BLE001 - the final status must be written whatever happened
             log.error("uploading the log archive failed: %s", _text(e))
             if outcome.state == LearnerState.LEARNER_COMPLETED:
                 outcome = Outcome(LearnerState.LEARNER_FAILED, exit_code=outcome.exit_code, tail=outcome.tail,
-                                  message=f"uploading the log archive failed: {_text(e)}")
+                                  message=f"uploading the log archive failed: {_text(e)}",
+                                  lines_archived=outcome.lines_archived, lines_shipped=outcome.lines_shipped)
 
         return self._finish(outcome, rc)
 

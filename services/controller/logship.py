@@ -18,23 +18,34 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from json.encoder import encode_basestring as _quote  # the C encoder, as json.dumps(s, ensure_ascii=False)
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from services.common.adapters.logstore import LogLine
+from services.common.adapters.objectstore import ObjectStore
+from services.common.contracts import storekeys
+from services.common.contracts.specs import LearnerSpec
 from services.common.retry import Backoff
 
 log = logging.getLogger(__name__)
 
-STREAMS = ("stdout", "stderr", "system")
+STREAMS = ("stdout", "stderr", "system", "metric")
+_ARCHIVE_NAME = re.compile(r"^learner-(\d+)-(\d+)\.log\.jsonl$")
 
 
 class LogSink(Protocol):
-    """Where batches go; `write` raises when the batch was not (fully) stored."""
+    """Where batches go; `write` raises when the batch was not (fully) stored.
+
+    A sink that also has `write_raw(docs)` (a list of (doc id, archive line
+    bytes)) is given the archive's lines as they are, saving a decode and an
+    encode per line: the archive line already is the index document.
+    """
 
     def write(self, lines: list[LogLine]) -> None: ...
 
@@ -66,10 +77,15 @@ class LogArchive:
 
     `append` is safe to call from several threads; it never waits on the
     network. `on_append` is called after each line (the shipper's wake-up).
+    With `flush_interval` > 0 lines are flushed to the file at most that
+    often (and by `flush()`, which the shipper calls at the end of the file),
+    saving a system call per line in a flood; a controller killed outright
+    then loses at most that interval's lines, as it loses what is still in
+    the pipe.
     """
 
     def __init__(self, path: Path, *, job: str, team: str, learner: int, attempt: int,
-                 on_append: Callable[[], None] | None = None, tail_lines: int = 20):
+                 on_append: Callable[[], None] | None = None, tail_lines: int = 20, flush_interval: float = 0.0):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._job, self._team, self._learner, self._attempt = job, team, learner, attempt
@@ -82,6 +98,12 @@ class LogArchive:
         if not _ends_with_newline(self.path):
             self._file.write("\n")  # end a line cut off by a crash; the shipper skips it
         self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        # Everything but stream, seq, ts and line is the same on every line: encoded once.
+        self._head = (f'{{"job": {json.dumps(job)}, "team": {json.dumps(team)}, "learner": {int(learner)}, '
+                      f'"attempt": {int(attempt)}, "stream": "')
+        self._flush_interval = flush_interval
+        self._flushed_at = 0.0
+        self._ts_ms, self._ts = -1, ""
 
     @property
     def lines_written(self) -> int:
@@ -91,17 +113,36 @@ class LogArchive:
         if stream not in STREAMS:
             raise ValueError(f"stream must be one of {', '.join(STREAMS)}, got {stream!r}")
         with self._lock:
-            line = LogLine(self._job, self._team, self._learner, self._attempt, stream, self._seq + 1,
-                           utc_timestamp(), text)
-            self._file.write(json.dumps(line.to_doc(), ensure_ascii=False) + "\n")
-            self._file.flush()
-            # Numbered only once it is on disk, so a failed write leaves no gap.
-            self._seq += 1
-            if stream != "system":
+            seq, ts = self._seq + 1, self._timestamp()
+            self._file.write(f'{self._head}{stream}", "seq": {seq}, "ts": "{ts}", "line": '
+                             f'{_quote(text)}}}\n')
+            now = time.monotonic()
+            if now - self._flushed_at >= self._flush_interval:
+                self._file.flush()
+                self._flushed_at = now
+            # Numbered only once it is written, so a failed write leaves no gap.
+            self._seq = seq
+            if stream in ("stdout", "stderr"):
                 self._tail.append(text)
         if self._on_append is not None:
             self._on_append()
-        return line
+        return LogLine(self._job, self._team, self._learner, self._attempt, stream, seq, ts, text)
+
+    def _timestamp(self) -> str:
+        """utc_timestamp(), formatted once per millisecond: a flood prints thousands of lines in each."""
+        t = time.time()
+        ms = int(t * 1000)
+        if ms != self._ts_ms:
+            self._ts_ms = ms
+            self._ts = datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return self._ts
+
+    def flush(self) -> None:
+        """Hand what `append` buffered to the file (the shipper calls this when it reached the end)."""
+        with self._lock:
+            if not self._file.closed:
+                self._file.flush()
+                self._flushed_at = time.monotonic()
 
     def tail(self) -> list[str]:
         """The last stdout/stderr lines (not the controller's own system lines)."""
@@ -138,6 +179,8 @@ class LogShipper:
         self._deadline = float("inf")
         self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
         self._drained = False
+        # Set to the archive's flush when it buffers lines: called whenever the end of the file is reached.
+        self.before_read: Callable[[], None] | None = None
         self.shipped = 0
         self.failures = 0
         self.last_error: str = ""
@@ -183,7 +226,7 @@ class LogShipper:
             self._drained = True
             return
         with f:
-            pending: list[LogLine] = []
+            pending: list[tuple[LogLine, bytes]] = []
             oldest = 0.0
             while True:
                 self._wake.clear()
@@ -191,12 +234,17 @@ class LogShipper:
                 # an end of file reached after that is the end of the learner's log.
                 closing = self._closing.is_set()
                 at_eof = False
+                flushed = False
                 while len(pending) < self._max_lines:
                     start = f.tell()
                     raw = f.readline()
                     if not raw.endswith(b"\n"):
                         # Nothing new, or a line still being written: read it whole later.
                         f.seek(start)
+                        if not flushed and self.before_read is not None:
+                            self.before_read()
+                            flushed = True
+                            continue
                         at_eof = True
                         break
                     line = self._parse(raw)
@@ -204,7 +252,7 @@ class LogShipper:
                         continue
                     if not pending:
                         oldest = self._clock()
-                    pending.append(line)
+                    pending.append((line, raw))
                 if pending and (len(pending) >= self._max_lines or closing
                                 or self._clock() - oldest >= self._max_seconds):
                     if self._send(pending):
@@ -223,9 +271,13 @@ class LogShipper:
                 wait = self._poll if not pending else max(0.0, oldest + self._max_seconds - self._clock())
                 self._wake.wait(wait)
 
-    def _send(self, batch: list[LogLine]) -> bool:
+    def _send(self, batch: list[tuple[LogLine, bytes]]) -> bool:
         try:
-            self._sink.write(batch)
+            write_raw = getattr(self._sink, "write_raw", None)
+            if write_raw is not None:
+                write_raw([(line.doc_id, raw) for line, raw in batch])
+            else:
+                self._sink.write([line for line, _ in batch])
             return True
         except Exception as e:  # noqa: BLE001 - any sink failure means "retry the batch"
             self.failures += 1
@@ -246,3 +298,35 @@ class LogShipper:
         except (ValueError, TypeError) as e:
             log.warning("skipping an unreadable archive line (%s): %r", e, raw[:200])
             return None
+
+
+def upload_earlier_archives(spec: LearnerSpec, store: Callable[[], ObjectStore]) -> list[str]:
+    """Upload this rank's archives of earlier attempts that never reached the object store.
+
+    A controller killed outright (SIGKILL, a lost node) uploads nothing; its
+    attempt's archive stays beside the attempt's working directory. Backends
+    that keep attempts side by side (`<job dir>/<attempt>/learner-<rank>/`,
+    the local backend's layout) let the next attempt's controller find and
+    upload it, so the killed attempt's lines stay readable, kept apart under
+    their own attempt. Best effort: a failure is logged, never raised.
+    """
+    job_dir = spec.workdir.parent.parent
+    done: list[str] = []
+    try:
+        found = sorted(job_dir.glob(f"*/learner-{spec.rank}-*.log.jsonl"))
+    except OSError:
+        return done
+    for path in found:
+        m = _ARCHIVE_NAME.match(path.name)
+        if not m or int(m.group(1)) != spec.rank or int(m.group(2)) >= spec.attempt:
+            continue
+        key = storekeys.log_key(spec.job_id, spec.rank, int(m.group(2)))
+        try:
+            if store().exists(key):
+                continue
+            store().put_file(key, path)
+            done.append(key)
+            log.info("uploaded the log archive %s left by an earlier attempt's controller", key)
+        except Exception as e:  # noqa: BLE001 - salvage must never stop this attempt
+            log.warning("could not upload the earlier log archive %s: %s", path, e)
+    return done

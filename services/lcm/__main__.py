@@ -13,6 +13,7 @@ import sys
 from pydantic import ValidationError
 
 from services.common.errors import TrainforgeError
+from services.common.observability import configure_logging
 from services.common.process import start_service
 from services.common.settings import LcmSettings
 from services.lcm.server import build_lifecycle, serve
@@ -27,6 +28,8 @@ def main() -> int:
     except ValidationError as e:
         log.error("invalid settings: %s", e)
         return 2
+    if settings.log_json:
+        configure_logging(json_logs=True)
     try:
         lifecycle = build_lifecycle(settings)
         server, _ = serve(settings, lifecycle)

@@ -12,12 +12,16 @@ import grpc
 
 from protos import lcm_pb2_grpc
 from services.common import rpc
+from services.common.observability import GaugeCollector, MetricsEndpoint, add_health, service_registry
 from services.common.settings import LcmSettings
 from services.lcm.backends import make_backend
 from services.lcm.lifecycle import Lifecycle
 from services.lcm.servicer import LcmServicer
 
 log = logging.getLogger(__name__)
+
+# The /metrics endpoint served beside each gRPC port this process serves (stop it with the server).
+ENDPOINTS: dict[int, MetricsEndpoint] = {}
 
 
 def build_lifecycle(settings: LcmSettings) -> Lifecycle:
@@ -34,6 +38,27 @@ def serve(settings: LcmSettings, lifecycle: Lifecycle | None = None) -> tuple[gr
         lifecycle = build_lifecycle(settings)
     server, port = rpc.make_server(settings.lcm_address)
     lcm_pb2_grpc.add_LifecycleManagerServicer_to_server(LcmServicer(lifecycle), server)
+    add_health(server, ["trainforge.LifecycleManager"])
     server.start()
+    if settings.metrics_port >= 0:
+        host = settings.lcm_address.rsplit(":", 1)[0]
+        ENDPOINTS[port] = MetricsEndpoint(lcm_registry(lifecycle), settings.metrics_port, host)
     log.info("LCM (%s backend) serving on port %d", lifecycle.name, port)
     return server, port
+
+
+def lcm_registry(lifecycle: Lifecycle):  # noqa: ANN201 - a prometheus_client CollectorRegistry
+    """RPC figures, and the jobs and processes (monitors, controllers) the backend runs now."""
+    def running() -> list[tuple[list[str], float]]:
+        jobs = lifecycle.running_jobs()
+        kinds: dict[str, int] = {}
+        for job in jobs:
+            for handle in job.handles:
+                kind = handle.name.split("-", 1)[0]
+                kinds[kind] = kinds.get(kind, 0) + 1
+        return [(["jobs"], len(jobs))] + [([kind], n) for kind, n in sorted(kinds.items())]
+
+    return service_registry({"server": rpc.SERVER_STATS, "client": rpc.CLIENT_STATS}, [
+        GaugeCollector("trainforge_lcm_running", "jobs, and processes by kind, the backend runs now", ["what"],
+                       running),
+    ])

@@ -10,6 +10,7 @@ import logging
 import sys
 
 from services.common.errors import TrainforgeError
+from services.common.observability import configure_logging
 from services.common.process import start_service
 from services.common.settings import TrainerSettings
 from services.trainer.server import serve
@@ -20,6 +21,8 @@ log = logging.getLogger("services.trainer")
 def main() -> int:
     stop = start_service()
     settings = TrainerSettings()
+    if settings.log_json:
+        configure_logging(json_logs=True)
     try:
         trainer = serve(settings)
     except TrainforgeError as e:

@@ -9,19 +9,23 @@ the dispatcher, then closes connections.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from protos import trainer_pb2_grpc
 from services.common import rpc
 from services.common.adapters.mongo import Database, connect
 from services.common.errors import Unavailable
+from services.common.observability import GaugeCollector, MetricsEndpoint, add_health, service_registry
 from services.common.secrets import SecretBox, SecretStore, load_key
 from services.common.settings import TrainerSettings
+from services.common.states import JobState
 from services.common.webhooks import Outbox, TeamWebhooks
 from services.trainer.dispatcher import Dispatcher
 from services.trainer.lcm_client import GrpcLcm, Lcm
@@ -47,6 +51,8 @@ class Trainer:
     service: JobService
     _closers: list[Callable[[], None]] = field(default_factory=list)
     notifier: Notifier | None = None
+    metrics_port: int = -1  # where /metrics is served once started (-1: not served)
+    _metrics: MetricsEndpoint | None = None
 
     @property
     def address(self) -> str:
@@ -64,6 +70,9 @@ class Trainer:
             self.notifier.start()
             self._reconcile_notifications()
         self.server.start()
+        if self.metrics_port >= 0:
+            self._metrics = MetricsEndpoint(trainer_registry(self.store), self.metrics_port, self.host)
+            self.metrics_port = self._metrics.port
         log.info("trainer serving on %s", self.address)
         return self
 
@@ -78,6 +87,8 @@ class Trainer:
             log.warning("could not reconcile webhook notifications: %s", e.message)
 
     def stop(self, grace: float = 5.0) -> None:
+        if self._metrics is not None:
+            self._metrics.stop()
         self.server.stop(grace).wait()
         self.dispatcher.stop()
         if self.notifier is not None:
@@ -111,8 +122,28 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
     service = JobService(store, dispatcher, quotas)
     server, port = rpc.make_server(settings.trainer_address)
     trainer_pb2_grpc.add_TrainerServicer_to_server(TrainerServicer(service), server)
+    add_health(server, ["trainforge.Trainer"])
     host = settings.trainer_address.rsplit(":", 1)[0]
-    return Trainer(server, port, host, store, dispatcher, service, closers, notifier)
+    return Trainer(server, port, host, store, dispatcher, service, closers, notifier,
+                   metrics_port=settings.metrics_port)
+
+
+def trainer_registry(store: JobStore) -> CollectorRegistry:
+    """RPC figures, and per team its queue depth and its jobs by state (read from the store when scraped)."""
+    def jobs_by_state() -> list[tuple[list[str], float]]:
+        counts = collections.Counter((r.team, JobState(r.state).name.lower()) for r in store.usage_rows())
+        return [([team, state], n) for (team, state), n in sorted(counts.items())]
+
+    def queue_depth() -> list[tuple[list[str], float]]:
+        rows = jobs_by_state()
+        teams = sorted({labels[0] for labels, _ in rows})
+        queued = {labels[0]: n for labels, n in rows if labels[1] == "queued"}
+        return [([team], queued.get(team, 0)) for team in teams]
+
+    return service_registry({"server": rpc.SERVER_STATS, "client": rpc.CLIENT_STATS}, [
+        GaugeCollector("trainforge_jobs", "jobs by team and state", ["team", "state"], jobs_by_state),
+        GaugeCollector("trainforge_queue_depth", "queued jobs per team", ["team"], queue_depth),
+    ])
 
 
 def serve(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | None = None,

@@ -12,13 +12,14 @@ import re
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Header, Path, Query, Request, Response, UploadFile
+from fastapi.responses import StreamingResponse
 from pydantic import StringConstraints, WithJsonSchema
 
 from services.api import paging
 from services.api.access import unix
 from services.api.audit import note_target
 from services.api.deps import LogsDep, ObjectsDep, SettingsDep, TenantDep, TrainerDep
-from services.api.logs import read_job_logs
+from services.api.logs import raw_archive, read_job_logs, stream_job_logs
 from services.api.schemas import ErrorResponse, Job, JobList, LogPage, error_responses
 from services.api.submit import submit_job
 from services.api.trainer_client import TrainerApi
@@ -166,16 +167,45 @@ def get_job(tenant: TenantDep, trainer: TrainerDep, job_id: JobId) -> dict:
 
 @router.get("/{job_id}/logs", response_model=LogPage, responses=_NOT_FOUND, summary="A page of a job's log lines")
 def get_logs(
-    tenant: TenantDep, trainer: TrainerDep, logs: LogsDep, settings: SettingsDep, job_id: JobId,
+    tenant: TenantDep, trainer: TrainerDep, logs: LogsDep, objects: ObjectsDep, settings: SettingsDep, job_id: JobId,
     learner: Annotated[int | None, Query(ge=0, description="only this learner's lines")] = None,
     after: Annotated[str | None, Query(description="the `next` cursor of the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=10000, description="most lines returned (capped by the server)")] = 1000,
     q: Annotated[str | None, Query(description="full-text search in the lines")] = None,
 ) -> dict:
     """Lines in order (time, learner, sequence), also after the job ended. Pass `next` back as `after`
-    to get the lines that follow; a line shipped late by one learner is still returned."""
+    to get the lines that follow; a line shipped late by one learner is still returned. A settled job's
+    lines come from its log archives (`source: archive`), all of them whatever the index caught up with;
+    a search (`q`) goes to the index and its first page says how much of the log the index holds."""
     return read_job_logs(trainer, logs, team=tenant.team, job_id=job_id, learner=learner, after=after,
-                         limit=min(limit, settings.log_page_max), query=q)
+                         limit=min(limit, settings.log_page_max), query=q, objects=objects)
+
+
+@router.get("/{job_id}/logs/stream", responses={**_NOT_FOUND, 200: {"content": {"application/x-ndjson": {}}}},
+            response_class=StreamingResponse, summary="Every log line of a job, streamed as JSON lines")
+def stream_logs(
+    tenant: TenantDep, trainer: TrainerDep, logs: LogsDep, objects: ObjectsDep, settings: SettingsDep,
+    job_id: JobId, learner: Annotated[int | None, Query(ge=0, description="only this learner's lines")] = None,
+) -> StreamingResponse:
+    """One JSON line per log line, in order: a settled job's from its archives (complete), a running
+    job's from the index as far as it goes. The `X-Job-State` header is the job's state."""
+    state, body = stream_job_logs(trainer, logs, objects, team=tenant.team, job_id=job_id, learner=learner,
+                                  page_size=settings.log_page_max)
+    return StreamingResponse(body, media_type="application/x-ndjson", headers={"X-Job-State": state})
+
+
+@router.get("/{job_id}/logs/raw", responses={**_NOT_FOUND, 200: {"content": {"application/x-ndjson": {}}}},
+            response_class=StreamingResponse, summary="One learner's raw log archive")
+def raw_logs(
+    tenant: TenantDep, trainer: TrainerDep, objects: ObjectsDep, job_id: JobId,
+    learner: Annotated[int, Query(ge=0, description="the learner (rank)")] = 0,
+    attempt: Annotated[int | None, Query(ge=0, description="the attempt; the latest when left out")] = None,
+) -> StreamingResponse:
+    """The archive the learner's controller uploaded when it ended, byte for byte (one JSON document per
+    line: job, team, learner, attempt, stream, seq, ts, line)."""
+    name, body = raw_archive(trainer, objects, team=tenant.team, job_id=job_id, learner=learner, attempt=attempt)
+    return StreamingResponse(body, media_type="application/x-ndjson",
+                             headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
 
 @router.post("/{job_id}/halt", response_model=Job,

@@ -15,6 +15,7 @@ timeout overwrites instead of duplicating.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -49,6 +50,11 @@ def _unavailable(e: Exception) -> Unavailable:
     """One short sentence for clients; the client library's text (hosts, timeouts) goes to this service's log."""
     log.warning("log store unavailable: %s: %s", type(e).__name__, e)
     return Unavailable("log store unavailable; retry shortly")
+
+def metrics_index(log_index: str) -> str:
+    """The index of training-metric records beside a log index (same document shape, stream "metric")."""
+    return f"{log_index}-metrics"
+
 
 class _PlainJsonNode(Urllib3HttpNode):
     def perform_request(self, method, target, body=None, headers=None, **kwargs):  # noqa: ANN001
@@ -125,13 +131,49 @@ class LogStore:
         for ln in lines:
             ops.append({"index": {"_index": self.index, "_id": ln.doc_id}})
             ops.append(ln.to_doc())
+        self._bulk(ops, len(lines), refresh)
+
+    def write_raw(self, docs: list[tuple[str, bytes]], refresh: bool = False) -> None:
+        """Index documents already encoded as JSON (archive lines), as `write` does; one request body."""
+        if not docs:
+            return
+        self.ensure_index()
+        body = bytearray()
+        for doc_id, raw in docs:
+            body += b'{"index":{"_index":%s,"_id":%s}}\n' % (json.dumps(self.index).encode(), json.dumps(doc_id).encode())
+            body += raw if raw.endswith(b"\n") else raw + b"\n"
+        self._bulk(bytes(body), len(docs), refresh)
+
+    def _bulk(self, operations: object, count: int, refresh: bool) -> None:
         try:
-            resp = self._es.bulk(operations=ops, refresh=refresh)
+            resp = self._es.bulk(operations=operations, refresh=refresh)
         except (TransportConnectionError, ApiError) as e:
             raise _unavailable(e) from None
         if resp.get("errors"):
             failed = [i for i in resp.get("items", []) if next(iter(i.values())).get("error")]
-            raise Unavailable(f"log store rejected {len(failed)} of {len(lines)} lines: {failed[:1]}")
+            raise Unavailable(f"log store rejected {len(failed)} of {count} lines: {failed[:1]}")
+
+    def count(self, job: str, *, team: str | None = None, learner: int | None = None) -> int:
+        """How many of a job's lines the index holds (0 when the index does not exist)."""
+        filters: list[dict] = [{"term": {"job": job}}]
+        if team is not None:
+            filters.append({"term": {"team": team}})
+        if learner is not None:
+            filters.append({"term": {"learner": learner}})
+        try:
+            if not self._es.indices.exists(index=self.index):
+                return 0
+            return int(self._es.count(index=self.index, query={"bool": {"filter": filters}})["count"])
+        except (TransportConnectionError, ApiError) as e:
+            raise _unavailable(e) from None
+
+    def delete_job(self, job: str) -> None:
+        """Drop every indexed line of a job (retention, or before a reindex)."""
+        try:
+            if self._es.indices.exists(index=self.index):
+                self._es.delete_by_query(index=self.index, query={"term": {"job": job}}, refresh=True)
+        except (TransportConnectionError, ApiError) as e:
+            raise _unavailable(e) from None
 
     def refresh(self) -> None:
         try:

@@ -62,7 +62,8 @@ class LearnerStatus(_Value):
     and `checkpoint_uri` name the stored checkpoint a LEARNER_HALTED learner
     left. `isolation` is what the learner runs in once that is decided:
     "sandbox" or "none" (services/controller/sandbox/), "container" behind a
-    backend's launcher (the docker backend); "" before.
+    backend's launcher (the docker backend); "" before. `lines_archived` /
+    `lines_shipped` count its log lines (archive, index) in a final status.
     """
 
     state: LearnerState
@@ -75,6 +76,9 @@ class LearnerStatus(_Value):
     step: int | None = None
     checkpoint_uri: str = ""
     isolation: str = Field("", pattern="^(sandbox|container|none|)$")
+    # Final statuses only: lines in the learner's log archive, and how many of them the index confirmed.
+    lines_archived: int | None = None
+    lines_shipped: int | None = None
 
     @field_validator("state", mode="before")
     @classmethod

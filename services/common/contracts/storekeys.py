@@ -7,6 +7,7 @@ here, so the layout can be read (and changed) in one place:
     jobs/<job>/code.tar.gz                          the code archive the API stored at submit
     jobs/<job>/outputs/<rank>/...                   a learner's outputs, uploaded when it completed
     jobs/<job>/logs/<rank>-<attempt>.jsonl          a learner's complete log archive, per attempt
+    jobs/<job>/metrics/<rank>-<attempt>.jsonl       a learner's training metrics (stream "metric"), per attempt
     jobs/<job>/checkpoints/<rank>/<step:012d>/...   a learner's verified checkpoint copies
 """
 
@@ -57,6 +58,18 @@ def outputs_prefix(job_id: str, rank: int) -> str:
 
 def log_key(job_id: str, rank: int, attempt: int) -> str:
     return f"jobs/{job_id}/logs/{rank}-{attempt}.jsonl"
+
+
+def logs_prefix(job_id: str) -> str:
+    return f"jobs/{job_id}/logs/"
+
+
+def metrics_key(job_id: str, rank: int, attempt: int) -> str:
+    return f"jobs/{job_id}/metrics/{rank}-{attempt}.jsonl"
+
+
+def metrics_prefix(job_id: str) -> str:
+    return f"jobs/{job_id}/metrics/"
 
 
 def checkpoint_root(job_id: str) -> str:

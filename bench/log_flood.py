@@ -1,0 +1,233 @@
+"""Log throughput: shipping against the log store's raw `_bulk`, learner slowdown, reading back.
+
+Starts a private osmem-server (tests.servers.start_osmem) and measures, in
+alternating runs (order flipped each round), medians and spreads (min-max):
+
+  ship   : `LogShipper` tailing a finished N-line archive into the log store
+           (its real batching, `write_raw`), lines/s
+  bulk   : the same N documents sent straight to `_bulk` in batches of the
+           same size with the same client, no archive, no shipper, lines/s
+  learner: a Python learner printing N lines of ~90 bytes, wall seconds from
+           start to exit, under the controller's `LearnerProcess` (pipes ->
+           `LogArchive`, shipper running) against the same script with its
+           output to /dev/null
+  read   : a finished job's log of N lines through the API (archive
+           streaming, real HTTP server) and the CLI (`trainforge logs`,
+           output discarded), lines/s
+
+Usage: .venv/bin/python bench/log_flood.py [-n 200000] [-r 3] [--batch 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from click.testing import CliRunner  # noqa: E402
+
+from services.api.app import create_app  # noqa: E402
+from services.api.identity import IdentityStore, Role  # noqa: E402
+from services.common.adapters.logstore import LogStore  # noqa: E402
+from services.common.adapters.mongo import connect  # noqa: E402
+from services.common.adapters.objectstore import LocalStore  # noqa: E402
+from services.common.settings import ApiSettings  # noqa: E402
+from services.common.states import JobState  # noqa: E402
+from services.controller.controller import ARCHIVE_FLUSH_SECONDS  # noqa: E402
+from services.controller.learner import LearnerProcess  # noqa: E402
+from services.controller.logship import LogArchive, LogShipper  # noqa: E402
+from tests.fakes.trainer_memory import InMemoryTrainer  # noqa: E402
+from tests.servers import serve_app, start_mongo, start_osmem  # noqa: E402
+from trainforge.cli import main as cli_main  # noqa: E402
+
+FLOOD = ("import sys\nw = sys.stdout.write\npad = 'x' * 76\n"
+         "for i in range({n}):\n    w(f'line {{i:07d}} {{pad}}\\n')\n")
+
+
+def machine() -> str:
+    return (f"{platform.machine()}, {os.cpu_count()} vCPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
+            f"{platform.python_implementation()} {platform.python_version()}, "
+            "load {:.2f} {:.2f} {:.2f}".format(*psutil.getloadavg()))
+
+
+def write_archive(path: Path, job: str, n: int) -> None:
+    archive = LogArchive(path, job=job, team="bench", learner=0, attempt=1)
+    pad = "x" * 76
+    for i in range(n):
+        archive.append("stdout", f"line {i:07d} {pad}")
+    archive.close()
+
+
+def run_ship(url: str, archive: Path, n: int, batch: int, index: str) -> float:
+    store = LogStore(url, index)
+    store.ensure_index()
+    shipper = LogShipper(archive, store, max_lines=batch, max_seconds=0.05)
+    start = time.perf_counter()
+    shipper.start()
+    shipper.notify()
+    if not shipper.close(600) or shipper.shipped != n:
+        raise RuntimeError(f"shipped {shipper.shipped} of {n}: {shipper.last_error}")
+    rate = n / (time.perf_counter() - start)
+    store.close()
+    return rate
+
+
+def run_bulk(url: str, archive: Path, n: int, batch: int, index: str) -> float:
+    store = LogStore(url, index)
+    store.ensure_index()
+    docs = []
+    for raw in archive.read_bytes().splitlines(keepends=True):
+        d = json.loads(raw)
+        docs.append((f"{d['job']}.0.1.{d['seq']}", raw))
+    start = time.perf_counter()
+    for k in range(0, len(docs), batch):
+        store.write_raw(docs[k:k + batch])
+    rate = n / (time.perf_counter() - start)
+    store.close()
+    return rate
+
+
+def run_learner(n: int, tmp: Path, url: str | None, index: str) -> float:
+    script = FLOOD.format(n=n)
+    if url is None:
+        cmd = f"python -c {shlex.quote(script)} > /dev/null"
+    else:
+        cmd = f"python -c {shlex.quote(script)}"
+    archive_path = tmp / f"learner-{time.monotonic_ns()}.jsonl"
+    store = LogStore(url or "http://127.0.0.1:9", index)
+    shipper = LogShipper(archive_path, store, max_lines=2000, max_seconds=0.5) if url else None
+    archive = LogArchive(archive_path, job="bench-learner", team="bench", learner=0, attempt=1,
+                         on_append=shipper.notify if shipper else None, flush_interval=ARCHIVE_FLUSH_SECONDS)
+    if shipper:
+        shipper.before_read = archive.flush
+        shipper.start()
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    proc = LearnerProcess(cmd, tmp, env, archive)
+    start = time.perf_counter()
+    proc.start()
+    proc.wait(600)
+    elapsed = time.perf_counter() - start
+    proc.finish_output(10)
+    archive.close()
+    if shipper:
+        shipper.close(0.1)
+    store.close()
+    if url and archive.lines_written != n:
+        raise RuntimeError(f"archived {archive.lines_written} of {n}")
+    return elapsed
+
+
+def run_read(api_url: str, key: str, state: Path, job: str, n: int) -> float:
+
+    runner = CliRunner(env={"TF_STATE_DIR": str(state), "TRAINFORGE_API_URL": api_url, "TRAINFORGE_API_KEY": key})
+    start = time.perf_counter()
+    with redirect_stdout(io.StringIO()):
+        result = runner.invoke(cli_main, ["logs", job], catch_exceptions=False)
+    elapsed = time.perf_counter() - start
+    got = result.stdout.count("\n")
+    if result.exit_code != 0 or got != n:
+        raise RuntimeError(f"read {got} of {n} lines (exit {result.exit_code}): {result.stdout[-300:]}")
+    return n / elapsed
+
+
+def summary(name: str, values: list[float], unit: str) -> str:
+    return (f"{name:<22} median {statistics.median(values):>10,.1f} {unit}  "
+            f"spread {min(values):,.1f}-{max(values):,.1f}  runs {', '.join(f'{v:,.1f}' for v in values)}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-n", type=int, default=200_000, help="lines per run")
+    ap.add_argument("-r", "--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=2000, help="lines per _bulk request (the shipper's default)")
+    ap.add_argument("--only", choices=("ship", "learner", "read"), help="run one part")
+    args = ap.parse_args()
+    # The learner runs stop their shippers at once: their "gave up" warnings are expected.
+    logging.getLogger("services").setLevel(logging.ERROR)
+    print(machine())
+    osmem = start_osmem()
+    ship, bulk, flooded, devnull, read = [], [], [], [], []
+    try:
+        with tempfile.TemporaryDirectory(prefix="tf-bench-logs-") as tmpname:
+            tmp = Path(tmpname)
+            archive = tmp / "archive.jsonl"
+            write_archive(archive, "bench-job", args.n)
+            for r in range(args.rounds):
+                if args.only in (None, "ship"):
+                    for which in (("ship", "bulk") if r % 2 == 0 else ("bulk", "ship")):
+                        run = run_ship if which == "ship" else run_bulk
+                        rate = run(osmem.url, archive, args.n, args.batch, f"bench-{which}-{r}")
+                        (ship if which == "ship" else bulk).append(rate)
+                        print(f"round {r} {which:<5} {rate:,.0f} lines/s", flush=True)
+                if args.only in (None, "learner"):
+                    for which in (("flood", "null") if r % 2 == 0 else ("null", "flood")):
+                        url = osmem.url if which == "flood" else None
+                        secs = run_learner(args.n, tmp, url, f"bench-learner-{r}")
+                        (flooded if which == "flood" else devnull).append(secs)
+                        print(f"round {r} learner {which:<5} {secs:.3f} s", flush=True)
+            if args.only in (None, "read"):
+                read.extend(bench_read(tmp, archive, args.n, args.rounds))
+    finally:
+        osmem.cleanup()
+    if ship:
+        print(summary("raw _bulk", bulk, "lines/s"))
+        print(summary("shipper", ship, "lines/s"))
+        print(f"shipping / raw bulk     {statistics.median(ship) / statistics.median(bulk):.3f}")
+    if flooded:
+        print(summary("learner, /dev/null", devnull, "s"))
+        print(summary("learner, controller", flooded, "s"))
+        print(f"learner slowdown        {statistics.median(flooded) / statistics.median(devnull) - 1:+.1%}")
+    if read:
+        print(summary("read API+CLI", read, "lines/s"))
+    return 0
+
+
+def bench_read(tmp: Path, archive: Path, n: int, rounds: int) -> list[float]:
+
+    mongo = start_mongo()
+    try:
+        db = connect(mongo.url, "tfbench")
+        identity = IdentityStore(db)
+        identity.create_team("bench")
+        key = identity.issue_key("bench", "bench", Role.MEMBER)
+        job = "j-0123456789ab"
+        objects = LocalStore(tmp / "objects")
+        objects.put_file(f"jobs/{job}/logs/0-1.jsonl", archive)
+        trainer = InMemoryTrainer()
+        trainer.submit_job(team="bench", manifest_json='{"name": "flood"}', code_uri="", submitted_by="b",
+                           job_id=job)
+        for s in (JobState.DEPLOYING, JobState.RUNNING, JobState.STORING, JobState.COMPLETED):
+            trainer.report(job, s, "bench")
+        app = create_app(ApiSettings(dev_mode=True, rate_limit_per_second=0), trainer=trainer, identity=identity,
+                         logs=LogStore("http://127.0.0.1:9"), objects=objects)
+        rates = []
+        with serve_app(app) as url:
+            for r in range(rounds):
+                rates.append(run_read(url, key, tmp / "cli", job, n))
+                print(f"round {r} read {rates[-1]:,.0f} lines/s", flush=True)
+        db.client.close()
+        return rates
+    finally:
+        mongo.cleanup()
+
+
+threading.excepthook = lambda args: print(f"thread error: {args.exc_value}", file=sys.stderr)
+
+if __name__ == "__main__":
+    sys.exit(main())

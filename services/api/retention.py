@@ -1,0 +1,155 @@
+"""Per-team retention of logs, metrics and outputs, applied by a periodic sweep.
+
+A team's policy (`retention` collection, one document per team) gives the
+days each kind is kept after a job ended: logs (the archives and the index
+lines), metrics (archives and the metrics index), outputs (the uploaded
+outputs). A kind without days is kept for ever. `sweep` looks at every team
+with a policy, finds its ended jobs older than each limit, deletes what is
+left of that kind and writes one audit entry per job and kind (actor
+`retention`, method `RETENTION`), so the audit log says what went and why.
+The API process runs `Sweeper` every `retention_interval` seconds;
+`POST /v1/admin/retention/sweep` runs it at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.api.audit import AuditLog
+from services.api.trainer_client import TrainerApi
+from services.common.adapters.logstore import LogStore, metrics_index
+from services.common.adapters.mongo import Database, PyMongoError
+from services.common.adapters.objectstore import ObjectStore
+from services.common.contracts import storekeys
+from services.common.errors import TrainforgeError, Unavailable
+from services.common.states import JobState
+
+log = logging.getLogger(__name__)
+
+COLLECTION = "retention"
+DAY = 86400.0
+ENDED = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+KINDS = ("logs", "metrics", "outputs")
+
+
+class RetentionPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    logs_days: float | None = Field(None, gt=0, le=36500, description="days a job's logs are kept after it ended")
+    metrics_days: float | None = Field(None, gt=0, le=36500, description="days its metrics are kept")
+    outputs_days: float | None = Field(None, gt=0, le=36500, description="days its outputs are kept")
+
+
+class RetentionStore:
+    def __init__(self, db: Database, collection: str = COLLECTION):
+        self._docs = db[collection]
+
+    def get(self, team: str) -> RetentionPolicy:
+        try:
+            doc = self._docs.find_one({"team": team}) or {}
+        except PyMongoError as e:
+            raise Unavailable(f"retention store unavailable: {e}") from None
+        return RetentionPolicy(**{k: doc.get(k) for k in RetentionPolicy.model_fields})
+
+    def put(self, team: str, policy: RetentionPolicy, actor: str) -> RetentionPolicy:
+        try:
+            self._docs.replace_one({"team": team}, {"team": team, **policy.model_dump(), "set_by": actor,
+                                                    "set_at": time.time()}, upsert=True)
+        except PyMongoError as e:
+            raise Unavailable(f"retention store unavailable: {e}") from None
+        return policy
+
+    def all(self) -> dict[str, RetentionPolicy]:
+        try:
+            docs = list(self._docs.find({}))
+        except PyMongoError as e:
+            raise Unavailable(f"retention store unavailable: {e}") from None
+        return {d["team"]: RetentionPolicy(**{k: d.get(k) for k in RetentionPolicy.model_fields}) for d in docs}
+
+
+def _delete(kind: str, job_id: str, objects: ObjectStore, logs: LogStore, metrics: LogStore) -> int:
+    """Objects deleted (and index lines dropped) for one kind of one job."""
+    if kind == "outputs":
+        return objects.delete_prefix(storekeys.outputs_root(job_id))
+    prefix = storekeys.logs_prefix(job_id) if kind == "logs" else storekeys.metrics_prefix(job_id)
+    index = logs if kind == "logs" else metrics
+    indexed = index.count(job_id)
+    if indexed:
+        index.delete_job(job_id)
+    return objects.delete_prefix(prefix) + indexed
+
+
+def sweep(trainer: TrainerApi, objects: ObjectStore, logs: LogStore, metrics: LogStore, audit: AuditLog,
+          store: RetentionStore, now: float | None = None) -> list[dict]:
+    """Apply every team's policy once; returns one record per job and kind that lost something."""
+    now = time.time() if now is None else now
+    done: list[dict] = []
+    for team, policy in store.all().items():
+        limits = {kind: getattr(policy, f"{kind}_days") for kind in KINDS}
+        if not any(limits.values()):
+            continue
+        for job in trainer.list_jobs(team, limit=1000, states=ENDED):
+            age_days = (now - float(job["updated_at"])) / DAY
+            for kind, days in limits.items():
+                if days is None or age_days < days:
+                    continue
+                removed = _delete(kind, job["id"], objects, logs, metrics)
+                if not removed:
+                    continue
+                entry = {"ts": now, "key_id": "", "team": "", "role": "", "via": "retention", "method": "RETENTION",
+                         "route": f"retention/{kind}", "path": "", "target": job["id"], "target_team": team,
+                         "status": 200, "detail": f"deleted {removed} {kind} items of a job ended {age_days:.1f} "
+                                                  f"days ago (policy: {days:g} days)"}
+                audit.record(entry)
+                done.append({"team": team, "job": job["id"], "kind": kind, "removed": removed})
+                log.info("retention: %s", entry["detail"], extra={"job": job["id"], "team": team})
+    return done
+
+
+class Sweeper:
+    """Runs `run_once` every `interval` seconds in a daemon thread; errors are logged, the next pass retries."""
+
+    def __init__(self, run_once: Callable[[], object], interval: float):
+        self._run_once, self._interval = run_once, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="retention", daemon=True)
+
+    def start(self) -> Sweeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._run_once()
+            except (TrainforgeError, OSError) as e:
+                log.warning("retention sweep failed (next pass retries): %s", e)
+            except Exception:  # noqa: BLE001 - the sweeper must outlive a bug in one pass
+                log.exception("retention sweep failed")
+
+
+def start_sweeper(settings, trainer: TrainerApi, objects: ObjectStore, logs: LogStore, audit: AuditLog,  # noqa: ANN001
+                  db: Database) -> Sweeper | None:
+    """The API's periodic sweep (settings.retention_interval seconds; 0: none)."""
+    interval = getattr(settings, "retention_interval", 0)
+    if not interval:
+        return None
+    store = RetentionStore(db)
+
+    def once() -> None:
+        metrics = LogStore(settings.logstore_url, metrics_index(logs.index))
+        try:
+            sweep(trainer, objects, logs, metrics, audit, store)
+        finally:
+            metrics.close()
+
+    return Sweeper(once, interval).start()

@@ -1,0 +1,100 @@
+"""Watching the platform: Prometheus /metrics of the API, Trainer and LCM, gRPC health, JSON service logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import httpx
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from protos import trainer_pb2, trainer_pb2_grpc
+from services.api.app import create_app
+from services.common import rpc
+from services.common.observability import JsonFormatter, log_context
+from services.common.settings import ApiSettings
+from services.lcm import server as lcm_server
+from services.trainer.server import serve as serve_trainer
+from tests.fakes.trainer_memory import InMemoryTrainer
+from tests.integration.test_lcm_local import fake, lcm_settings, lifecycles  # noqa: F401 - fixtures
+from tests.integration.test_trainer_service import fake_lcm, trainer_settings  # noqa: F401 - fixtures
+from tests.servers import free_port, serve_app
+
+pytestmark = pytest.mark.integration
+
+
+def families(url: str) -> dict[str, list]:
+    text = httpx.get(url, timeout=10).text
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def serving(address: str, service: str) -> bool:
+    channel = rpc.channel(address)
+    try:
+        resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        return resp.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        channel.close()
+
+
+def test_the_api_serves_request_metrics(mongo_db, logstore, tmp_path):
+    from services.api.identity import IdentityStore
+    from services.common.adapters.objectstore import LocalStore
+
+    app = create_app(ApiSettings(dev_mode=True), trainer=InMemoryTrainer(), identity=IdentityStore(mongo_db),
+                     logs=logstore, objects=LocalStore(tmp_path / "objects"))
+    with serve_app(app) as url:
+        assert httpx.get(f"{url}/v1/jobs", timeout=10).status_code == 401
+        found = families(f"{url}/metrics")
+    requests = found["trainforge_http_requests"]
+    assert any(s.labels == {"method": "GET", "route": "/v1/jobs", "status": "401"} for s in requests)
+    assert any(s.name == "trainforge_http_request_seconds_bucket" for s in found["trainforge_http_request_seconds"])
+    assert "trainforge_rpc_calls" in found
+
+
+def test_the_trainer_serves_metrics_and_health(mongo_server, unique, tmp_path, fake_lcm):  # noqa: F811
+    settings = trainer_settings(mongo_server, unique, tmp_path, fake_lcm.address).model_copy(
+        update={"metrics_port": free_port()})
+    trainer = serve_trainer(settings, collection=f"jobs_{unique}")
+    try:
+        channel = rpc.channel(trainer.address)
+        stub = trainer_pb2_grpc.TrainerStub(channel)
+        stub.SubmitJob(trainer_pb2.SubmitJobRequest(team="team-a", manifest_json=json.dumps(
+            {"name": "n", "command": "true"}), code_uri="", submitted_by="t", job_id="j-0123456789ab"), timeout=10)
+        channel.close()
+        found = families(f"http://127.0.0.1:{trainer.metrics_port}/metrics")
+        assert any(s.labels.get("method", "").endswith("SubmitJob") and s.value >= 1
+                   for s in found["trainforge_rpc_calls"])
+        assert [s.value for s in found["trainforge_queue_depth"] if s.labels == {"team": "team-a"}] == [1]
+        assert any(s.labels == {"team": "team-a", "state": "queued"} for s in found["trainforge_jobs"])
+        assert serving(trainer.address, "") and serving(trainer.address, "trainforge.Trainer")
+    finally:
+        trainer.stop(grace=0)
+
+
+def test_the_lcm_serves_metrics_and_health(lifecycles, lcm_settings):  # noqa: F811
+    port = free_port()
+    sizes = dict(local_cpus=2, local_memory=2**32)
+    server, grpc_port = lcm_server.serve(lcm_settings(**sizes).model_copy(update={"metrics_port": port}),
+                                         lifecycles(**sizes))
+    try:
+        assert serving(f"127.0.0.1:{grpc_port}", "trainforge.LifecycleManager")
+        found = families(f"http://127.0.0.1:{port}/metrics")
+        assert [s.value for s in found["trainforge_lcm_running"] if s.labels == {"what": "jobs"}] == [0]
+        assert "trainforge_rpc_calls" in found and "trainforge_rpc_seconds_max" in found
+    finally:
+        lcm_server.ENDPOINTS.pop(grpc_port).stop()
+        server.stop(0).wait()
+
+
+def test_service_logs_are_json_with_their_ids():
+    record = logging.LogRecord("services.x", logging.INFO, __file__, 1, "deployed %s", ("it",), None)
+    record.team = "team-a"
+    with log_context(job="j-0123456789ab", request_id="r-1"):
+        doc = json.loads(JsonFormatter().format(record))
+    assert doc["message"] == "deployed it" and doc["level"] == "info"
+    assert (doc["job"], doc["team"], doc["request_id"]) == ("j-0123456789ab", "team-a", "r-1")
+
+
