@@ -23,10 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.api.audit import AuditLog
 from services.api.trainer_client import TrainerApi
 from services.common.adapters.logstore import LogStore, metrics_index
-from services.common.adapters.mongo import Database, PyMongoError
+from services.common.adapters.mongo import Database, mapped_as
 from services.common.adapters.objectstore import ObjectStore
 from services.common.contracts import storekeys
-from services.common.errors import TrainforgeError, Unavailable
+from services.common.errors import TrainforgeError
 from services.common.states import JobState
 
 log = logging.getLogger(__name__)
@@ -49,26 +49,20 @@ class RetentionStore:
     def __init__(self, db: Database, collection: str = COLLECTION):
         self._docs = db[collection]
 
+    @mapped_as("retention store")
     def get(self, team: str) -> RetentionPolicy:
-        try:
-            doc = self._docs.find_one({"team": team}) or {}
-        except PyMongoError as e:
-            raise Unavailable(f"retention store unavailable: {e}") from None
+        doc = self._docs.find_one({"team": team}) or {}
         return RetentionPolicy(**{k: doc.get(k) for k in RetentionPolicy.model_fields})
 
+    @mapped_as("retention store")
     def put(self, team: str, policy: RetentionPolicy, actor: str) -> RetentionPolicy:
-        try:
-            self._docs.replace_one({"team": team}, {"team": team, **policy.model_dump(), "set_by": actor,
-                                                    "set_at": time.time()}, upsert=True)
-        except PyMongoError as e:
-            raise Unavailable(f"retention store unavailable: {e}") from None
+        self._docs.replace_one({"team": team}, {"team": team, **policy.model_dump(), "set_by": actor,
+                                                "set_at": time.time()}, upsert=True)
         return policy
 
+    @mapped_as("retention store")
     def all(self) -> dict[str, RetentionPolicy]:
-        try:
-            docs = list(self._docs.find({}))
-        except PyMongoError as e:
-            raise Unavailable(f"retention store unavailable: {e}") from None
+        docs = list(self._docs.find({}))
         return {d["team"]: RetentionPolicy(**{k: d.get(k) for k in RetentionPolicy.model_fields}) for d in docs}
 
 
