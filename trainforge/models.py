@@ -45,6 +45,7 @@ class Learner(_Model):
     exit_code: int | None = None
     attempt: int
     message: str = ""
+    isolation: str = ""
 
 
 class HistoryEvent(_Model):
@@ -94,6 +95,10 @@ class LogPage(_Model):
     lines: list[LogLine]
     next: str
     job_state: JobState
+    source: str = "index"
+    indexed: int | None = None
+    total: int | None = None
+    coverage: str = ""
 
 
 class Whoami(_Model):

@@ -18,7 +18,7 @@ from services.common.settings import ApiSettings
 from services.lcm import server as lcm_server
 from services.trainer.server import serve as serve_trainer
 from tests.fakes.trainer_memory import InMemoryTrainer
-from tests.integration.test_lcm_local import fake, lcm_settings, lifecycles  # noqa: F401 - fixtures
+from tests.integration.lcm_local.conftest import fake, lcm_settings, lifecycles  # noqa: F401 - fixtures
 from tests.integration.test_trainer_service import fake_lcm, trainer_settings  # noqa: F401 - fixtures
 from tests.servers import free_port, serve_app
 

@@ -91,7 +91,8 @@ def test_a_spec_without_launcher_serialises_as_before(tmp_path):
 def test_the_controller_runs_a_launcher_before_the_shell_and_reports_its_reason(tmp_path):
     from services.controller.learner import GUARD, guarded_argv, launcher_reason
 
-    assert guarded_argv("python t.py", 7, "/py", ("/py", "runner.py", "c.json")) == [
+    # the controller puts the launcher before the shell (a sandbox's entry takes that place without one)
+    assert guarded_argv("python t.py", 7, "/py", ["/py", "runner.py", "c.json", "/bin/sh", "-c", "python t.py"]) == [
         "/py", "-I", "-S", str(GUARD), "7", "/py", "runner.py", "c.json", "/bin/sh", "-c", "python t.py"]
     assert guarded_argv("x", 7, "/py") == ["/py", "-I", "-S", str(GUARD), "7", "/bin/sh", "-c", "x"]
     plan, _ = plan_for(tmp_path)
