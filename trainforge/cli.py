@@ -27,11 +27,11 @@ from trainforge import (
     cli_outputs,
     cli_retention,
     cli_secrets,
+    cli_stack,
     clikit,
     cliopts,
     config,
     exitcodes,
-    stack,
 )
 from trainforge.clikit import emit_json as _emit_json
 from trainforge.clikit import json_flag as _json_flag
@@ -73,63 +73,6 @@ def main(ctx: click.Context, as_json: bool, profile: str | None) -> None:
     ctx.ensure_object(dict)
     ctx.obj["json"] = as_json
     ctx.obj["profile"] = profile
-
-
-# -- the embedded stack -------------------------------------------------------------------
-
-
-def _component_row(s: dict) -> Text:
-    """One component as the launcher reported it: {name, pid, address, status, detail}."""
-    mark = Text("✓ ", style="green") if s.get("status") in stack.OK_STATUSES else Text("✗ ", style="red")
-    pid = f"pid {s['pid']}" if s.get("pid") else ""
-    detail = s.get("detail") or ""
-    return Text.assemble(mark, (f"{s.get('name', ''):<10}", "bold"), f" {pid:<11} {s.get('address') or '':<28} ",
-                         str(s.get("status", "")), (f"  {detail}" if detail else "", "dim"))
-
-
-@main.command()
-@_json_flag
-@click.option("--timeout", default=150.0, show_default=True, help="seconds to wait for the stack to be healthy")
-@click.pass_context
-def up(ctx: click.Context, as_json: bool, timeout: float) -> None:
-    """Start the embedded stack (idempotent) and create team `local` with an API key."""
-    as_json = _use_json(ctx, as_json)
-    state = config.state_dir()
-    console = _out()
-    if as_json:
-        _emit_json(stack.up(state, timeout=timeout))
-        return
-    with console.status("starting the embedded stack") as spinner:
-        def report(s: dict) -> None:
-            if s.get("status") == "starting":
-                spinner.update(f"waiting for {s.get('name')} (pid {s.get('pid')}) to be healthy")
-            else:
-                console.print(_component_row(s))
-
-        info = stack.up(state, on_component=report, timeout=timeout)
-    console.print(f"API {info['api_url']}  team [bold]{info['team']}[/]  stack {info['stack_id']}")
-    key_note = "a new API key was" if info["key_created"] else "the API key is"
-    console.print(f"{key_note} stored in {state / config.CONFIG_FILE}; logs in {state / 'logs'}")
-    if info.get("isolation"):
-        console.print(info["isolation"], markup=False)
-
-
-@main.command()
-@_json_flag
-@click.option("--grace", default=20.0, show_default=True, help="seconds between SIGTERM and SIGKILL")
-@click.pass_context
-def down(ctx: click.Context, as_json: bool, grace: float) -> None:
-    """Stop everything `trainforge up` started, learners included."""
-    as_json = _use_json(ctx, as_json)
-    state = config.state_dir()
-    console = _out()
-    if as_json:
-        _emit_json({"state_dir": str(state), "components": stack.down(state, grace=grace)})
-        return
-    with console.status("stopping the embedded stack"):
-        statuses = stack.down(state, on_component=lambda s: console.print(_component_row(s)), grace=grace)
-    if not statuses:
-        console.print(f"no stack in {state}")
 
 
 # -- jobs ------------------------------------------------------------------------------------
@@ -434,6 +377,8 @@ def usage(ctx: click.Context, as_json: bool) -> None:
 
 
 main.add_command(cli_admin.admin)
+main.add_command(cli_stack.up)
+main.add_command(cli_stack.down)
 main.add_command(cli_account.login)
 main.add_command(cli_account.completion)
 main.add_command(cli_outputs.download)

@@ -21,7 +21,7 @@ import io
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,16 +29,24 @@ import httpx
 import tenacity
 
 from trainforge import models, packing, uploads
+from trainforge.sdk_base import (  # noqa: F401 - the SDK's public names, re-exported
+    RESTING_STATES,
+    TERMINAL_STATES,
+    ApiError,
+    ClientError,
+    NotConnected,
+    WaitTimeout,
+    _error_from,
+)
+from trainforge.sdk_logs import LogsMixin
 
 if TYPE_CHECKING:
     from trainforge.results import Results
+    from trainforge.sdk_admin import Admin
     from trainforge.team_secrets import Secrets
 
-TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
 # Times one request is retried after a 429 (too many requests) before the error is raised.
 RATE_LIMIT_RETRIES = 5
-# Where a job stays until someone acts: the end, or halted (until resumed).
-RESTING_STATES = TERMINAL_STATES | {"halted"}
 
 # Answers that mean "try again shortly": the API or a store behind it restarting.
 TRANSIENT_STATUSES = frozenset({500, 502, 503, 504})
@@ -52,38 +60,6 @@ def _retry_after(state: tenacity.RetryCallState) -> float:
     except ValueError:
         wait = 1.0
     return min(max(wait, 0.05), 10.0)
-
-
-class ClientError(Exception):
-    """Anything that went wrong on the way to or from the API."""
-
-
-class ApiError(ClientError):
-    """The API refused a request, or could not be reached (status 0)."""
-
-    def __init__(self, status: int, code: str, message: str, details: list[dict] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.details = details or []
-
-    def __str__(self) -> str:
-        text = self.message
-        missing = [d for d in self.details if d.get("field") and d["field"] not in text]
-        if missing:
-            text += " (" + "; ".join(f"{d['field']}: {d.get('message', '')}" for d in missing) + ")"
-        if self.status:
-            text += f" [HTTP {self.status} {self.code.replace('_', ' ')}]"
-        return text
-
-
-class NotConnected(ApiError):
-    """No connection to the API could be made: the request never reached it, so repeating it is safe."""
-
-
-class WaitTimeout(ClientError):
-    """`Client.wait` gave up before the job ended."""
 
 
 def pack_code(directory: str | Path) -> bytes:
@@ -105,7 +81,7 @@ def _retryable(safe: bool) -> Callable[[BaseException], bool]:
     return check
 
 
-class Client:
+class Client(LogsMixin):
     """A session with the trainforge API as one API key (one team)."""
 
     def __init__(self, api_url: str, api_key: str, timeout: float = 30.0, *,
@@ -277,7 +253,7 @@ class Client:
 
     def create_key(self, name: str, role: str = "member", expires_at: dt.datetime | str | None = None) -> dict:
         """A new key of the team (team admins); its plaintext is in "key", shown only this once."""
-        return self._request("POST", "/v1/team/keys", json=_key_body(name, role, expires_at))
+        return self._request("POST", "/v1/team/keys", json=key_body(name, role, expires_at))
 
     def revoke_key(self, key_id: str) -> dict:
         """Revoke one of the team's keys (team admins); effective from the next request."""
@@ -290,7 +266,9 @@ class Client:
 
     @property
     def admin(self) -> Admin:
-        """Platform-admin operations (every team, quotas, usage, keys, the audit log)."""
+        """Platform-admin operations (every team, quotas, usage, keys, the audit log; trainforge.sdk_admin)."""
+        from trainforge.sdk_admin import Admin
+
         return Admin(self)
 
     @property
@@ -306,111 +284,6 @@ class Client:
         from trainforge.team_secrets import Secrets
 
         return Secrets(self)
-
-    # -- logs -----------------------------------------------------------------
-
-    def logs_page(self, job_id: str, *, learner: int | None = None, after: str | None = None,
-                  limit: int | None = None, query: str | None = None, retry_seconds: float | None = None) -> dict:
-        """One page: {"lines", "next", "job_state"}."""
-        params: dict[str, Any] = {}
-        if learner is not None:
-            params["learner"] = learner
-        if after:
-            params["after"] = after
-        if limit is not None:
-            params["limit"] = limit
-        if query:
-            params["q"] = query
-        return self._request("GET", f"/v1/jobs/{job_id}/logs", params=params, retry_seconds=retry_seconds)
-
-    def logs(self, job_id: str, learner: int | None = None, after: str | None = None,
-             limit: int | None = None, query: str | None = None) -> tuple[list[dict], str]:
-        """(lines, next): pass next back as `after` for the lines that follow."""
-        page = self.logs_page(job_id, learner=learner, after=after, limit=limit, query=query)
-        return page["lines"], page["next"]
-
-    def _stream(self, path: str, params: dict[str, Any]) -> Iterator[httpx.Response]:
-        try:
-            with self._http.stream("GET", path, params=params, timeout=httpx.Timeout(self._http.timeout.connect,
-                                                                                      read=300.0)) as resp:
-                if not resp.is_success:
-                    resp.read()
-                    raise _error_from(resp)
-                yield resp
-        except httpx.TimeoutException as e:
-            raise ApiError(0, "timeout", f"the trainforge API at {self.api_url} did not answer in time ({e})") from None
-        except httpx.HTTPError as e:
-            raise ApiError(0, "unavailable", f"cannot reach the trainforge API at {self.api_url} ({e})") from None
-
-    def stream_log_lines(self, job_id: str, learner: int | None = None) -> Iterator[bytes]:
-        """Every line of a job as JSON-line bytes, in order (a settled job's come from its archives: all of them)."""
-        params = {"learner": learner} if learner is not None else {}
-        for resp in self._stream(f"/v1/jobs/{job_id}/logs/stream", params):
-            rest = b""
-            for chunk in resp.iter_bytes(1 << 16):
-                lines = (rest + chunk).split(b"\n")
-                rest = lines.pop()
-                yield from lines
-            if rest:
-                yield rest
-
-    def stream_logs(self, job_id: str, learner: int | None = None) -> Iterator[dict]:
-        """Every line of a job as a dict, in order."""
-        for raw in self.stream_log_lines(job_id, learner):
-            if raw:
-                yield json.loads(raw)
-
-    def download_log(self, job_id: str, path: str | Path, learner: int = 0, attempt: int | None = None) -> int:
-        """Save one learner's raw log archive (its latest attempt unless given); returns the bytes written."""
-        params: dict[str, Any] = {"learner": learner}
-        if attempt is not None:
-            params["attempt"] = attempt
-        written = 0
-        with open(path, "wb") as f:
-            for resp in self._stream(f"/v1/jobs/{job_id}/logs/raw", params):
-                for chunk in resp.iter_bytes():
-                    f.write(chunk)
-                    written += len(chunk)
-        return written
-
-    def metrics(self, job_id: str, names: list[str] | None = None) -> dict:
-        """{"series": {name: [{step, value, ts, learner, attempt}]}, "last": {...}, "progress": {...}}."""
-        params = {"name": ",".join(names)} if names else {}
-        return self._request("GET", f"/v1/jobs/{job_id}/metrics", params=params)
-
-    def events(self, job_id: str) -> list[dict]:
-        """The job's timeline: [{time, kind, from, to, reason, actor}]."""
-        return self._request("GET", f"/v1/jobs/{job_id}/events")["events"]
-
-    def follow_logs(self, job_id: str, learner: int | None = None, after: str | None = None, *,
-                    query: str | None = None, poll_interval: float = 1.0,
-                    on_state: Callable[[str], None] | None = None) -> Iterator[dict]:
-        """Yield a job's lines as they arrive until the job ended and no lines remain.
-
-        on_state(state) is called whenever the job's state differs from the last page's. An API that
-        is down or restarting is waited for (reconnect_seconds); the cursor makes sure no line is
-        lost or repeated across the gap.
-        """
-        cursor, last_state, drained = after, None, False
-        while True:
-            page = self.logs_page(job_id, learner=learner, after=cursor, query=query,
-                                  retry_seconds=self.reconnect_seconds)
-            cursor = page["next"] or cursor
-            if page["job_state"] != last_state:
-                last_state = page["job_state"]
-                if on_state is not None:
-                    on_state(last_state)
-            yield from page["lines"]
-            if page["lines"]:
-                continue
-            if last_state in RESTING_STATES:
-                if drained:
-                    return
-                # Lines a learner shipped just before the end may still be on their way.
-                drained = True
-            time.sleep(poll_interval)
-
-    # -- waiting --------------------------------------------------------------
 
     def wait(self, job_id: str, timeout: float | None = None, on_change: Callable[[dict], None] | None = None,
              poll_interval: float = 1.0) -> dict:
@@ -438,93 +311,8 @@ class Client:
                 time.sleep(poll_interval)
 
 
-class Admin:
-    """/v1/admin over a Client; every call needs a platform_admin key."""
-
-    def __init__(self, client: Client):
-        self._c = client
-
-    def retention(self, team: str) -> dict:
-        """{"logs_days", "metrics_days", "outputs_days"} (None: kept for ever)."""
-        return self._c._request("GET", f"/v1/admin/teams/{team}/retention")
-
-    def set_retention(self, team: str, *, logs_days: float | None = None, metrics_days: float | None = None,
-                      outputs_days: float | None = None) -> dict:
-        body = {"logs_days": logs_days, "metrics_days": metrics_days, "outputs_days": outputs_days}
-        return self._c._request("PUT", f"/v1/admin/teams/{team}/retention", json=body)
-
-    def reindex_logs(self, jobs: list[str] | None = None, all_jobs: bool = False) -> dict:
-        """Start rebuilding the log index from the archives: {"jobs": [...], "started": true}."""
-        return self._c._request("POST", "/v1/admin/logs/reindex", json={"jobs": jobs or [], "all": all_jobs})
-
-    def sweep_retention(self) -> list[dict]:
-        """Apply every team's retention now; what was deleted."""
-        return self._c._request("POST", "/v1/admin/retention/sweep")["deleted"]
-
-    def teams(self) -> list[dict]:
-        return self._c._request("GET", "/v1/admin/teams")["teams"]
-
-    def team(self, name: str) -> dict:
-        return self._c._request("GET", f"/v1/admin/teams/{name}")
-
-    def create_team(self, name: str) -> dict:
-        return self._c._request("POST", "/v1/admin/teams", json={"name": name})
-
-    def disable_team(self, name: str) -> dict:
-        """The team's keys and tokens are answered 401 from the next request on."""
-        return self._c._request("POST", f"/v1/admin/teams/{name}/disable")
-
-    def enable_team(self, name: str) -> dict:
-        return self._c._request("POST", f"/v1/admin/teams/{name}/enable")
-
-    def set_quota(self, team: str, *, gpus: int | None = None, cpus: float | None = None,
-                  memory: int | str | None = None, jobs: int | None = None,
-                  gpus_by_type: dict[str, int] | None = None) -> dict:
-        """Replace the team's quota whole: a limit left out is no limit. memory: bytes or e.g. "64Gi"."""
-        body: dict[str, Any] = {"gpus": gpus, "cpus": cpus, "memory": memory, "jobs": jobs,
-                                "gpus_by_type": dict(gpus_by_type or {})}
-        return self._c._request("PUT", f"/v1/admin/teams/{team}/quota", json=body)
-
-    def usage(self, team: str | None = None) -> dict | list[dict]:
-        """One team's usage, or every team's (a list) when team is None."""
-        if team is not None:
-            return self._c._request("GET", f"/v1/admin/teams/{team}/usage")
-        return self._c._request("GET", "/v1/admin/usage")["teams"]
-
-    def keys(self, team: str) -> list[dict]:
-        return self._c._request("GET", f"/v1/admin/teams/{team}/keys")["keys"]
-
-    def create_key(self, team: str, name: str, role: str = "member",
-                   expires_at: dt.datetime | str | None = None) -> dict:
-        return self._c._request("POST", f"/v1/admin/teams/{team}/keys", json=_key_body(name, role, expires_at))
-
-    def revoke_key(self, key_id: str) -> dict:
-        return self._c._request("DELETE", f"/v1/admin/keys/{key_id}")
-
-    def audit(self, team: str | None = None, since: dt.datetime | str | float | None = None,
-              limit: int = 100) -> list[dict]:
-        """Audit entries, newest first; since: a datetime, ISO-8601 text or unix seconds."""
-        params: dict[str, Any] = {"limit": limit}
-        if team:
-            params["team"] = team
-        if since is not None:
-            params["since"] = since.isoformat() if isinstance(since, dt.datetime) else since
-        return self._c._request("GET", "/v1/admin/audit", params=params)["entries"]
-
-
-def _key_body(name: str, role: str, expires_at: dt.datetime | str | None) -> dict:
+def key_body(name: str, role: str, expires_at: dt.datetime | str | None) -> dict:
     body: dict[str, Any] = {"name": name, "role": role}
     if expires_at is not None:
         body["expires_at"] = expires_at.isoformat() if isinstance(expires_at, dt.datetime) else expires_at
     return body
-
-
-def _error_from(resp: httpx.Response) -> ApiError:
-    try:
-        body = resp.json()
-        err = body["error"]
-        return ApiError(resp.status_code, str(err.get("code", "error")), str(err.get("message", "")),
-                        list(err.get("details") or []))
-    except (ValueError, KeyError, TypeError, AttributeError):
-        text = resp.text.strip().replace("\n", " ")[:200]
-        return ApiError(resp.status_code, "http_error", f"HTTP {resp.status_code}: {text or resp.reason_phrase}")

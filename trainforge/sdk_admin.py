@@ -1,0 +1,89 @@
+"""The platform-admin half of the SDK: every team, quotas, usage, keys, retention and the audit log.
+
+Reached as `Client.admin`; it sends its requests through the client it was
+made from, so it shares the client's key, retries and error mapping.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING, Any
+
+from trainforge.sdk import key_body
+
+if TYPE_CHECKING:
+    from trainforge.sdk import Client
+
+
+class Admin:
+    """/v1/admin over a Client; every call needs a platform_admin key."""
+
+    def __init__(self, client: Client):
+        self._c = client
+
+    def retention(self, team: str) -> dict:
+        """{"logs_days", "metrics_days", "outputs_days"} (None: kept for ever)."""
+        return self._c._request("GET", f"/v1/admin/teams/{team}/retention")
+
+    def set_retention(self, team: str, *, logs_days: float | None = None, metrics_days: float | None = None,
+                      outputs_days: float | None = None) -> dict:
+        body = {"logs_days": logs_days, "metrics_days": metrics_days, "outputs_days": outputs_days}
+        return self._c._request("PUT", f"/v1/admin/teams/{team}/retention", json=body)
+
+    def reindex_logs(self, jobs: list[str] | None = None, all_jobs: bool = False) -> dict:
+        """Start rebuilding the log index from the archives: {"jobs": [...], "started": true}."""
+        return self._c._request("POST", "/v1/admin/logs/reindex", json={"jobs": jobs or [], "all": all_jobs})
+
+    def sweep_retention(self) -> list[dict]:
+        """Apply every team's retention now; what was deleted."""
+        return self._c._request("POST", "/v1/admin/retention/sweep")["deleted"]
+
+    def teams(self) -> list[dict]:
+        return self._c._request("GET", "/v1/admin/teams")["teams"]
+
+    def team(self, name: str) -> dict:
+        return self._c._request("GET", f"/v1/admin/teams/{name}")
+
+    def create_team(self, name: str) -> dict:
+        return self._c._request("POST", "/v1/admin/teams", json={"name": name})
+
+    def disable_team(self, name: str) -> dict:
+        """The team's keys and tokens are answered 401 from the next request on."""
+        return self._c._request("POST", f"/v1/admin/teams/{name}/disable")
+
+    def enable_team(self, name: str) -> dict:
+        return self._c._request("POST", f"/v1/admin/teams/{name}/enable")
+
+    def set_quota(self, team: str, *, gpus: int | None = None, cpus: float | None = None,
+                  memory: int | str | None = None, jobs: int | None = None,
+                  gpus_by_type: dict[str, int] | None = None) -> dict:
+        """Replace the team's quota whole: a limit left out is no limit. memory: bytes or e.g. "64Gi"."""
+        body: dict[str, Any] = {"gpus": gpus, "cpus": cpus, "memory": memory, "jobs": jobs,
+                                "gpus_by_type": dict(gpus_by_type or {})}
+        return self._c._request("PUT", f"/v1/admin/teams/{team}/quota", json=body)
+
+    def usage(self, team: str | None = None) -> dict | list[dict]:
+        """One team's usage, or every team's (a list) when team is None."""
+        if team is not None:
+            return self._c._request("GET", f"/v1/admin/teams/{team}/usage")
+        return self._c._request("GET", "/v1/admin/usage")["teams"]
+
+    def keys(self, team: str) -> list[dict]:
+        return self._c._request("GET", f"/v1/admin/teams/{team}/keys")["keys"]
+
+    def create_key(self, team: str, name: str, role: str = "member",
+                   expires_at: dt.datetime | str | None = None) -> dict:
+        return self._c._request("POST", f"/v1/admin/teams/{team}/keys", json=key_body(name, role, expires_at))
+
+    def revoke_key(self, key_id: str) -> dict:
+        return self._c._request("DELETE", f"/v1/admin/keys/{key_id}")
+
+    def audit(self, team: str | None = None, since: dt.datetime | str | float | None = None,
+              limit: int = 100) -> list[dict]:
+        """Audit entries, newest first; since: a datetime, ISO-8601 text or unix seconds."""
+        params: dict[str, Any] = {"limit": limit}
+        if team:
+            params["team"] = team
+        if since is not None:
+            params["since"] = since.isoformat() if isinstance(since, dt.datetime) else since
+        return self._c._request("GET", "/v1/admin/audit", params=params)["entries"]
