@@ -6,17 +6,19 @@ lines. Whatever goes wrong - a download, the learner, an upload, the
 controller itself - ends in a FAILED status that says why, never in a bare
 traceback, because the job monitor can only report what it reads in etcd.
 
-Halting (docs/CONTRACTS.md, "Halt, resume, restart"): a thread watches the
-job's `halt` key; a halt for this attempt publishes LEARNER_HALTING and
-stops the learner like any stop request (SIGTERM, SIGKILL after the grace).
-However it then exits, its newest checkpoint is uploaded and verified, the
-`halted` key is written and the final status is LEARNER_HALTED with the
-step, so a resume continues from there. A halt that comes while preparing
-stops before the learner starts and still ends HALTED, naming the
-checkpoint a resume would restore; one that comes after the learner exited
-changes nothing. While the learner runs, its checkpoints are copied to the
-object store as they appear (services/controller/checkpoints.py), so a
-learner that is lost still leaves its last periodic checkpoint behind.
+Halting (docs/CONTRACTS.md, "Halt, resume, restart"; services/controller/halt.py):
+a thread watches the job's `halt` key; a halt for this attempt publishes
+LEARNER_HALTING and stops the learner like any stop request (SIGTERM, SIGKILL
+after the grace: services/controller/stopping.py). However it then exits, its
+newest checkpoint is uploaded and verified, the `halted` key is written and
+the final status is LEARNER_HALTED with the step, so a resume continues from
+there. A halt that comes while preparing stops before the learner starts and
+still ends HALTED, naming the checkpoint a resume would restore; one that
+comes after the learner exited changes nothing. While the learner runs, its
+checkpoints are copied to the object store as they appear
+(services/controller/checkpoints.py), so a learner that is lost still leaves
+its last periodic checkpoint behind. How a run ended is an `Outcome`
+(services/controller/outcome.py).
 
 The learner runs under a guard process (services/controller/guard.py) that
 kills the learner's whole process group when the controller dies, even by
@@ -35,27 +37,28 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.adapters.etcd import Coordinator
 from services.common.adapters.logstore import LogStore
 from services.common.adapters.objectstore import ObjectStore, put_dir, store_from_settings
-from services.common.contracts.etcd import Halted, HaltRequest, LearnerStatus
+from services.common.contracts.etcd import LearnerStatus
 from services.common.contracts.specs import LearnerSpec
 from services.common.contracts.storekeys import uri_for_prefix
-from services.common.errors import InvalidArgument, TrainforgeError
-from services.common.retry import retry_call
+from services.common.errors import TrainforgeError
 from services.common.settings import ControllerSettings
 from services.common.states import LearnerState
 
-from .checkpoints import CheckpointSync, choose_step, copy_uri
+from .checkpoints import CheckpointSync, copy_uri
+from .halt import Halting
 from .learner import LearnerProcess, MemoryWatchdog, describe_exit, exit_code_of, launcher_reason, learner_env
 from .logship import LogArchive, LogShipper, LogSink, upload_earlier_archives
 from .metricstail import MetricsChannel
+from .outcome import FINAL_STATUS_SECONDS, Outcome, system_line, text
 from .pyenv import BuildStopped, EnvCache, requirements_of
 from .sandbox import Sandbox, choose
 from .status import StatusPublisher
+from .stopping import StopRequest, wait_for_learner
 from .workdir import Stopped, prepare
 
 log = logging.getLogger(__name__)
@@ -63,35 +66,12 @@ log = logging.getLogger(__name__)
 # How often a running learner's checkpoint directory and the job's halt key are looked at.
 CHECKPOINT_POLL = 1.0
 HALT_POLL = 0.5
-# How long the end of a run may wait for etcd (the log store's wait is a setting, log_drain_seconds).
-FINAL_STATUS_SECONDS = 30.0
 # The archive's writes are flushed at least this often while the learner prints (see LogArchive).
 ARCHIVE_FLUSH_SECONDS = 0.005
 READERS_SECONDS = 10.0
 # How often an environment build's progress is published as the PREPARING status, and how much of a line.
 ENV_PROGRESS_SECONDS = 1.0
 MAX_PROGRESS_CHARS = 300
-
-
-@dataclass
-class Outcome:
-    """How the run ended; the final `LearnerStatus` is made from it once the log tail is known."""
-
-    state: LearnerState
-    exit_code: int | None = None
-    message: str = ""
-    outputs_uri: str = ""
-    tail: list[str] = field(default_factory=list)
-    step: int | None = None
-    checkpoint_uri: str = ""
-    lines_archived: int | None = None
-    lines_shipped: int | None = None
-
-    def status(self, attempt: int, isolation: str = "") -> LearnerStatus:
-        return LearnerStatus(state=self.state, attempt=attempt, exit_code=self.exit_code, message=self.message,
-                             tail=self.tail, outputs_uri=self.outputs_uri, step=self.step,
-                             checkpoint_uri=self.checkpoint_uri, isolation=isolation,
-                             lines_archived=self.lines_archived, lines_shipped=self.lines_shipped)
 
 
 class Controller:
@@ -108,13 +88,8 @@ class Controller:
         self._coord = coordinator
         self._store = store
         self._sink = sink
-        self._stop = threading.Event()
-        self._stop_reason = ""
-        self._halt = threading.Event()
-        self._halt_lock = threading.Lock()  # a halt and the learner's exit: whichever comes first decides
-        self._learner_exited = False
+        self._stop = StopRequest()
         self._done = threading.Event()
-        self._killed = False
         self._learner: LearnerProcess | None = None
         self._checkpoints = CheckpointSync(self._object_store, self._coord, job_id=spec.job_id, rank=spec.rank,
                                            attempt=spec.attempt, directory=spec.checkpoint_dir,
@@ -122,8 +97,8 @@ class Controller:
                                            world_size=spec.world_size)
         self.status = StatusPublisher(self._coord, self._coord.keys.learner_status(spec.job_id, spec.rank),
                                       spec.lease_ttl)
-        self._halt_poll = halt_poll
-        self._bad_halt: dict | None = None
+        self._halt = Halting(spec, self._coord, self._checkpoints, self._object_store, publish=self._publish,
+                             request_stop=self.request_stop, poll=halt_poll)
         self._isolation = ""  # what the learner got, once decided (services/controller/sandbox/)
 
     def _object_store(self) -> ObjectStore:
@@ -131,84 +106,9 @@ class Controller:
             self._store = store_from_settings(self.settings)
         return self._store
 
-    # -- halting ------------------------------------------------------------------
-
-    def _watch_halt(self) -> None:
-        """Poll the job's halt key (cheap, and indifferent to etcd restarts) until the learner has exited."""
-        while not self._done.wait(self._halt_poll) and self._check_halt():
-            pass
-
-    def _check_halt(self) -> bool:
-        """Look at the halt key once and obey a halt for this attempt; False once there is nothing left to watch."""
-        key = self._coord.keys.halt(self.spec.job_id)
-        try:
-            doc, _ = self._coord.get(key)
-        except Exception as e:  # noqa: BLE001 - etcd down: look again later
-            log.debug("reading the halt key failed: %s", _text(e))
-            return True
-        if doc is None:
-            return True
-        try:
-            request = HaltRequest.parse(doc)
-        except InvalidArgument as e:  # someone else's bad write must not stop the learner or this watch
-            if doc != self._bad_halt:  # once per value, not at every look
-                log.warning("ignoring the value at %s: %s", key, e.message)
-                self._bad_halt = doc
-            return True
-        if request.attempt != self.spec.attempt:
-            return True
-        with self._halt_lock:
-            if self._learner_exited:
-                return False  # too late: the learner is done and its outcome stands
-            self._halt.set()
-            self._publish(LearnerState.LEARNER_HALTING)
-        self.request_stop("halt requested")
-        return False
-
-    def _halted(self, archive: LogArchive, exit_code: int | None, how: str) -> Outcome:
-        """After the learner stopped for a halt: store its newest checkpoint, say so in etcd."""
-        spec = self.spec
-        problem = ""
-        try:
-            self._checkpoints.sync()
-        except (TrainforgeError, OSError) as e:
-            problem = f"; the newest checkpoint could not be stored ({_text(e)}), an older one is used"
-        if self._checkpoints.uploaded_step is None and spec.checkpoint_uri:
-            self._adopt_stored_checkpoint()
-        step, uri = self._checkpoints.uploaded_step, self._checkpoints.uploaded_uri
-        self._write_halted(Halted(attempt=spec.attempt, step=step, checkpoint_uri=uri))
-        if step is None:
-            message = f"halted ({how}) without a checkpoint; a resume starts over{problem}"
-        else:
-            message = f"halted ({how}); checkpoint at step {step} stored at {uri}{problem}"
-        self._system_line(archive, message)
-        return Outcome(LearnerState.LEARNER_HALTED, exit_code, message, step=step, checkpoint_uri=uri)
-
-    def _write_halted(self, value: Halted) -> None:
-        """The `halted` key, retried through a short etcd outage (the final status is retried the same way)."""
-        key = self._coord.keys.learner_halted(self.spec.job_id, self.spec.rank)
-        try:
-            retry_call(lambda: self._coord.put(key, value.value()), retry_on=TrainforgeError,
-                       deadline=FINAL_STATUS_SECONDS, initial=0.1, maximum=2.0)
-        except TrainforgeError as e:
-            log.warning("could not write the halted key: %s", e.message)
-
-    def _adopt_stored_checkpoint(self) -> None:
-        """Halted before the learner restored anything: what a resume would restore is still the checkpoint."""
-        spec = self.spec
-        try:
-            step = choose_step(self._object_store(), spec.checkpoint_uri, spec.rank, spec.world_size)
-        except (TrainforgeError, OSError) as e:
-            log.warning("could not look up the stored checkpoints at %s: %s", spec.checkpoint_uri, _text(e))
-            return
-        if step is not None:
-            self._checkpoints.mark_restored(step, copy_uri(spec.checkpoint_uri, spec.rank, step))
-
     def request_stop(self, reason: str) -> None:
         """Stop the learner (SIGTERM, then SIGKILL after kill_grace); safe from a signal handler."""
-        if not self._stop.is_set():
-            self._stop_reason = reason
-            self._stop.set()
+        self._stop.request(reason)
 
     def _publish(self, state: LearnerState, **kw) -> None:
         log.info("learner %s/%d attempt %d: %s", self.spec.job_id, self.spec.rank, self.spec.attempt, state.name)
@@ -222,8 +122,8 @@ class Controller:
         self._publish(LearnerState.LEARNER_PREPARING)
         # The first look at the halt key is made here, so a controller started for an attempt that is
         # already being halted (an LCM redoing a deploy, say) never starts its learner.
-        if self._check_halt():
-            threading.Thread(target=self._watch_halt, name="halt-watch", daemon=True).start()
+        if self._halt.check():
+            threading.Thread(target=self._halt.watch, args=(self._done,), name="halt-watch", daemon=True).start()
         sink = self._sink
         if sink is None:
             sink = LogStore(self.settings.logstore_url, self.settings.logstore_index)
@@ -237,7 +137,7 @@ class Controller:
             shipper.before_read = archive.flush
         except OSError as e:
             return self._finish(Outcome(LearnerState.LEARNER_FAILED,
-                                        message=f"cannot create the log archive: {_text(e)}"), 0)
+                                        message=f"cannot create the log archive: {text(e)}"), 0)
         shipper.start()
         upload_earlier_archives(spec, self._object_store)
         metrics = MetricsChannel(spec, self.settings.logstore_url, self.settings.logstore_index,
@@ -254,7 +154,7 @@ class Controller:
         metrics.finish(min(self.settings.log_drain_seconds, 5.0), self._object_store)
         outcome.tail = archive.tail()
         if outcome.state == LearnerState.LEARNER_FAILED:
-            self._system_line(archive, outcome.message)
+            system_line(archive, outcome.message)
         archive.close()
 
         if not shipper.close(self.settings.log_drain_seconds):
@@ -264,10 +164,10 @@ class Controller:
         try:
             self._upload_log_archive()
         except Exception as e:  # noqa: BLE001 - the final status must be written whatever happened
-            log.error("uploading the log archive failed: %s", _text(e))
+            log.error("uploading the log archive failed: %s", text(e))
             if outcome.state == LearnerState.LEARNER_COMPLETED:
                 outcome = Outcome(LearnerState.LEARNER_FAILED, exit_code=outcome.exit_code, tail=outcome.tail,
-                                  message=f"uploading the log archive failed: {_text(e)}",
+                                  message=f"uploading the log archive failed: {text(e)}",
                                   lines_archived=outcome.lines_archived, lines_shipped=outcome.lines_shipped)
 
         return self._finish(outcome, rc)
@@ -294,28 +194,28 @@ class Controller:
             restored = prepare(spec, self._object_store(), self._stop.is_set)
         except Stopped as e:
             if self._halt.is_set():
-                return self._halted(archive, None, "before the learner started")
-            return Outcome(LearnerState.LEARNER_FAILED, message=f"{self._stop_reason}: {e} (learner not started)")
+                return self._halt.conclude(archive, None, "before the learner started")
+            return Outcome(LearnerState.LEARNER_FAILED, message=f"{self._stop.reason}: {e} (learner not started)")
         except (TrainforgeError, OSError) as e:
-            return Outcome(LearnerState.LEARNER_FAILED, message=f"preparing the learner failed: {_text(e)}")
+            return Outcome(LearnerState.LEARNER_FAILED, message=f"preparing the learner failed: {text(e)}")
         if restored is not None:
             self._checkpoints.mark_restored(restored, copy_uri(spec.checkpoint_uri, spec.rank, restored))
-            self._system_line(archive, f"restored the checkpoint at step {restored}")
+            system_line(archive, f"restored the checkpoint at step {restored}")
         elif spec.checkpoint_uri:
-            self._system_line(archive, f"no complete checkpoint found; starting from scratch (no step under "
-                                       f"{spec.checkpoint_uri} was stored by all {spec.world_size} learners)")
+            system_line(archive, f"no complete checkpoint found; starting from scratch (no step under "
+                                 f"{spec.checkpoint_uri} was stored by all {spec.world_size} learners)")
         try:
             learner_python = self._environment(archive)
         except BuildStopped as e:
             if self._halt.is_set():
-                return self._halted(archive, None, "before the learner started")
-            return Outcome(LearnerState.LEARNER_FAILED, message=f"{self._stop_reason}: {e} (learner not started)")
+                return self._halt.conclude(archive, None, "before the learner started")
+            return Outcome(LearnerState.LEARNER_FAILED, message=f"{self._stop.reason}: {e} (learner not started)")
         except (TrainforgeError, OSError) as e:
-            return Outcome(LearnerState.LEARNER_FAILED, message=f"preparing the learner failed: {_text(e)}")
+            return Outcome(LearnerState.LEARNER_FAILED, message=f"preparing the learner failed: {text(e)}")
         if self._stop.is_set():
             if self._halt.is_set():
-                return self._halted(archive, None, "before the learner started")
-            return Outcome(LearnerState.LEARNER_FAILED, message=f"{self._stop_reason} (learner not started)")
+                return self._halt.conclude(archive, None, "before the learner started")
+            return Outcome(LearnerState.LEARNER_FAILED, message=f"{self._stop.reason} (learner not started)")
 
         if spec.launcher:
             # the backend's launcher runs the command in its own isolation (the docker backend: a container)
@@ -324,7 +224,7 @@ class Controller:
         chosen = choose(spec, self.settings, python=learner_python)
         self._isolation = chosen.isolation.value
         if chosen.note:
-            self._system_line(archive, chosen.note)
+            system_line(archive, chosen.note)
         if chosen.refused:
             return Outcome(LearnerState.LEARNER_FAILED, message=chosen.refused)
         try:
@@ -348,11 +248,9 @@ class Controller:
         try:
             learner.start()
         except OSError as e:
-            return Outcome(LearnerState.LEARNER_FAILED, message=f"starting the learner failed: {_text(e)}")
+            return Outcome(LearnerState.LEARNER_FAILED, message=f"starting the learner failed: {text(e)}")
         log.info("learner started (pid %d): %s", learner.pid, learner.command)
-        with self._halt_lock:  # a halt published meanwhile is not overwritten
-            if not self._halt.is_set():
-                self._publish(LearnerState.LEARNER_RUNNING)
+        self._halt.publish_unless_halting(LearnerState.LEARNER_RUNNING)  # a halt published meanwhile stands
         # In a sandbox the memory cgroup enforces the limit, behind a launcher the container's; the watchdog is
         # the fallback without either (behind a launcher it would measure only the launcher's own memory).
         watched = sandbox is None and not spec.launcher
@@ -360,10 +258,9 @@ class Controller:
         if watched:
             watchdog.start()
         self._checkpoints.start()
-        returncode = self._wait(learner, archive)
-        with self._halt_lock:  # from here a halt no longer changes the outcome
-            self._learner_exited = True
-            halted = self._halt.is_set()
+        returncode, killed = wait_for_learner(learner, archive, self._stop, grace=self.settings.kill_grace,
+                                              timeout=spec.manifest.timeout)
+        halted = self._halt.learner_exited()  # from here a halt no longer changes the outcome
         if watched:
             watchdog.stop()
         self._checkpoints.stop()
@@ -374,15 +271,15 @@ class Controller:
         reason = launcher_reason(spec)
 
         if halted:
-            how = ("killed after the grace period" if self._killed
+            how = ("killed after the grace period" if killed
                    else describe_exit(returncode) if returncode >= 0 else "stopped after SIGTERM")
-            return self._halted(archive, exit_code, how)
+            return self._halt.conclude(archive, exit_code, how)
         self._final_checkpoint()
         oom = sandbox.oom_message() if sandbox is not None and returncode != 0 else watchdog.message
         if oom:
             return Outcome(LearnerState.LEARNER_FAILED, exit_code, oom)
         if self._stop.is_set():
-            return Outcome(LearnerState.LEARNER_FAILED, exit_code, f"{self._stop_reason}; {describe_exit(returncode)}")
+            return Outcome(LearnerState.LEARNER_FAILED, exit_code, f"{self._stop.reason}; {describe_exit(returncode)}")
         if returncode != 0:
             return Outcome(LearnerState.LEARNER_FAILED, exit_code, reason or describe_exit(returncode))
 
@@ -393,7 +290,7 @@ class Controller:
         try:
             uploaded = put_dir(self._object_store(), spec.outputs_prefix, spec.output_dir)
         except (TrainforgeError, OSError) as e:
-            return Outcome(LearnerState.LEARNER_FAILED, 0, f"uploading outputs failed: {_text(e)}")
+            return Outcome(LearnerState.LEARNER_FAILED, 0, f"uploading outputs failed: {text(e)}")
         outputs = uri_for_prefix(spec.outputs_prefix)
         log.info("uploaded %d output files to %s", len(uploaded), outputs)
         return Outcome(LearnerState.LEARNER_COMPLETED, 0, outputs_uri=outputs)
@@ -406,19 +303,16 @@ class Controller:
         shown = [0.0]
 
         def progress(line: str) -> None:
-            self._system_line(archive, line)
+            system_line(archive, line)
             now = time.monotonic()
             if now - shown[0] >= ENV_PROGRESS_SECONDS:  # etcd sees a line a second, the archive every line
                 shown[0] = now
-                with self._halt_lock:  # never overwrite a published HALTING
-                    if not self._halt.is_set():
-                        self._publish(LearnerState.LEARNER_PREPARING, message=line[:MAX_PROGRESS_CHARS])
+                self._halt.publish_unless_halting(LearnerState.LEARNER_PREPARING, message=line[:MAX_PROGRESS_CHARS])
 
         cache = EnvCache(self.settings.env_cache(), python=self.python, timeout=self.settings.env_build_timeout)
         python = cache.ensure(reqs, progress=progress, stop_requested=self._stop.is_set)
-        with self._halt_lock:  # the status says PREPARING without a stale installer line
-            if not self._halt.is_set():
-                self._publish(LearnerState.LEARNER_PREPARING, message="environment ready")
+        # the status says PREPARING without a stale installer line, unless a HALTING was published meanwhile
+        self._halt.publish_unless_halting(LearnerState.LEARNER_PREPARING, message="environment ready")
         return str(python)
 
     def _final_checkpoint(self) -> None:
@@ -426,61 +320,8 @@ class Controller:
         try:
             self._checkpoints.sync()
         except (TrainforgeError, OSError) as e:
-            log.warning("the learner's last checkpoint could not be stored: %s", _text(e))
-
-    def _wait(self, learner: LearnerProcess, archive: LogArchive) -> int:
-        """Wait for the learner, forwarding a stop request as SIGTERM and then SIGKILL."""
-        kill_at: float | None = None
-        killed = False
-        limit = self.spec.manifest.timeout
-        deadline = time.monotonic() + limit if limit else None
-        while (returncode := learner.wait(0.2)) is None:
-            if deadline is not None and time.monotonic() >= deadline and not self._stop.is_set():
-                self.request_stop(f"ran longer than {_duration(limit)} (the manifest's timeout)")
-            if self._stop.is_set() and kill_at is None:
-                grace = self.settings.kill_grace
-                self._system_line(archive, f"{self._stop_reason}: sending SIGTERM, SIGKILL after {grace:g}s")
-                learner.signal_group(signal.SIGTERM)
-                kill_at = time.monotonic() + grace
-            elif kill_at is not None and not killed and time.monotonic() >= kill_at:
-                self._system_line(archive, "the learner outlived its grace period: sending SIGKILL")
-                learner.signal_group(signal.SIGKILL)
-                killed = True
-        # The shell running the command dies of the SIGTERM at once (dash does not exec a command),
-        # while the program it started may still be saving its checkpoint: wait for the whole group.
-        while kill_at is not None and not killed and learner.group_alive():
-            if time.monotonic() >= kill_at:
-                self._system_line(archive, "the learner outlived its grace period: sending SIGKILL")
-                learner.signal_group(signal.SIGKILL)
-                killed = True
-            else:
-                time.sleep(0.05)
-        self._killed = killed
-        return returncode
+            log.warning("the learner's last checkpoint could not be stored: %s", text(e))
 
     def _upload_log_archive(self) -> None:
         if self.spec.archive_path.is_file():
             self._object_store().put_file(self.spec.log_key, self.spec.archive_path)
-
-    @staticmethod
-    def _system_line(archive: LogArchive, message: str) -> None:
-        try:
-            archive.append("system", message)
-        except (OSError, ValueError) as e:
-            log.warning("could not archive the line %r: %s", message, e)
-
-
-def _duration(seconds: float) -> str:
-    """7200 -> '2h', 90 -> '90s': as a user would write the manifest's timeout."""
-    for unit, size in (("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
-
-
-def _text(e: BaseException) -> str:
-    if isinstance(e, TrainforgeError):
-        return e.message
-    if isinstance(e, OSError) and e.strerror:
-        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
-    return str(e)
