@@ -138,6 +138,20 @@ def test_list_filters_pages_and_iter_jobs(platform):
     assert [j["id"] for j in client.iter_jobs(name="a", page_size=1)] == [made[2], made[0]]
 
 
+def test_audit_pages_follow_the_cursor(platform, mongo_db):
+    key = IdentityStore(mongo_db).issue_key("alpha", "admin", Role.PLATFORM_ADMIN)
+    with Client(platform.url, key, timeout=10) as admin:
+        for name in ("x", "y", "z"):
+            admin.submit({"name": name, "command": "true"})
+        everything = admin.admin.audit(limit=1000)
+        assert len(everything) >= 3
+        first = admin.admin.audit_page(limit=2)
+        assert first["entries"] == everything[:2] and first["next_cursor"]
+        second = admin.admin.audit_page(limit=2, cursor=first["next_cursor"])
+        assert second["entries"] == everything[2:4]
+        assert admin.admin.audit(until=0) == []
+
+
 def test_logs_page_with_the_cursor(platform):
     job = platform.client.submit({"name": "logs", "command": "true"})
     ship(platform.logs, job["id"], 0, range(1, 6))
