@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from services.common.states import JobState
 from tests.unit.test_cli_commands import cli, manifest, ship  # noqa: F401 - cli is a fixture
-from trainforge import config, exitcodes
+from trainforge import config, exitcodes, stack
 from trainforge.cli import main
 
 
@@ -89,3 +89,16 @@ def test_status_lists_by_name_and_creation_time_and_follows_pages_with_all(cli):
     assert "more jobs match" in cli.run("status", "--limit", "2").stdout
     assert "more jobs match" not in cli.run("status", "--limit", "1", "--all").stdout
     cli.run("status", "--since", "yesterday", code=exitcodes.ERROR)
+
+
+def test_up_and_down_without_the_server_dependencies_say_to_install_the_server_extra(tmp_path, monkeypatch):
+    # a launcher that dies as a client-only install's does: importing a server dependency
+    (tmp_path / "launcher_without_deps.py").write_text("import a_server_dependency_not_installed\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setattr(stack, "_MODULE", "launcher_without_deps")
+    runner = CliRunner(env={"TF_STATE_DIR": str(tmp_path / "state")})
+    for command in ("up", "down"):
+        result = runner.invoke(main, [command])
+        assert result.exit_code == exitcodes.ERROR, result.output
+        assert result.stderr.strip().splitlines() == [
+            f"error: {stack.SERVER_EXTRA} (missing: a_server_dependency_not_installed)"]
