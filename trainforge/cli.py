@@ -209,11 +209,12 @@ def submit(ctx: click.Context, manifest: Path, follow: bool, code_dir: Path | No
 @click.argument("job_id", required=False, shell_complete=cli_account.complete_job_id)
 @click.option("--state", "states", multiple=True, help="only jobs in this state (repeatable)")
 @click.option("--label", "labels", multiple=True, metavar="K=V", help="only jobs with this label (repeatable: all)")
-@click.option("--limit", default=50, show_default=True, help="most jobs listed")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000), help="most jobs listed")
+@cliopts.list_filters
 @_json_flag
 @click.pass_context
 def status(ctx: click.Context, job_id: str | None, states: tuple[str, ...], labels: tuple[str, ...], limit: int,
-           as_json: bool) -> None:
+           as_json: bool, **filters) -> None:
     """One job in detail (state, reason, learners, history), or a table of the team's jobs."""
     as_json = _use_json(ctx, as_json)
     client = clikit.client(ctx)
@@ -227,11 +228,14 @@ def status(ctx: click.Context, job_id: str | None, states: tuple[str, ...], labe
             cli_observe.print_progress(console, client, job_id)
         return
     cliopts.pairs(labels, "--label", typed=False)  # K=V, said before anything is sent
-    jobs = client.list(state=list(states) or None, limit=limit, label=list(labels) or None)
+    jobs, more = cliopts.list_jobs(client, state=list(states) or None, label=list(labels) or None, limit=limit,
+                                   **filters)
     if as_json:
         _emit_json(jobs)
     else:
         _print_jobs(console, jobs)
+        if more:
+            console.print(Text(f"more jobs match: --all lists every one, --limit {limit} per page", style="dim"))
 
 
 @main.command()

@@ -317,14 +317,23 @@ def keys_revoke(ctx: click.Context, key_id: str, as_json: bool) -> None:
 
 @admin.command()
 @click.option("--team", help="entries by or about this team")
-@click.option("--since", help="ISO-8601 time or unix seconds")
-@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--since", help="only entries at or after this time (ISO-8601 time or unix seconds)")
+@click.option("--until", help="only entries before this time (ISO-8601 time or unix seconds)")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 1000),
+              help="most entries listed (with --all: per page)")
+@click.option("--all", "every", is_flag=True, help="every matching entry, following the pages")
 @json_flag
 @click.pass_context
-def audit(ctx: click.Context, team: str | None, since: str | None, limit: int, as_json: bool) -> None:
+def audit(ctx: click.Context, team: str | None, since: str | None, until: str | None, limit: int, every: bool,
+          as_json: bool) -> None:
     """Who changed what and when, newest first (platform admins)."""
     as_json = use_json(ctx, as_json)
-    entries = _admin(ctx).admin.audit(team=team, since=since, limit=limit)
+    admin_api = _admin(ctx).admin
+    page = admin_api.audit_page(team=team, since=since, until=until, limit=limit)
+    entries = page["entries"]
+    while every and page["next_cursor"]:
+        page = admin_api.audit_page(team=team, since=since, until=until, limit=limit, cursor=page["next_cursor"])
+        entries += page["entries"]
     if as_json:
         emit_json(entries)
         return
@@ -340,3 +349,5 @@ def audit(ctx: click.Context, team: str | None, since: str | None, limit: int, a
         table.add_row(when(e["ts"]), e["key_id"] or "-", e["team"] or "-", e["method"], e["route"] or e["path"],
                       e["target"] or "-", Text(str(e["status"]), style=style))
     console.print(table)
+    if page["next_cursor"] and not every:
+        console.print(Text(f"more entries match: --all lists every one, --limit {limit} per page", style="dim"))

@@ -1,4 +1,4 @@
-"""What `trainforge submit` and `status` parse and show: KEY=VALUE options and the upload's progress.
+"""What `trainforge submit` and `status` parse and show: KEY=VALUE options, list filters, the upload's progress.
 
 `--param k=v` values are read as YAML scalars, so `--param lr=0.1` is the
 number 0.1 as it would be in the manifest; `--env` and `--label` values stay
@@ -13,6 +13,28 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from trainforge.packing import CodeFiles, human
+
+_TIME_HELP = "ISO-8601 time or unix seconds"
+
+
+def list_filters(command):
+    """`status`'s list options beyond --state/--label/--limit: name, creation window and every page."""
+    for option in reversed((
+            click.option("--name", help="only jobs with this name"),
+            click.option("--since", help=f"only jobs created at or after this time ({_TIME_HELP})"),
+            click.option("--until", help=f"only jobs created before this time ({_TIME_HELP})"),
+            click.option("--all", "every", is_flag=True, help="every matching job, following the pages "
+                         "(--limit is the page size)"))):
+        command = option(command)
+    return command
+
+
+def list_jobs(client, *, every: bool, limit: int, **filters) -> tuple[list[dict], bool]:
+    """The jobs to show and whether more match than were fetched (only without --all)."""
+    if every:
+        return list(client.iter_jobs(page_size=limit, **filters)), False
+    page = client.list_page(limit=limit, **filters)
+    return page["jobs"], bool(page["next_cursor"])
 
 
 def pairs(values: tuple[str, ...], what: str, typed: bool) -> dict:

@@ -21,7 +21,7 @@ import io
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,9 @@ from trainforge.sdk_base import (  # noqa: F401 - the SDK's public names, re-exp
     ClientError,
     NotConnected,
     WaitTimeout,
+    When,
     _error_from,
+    time_filters,
 )
 from trainforge.sdk_logs import LogsMixin
 
@@ -208,15 +210,44 @@ class Client(LogsMixin):
         return self._request("GET", f"/v1/jobs/{job_id}", retry_seconds=retry_seconds)
 
     def list(self, state: str | list[str] | None = None, limit: int = 50,
-             label: str | list[str] | None = None) -> list[dict]:
-        """The team's jobs, newest first; label: "key=value" (several: all must match)."""
+             label: str | list[str] | None = None, *, name: str | None = None, since: When = None,
+             until: When = None, cursor: str | None = None) -> list[dict]:
+        """The team's jobs, newest first (one page: `list_page` also gives the next page's cursor).
+
+        label: "key=value" (several: all must match); since/until: the creation time, a datetime,
+        ISO-8601 text or unix seconds (since inclusive, until exclusive).
+        """
+        return self.list_page(state, limit, label, name=name, since=since, until=until, cursor=cursor)["jobs"]
+
+    def list_page(self, state: str | list[str] | None = None, limit: int = 50,
+                  label: str | list[str] | None = None, *, name: str | None = None, since: When = None,
+                  until: When = None, cursor: str | None = None) -> dict:
+        """One page as the API sends it: {"jobs": [...], "next_cursor": the next page's cursor, None on the last}."""
         params: dict[str, Any] = {"limit": limit}
         if state:
             # The API takes lowercase names (its schema enumerates them): "RUNNING" from a user is "running".
             params["state"] = [s.strip().lower() for s in ([state] if isinstance(state, str) else state)]
         if label:
             params["label"] = [label] if isinstance(label, str) else list(label)
-        return self._request("GET", "/v1/jobs", params=params)["jobs"]
+        params.update(time_filters(since=since, until=until))
+        if name:
+            params["name"] = name
+        if cursor:
+            params["cursor"] = cursor
+        page = self._request("GET", "/v1/jobs", params=params)
+        return {"jobs": page["jobs"], "next_cursor": page.get("next_cursor")}
+
+    def iter_jobs(self, state: str | list[str] | None = None, label: str | list[str] | None = None, *,
+                  name: str | None = None, since: When = None, until: When = None,
+                  page_size: int = 100) -> Iterator[dict]:
+        """Every matching job, newest first, following the pages' cursors."""
+        cursor = None
+        while True:
+            page = self.list_page(state, page_size, label, name=name, since=since, until=until, cursor=cursor)
+            yield from page["jobs"]
+            cursor = page["next_cursor"]
+            if not cursor:
+                return
 
     def cancel(self, job_id: str) -> dict:
         return self._request("POST", f"/v1/jobs/{job_id}/cancel")

@@ -10,6 +10,7 @@ import datetime as dt
 from typing import TYPE_CHECKING, Any
 
 from trainforge.sdk import key_body
+from trainforge.sdk_base import When, time_filters
 
 if TYPE_CHECKING:
     from trainforge.sdk import Client
@@ -78,12 +79,18 @@ class Admin:
     def revoke_key(self, key_id: str) -> dict:
         return self._c._request("DELETE", f"/v1/admin/keys/{key_id}")
 
-    def audit(self, team: str | None = None, since: dt.datetime | str | float | None = None,
-              limit: int = 100) -> list[dict]:
-        """Audit entries, newest first; since: a datetime, ISO-8601 text or unix seconds."""
-        params: dict[str, Any] = {"limit": limit}
+    def audit(self, team: str | None = None, since: When = None, limit: int = 100, *, until: When = None,
+              cursor: str | None = None) -> list[dict]:
+        """Audit entries, newest first; since/until: a datetime, ISO-8601 text or unix seconds."""
+        return self.audit_page(team, since, limit, until=until, cursor=cursor)["entries"]
+
+    def audit_page(self, team: str | None = None, since: When = None, limit: int = 100, *, until: When = None,
+                   cursor: str | None = None) -> dict:
+        """One page: {"entries": [...], "next_cursor": the next page's cursor, None on the last}."""
+        params: dict[str, Any] = {"limit": limit, **time_filters(since=since, until=until)}
         if team:
             params["team"] = team
-        if since is not None:
-            params["since"] = since.isoformat() if isinstance(since, dt.datetime) else since
-        return self._c._request("GET", "/v1/admin/audit", params=params)["entries"]
+        if cursor:
+            params["cursor"] = cursor
+        page = self._c._request("GET", "/v1/admin/audit", params=params)
+        return {"entries": page["entries"], "next_cursor": page.get("next_cursor")}

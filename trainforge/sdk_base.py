@@ -5,7 +5,12 @@ Import them from `trainforge.sdk` (or `trainforge`), which re-exports them.
 
 from __future__ import annotations
 
+import datetime as dt
+
 import httpx
+
+# A time filter as the API takes it: a datetime, ISO-8601 text or unix seconds.
+When = dt.datetime | str | float | None
 
 TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
 # Where a job stays until someone acts: the end, or halted (until resumed).
@@ -53,3 +58,9 @@ def _error_from(resp: httpx.Response) -> ApiError:
     except (ValueError, KeyError, TypeError, AttributeError):
         text = resp.text.strip().replace("\n", " ")[:200]
         return ApiError(resp.status_code, "http_error", f"HTTP {resp.status_code}: {text or resp.reason_phrase}")
+
+
+def time_filters(**times: When) -> dict[str, str | float]:
+    """`since`/`until` query parameters, leaving out the ones not given."""
+    return {k: v.isoformat() if isinstance(v, dt.datetime) else v for k, v in times.items()
+            if v is not None and v != ""}

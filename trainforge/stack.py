@@ -6,12 +6,18 @@ it with this interpreter and read its JSON Lines as they come (one
 `{"component": ...}` per component, then `{"result": ...}` or
 `{"error": ...}`), so the spinner can follow along. Everything else the CLI
 does goes over the REST API.
+
+A client-only install (`pip install trainforge`) has the services' code but
+not their dependencies: the launcher then dies importing one, and the user
+is told, in one line, to install the server extra rather than shown a
+traceback.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -22,6 +28,9 @@ from typing import Any
 # Statuses that mean the component is where it should be (the launcher's Status values).
 OK_STATUSES = frozenset({"started", "running", "stopped"})
 _MODULE = "services.devstack"
+SERVER_EXTRA = "the embedded stack needs the server extra: pip install 'trainforge[server]'"
+# The last line of a launcher that could not import the services or one of their dependencies.
+_MISSING = re.compile(r"^ModuleNotFoundError: No module named '([^']+)'")
 
 
 class StackError(Exception):
@@ -77,6 +86,9 @@ def run(command: str, state: Path, *args: str, on_component: OnComponent = _igno
     if proc.returncode != 0 or result is None:
         # the launcher did not get as far as saying what went wrong (a crash, a missing package)
         tail = stderr.strip().splitlines()
+        missing = _MISSING.match(tail[-1]) if tail else None
+        if missing:
+            raise StackError(f"{SERVER_EXTRA} (missing: {missing.group(1)})")
         raise StackError(f"`python -m {_MODULE} {command}` failed: "
                          f"{tail[-1] if tail else f'exit status {proc.returncode}'}")
     return result

@@ -82,6 +82,23 @@ def learner_views(current: Mapping[int, LearnerStatus | None], last_seen: Mappin
     return views
 
 
+# A preparing summary is a job's reason in listings: long enough for every learner's installer line, no longer.
+MAX_PREPARING_CHARS = 300
+
+
+def preparing_reason(views: list[LearnerView]) -> str:
+    """What the learners still preparing say they are doing ("" when none says anything).
+
+    e.g. "preparing: learner 0: installing numpy (12/40); learner 1: restoring the checkpoint"
+    """
+    parts = [f"learner {v.rank}: {v.message.strip()}" for v in views
+             if v.present and v.state == LearnerState.LEARNER_PREPARING and v.message.strip()]
+    if not parts:
+        return ""
+    reason = "preparing: " + "; ".join(parts)
+    return reason if len(reason) <= MAX_PREPARING_CHARS else reason[:MAX_PREPARING_CHARS - 1] + "…"
+
+
 def _failure_reason(rank: int, status: LearnerStatus) -> str:
     code = status.exit_code
     reason = f"learner {rank} exited with code {code}" if code is not None else f"learner {rank} failed"

@@ -9,6 +9,12 @@ off the main line, once every learner has checkpointed and exited). A report
 the Trainer cannot take yet is retried, never dropped, and nothing later
 overtakes it. The monitor exits once a terminal state has been delivered.
 
+While the job is DEPLOYING, what the learners' PREPARING statuses say
+(an environment build's installer line, a checkpoint restore) is reported
+as a DEPLOYING -> DEPLOYING reason update, so `trainforge status` shows
+why a job takes its time. Those reports are best-effort progress: sent only
+on change, at most one per `progress_interval`, never ahead of a state.
+
 The Trainer is reached through the `Reporter` interface so tests can count
 what would have been sent. Every etcd value is read and written through the
 models in services/common/contracts/etcd.py; a value that does not parse is
@@ -18,6 +24,7 @@ logged with its key and skipped, never allowed to stop the watch.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -40,13 +47,15 @@ from services.common.errors import (
 )
 from services.common.retry import Backoff
 from services.common.states import JobState
-from services.jobmonitor.aggregate import Verdict, aggregate, learner_views, of_attempt
+from services.jobmonitor.aggregate import Verdict, aggregate, learner_views, of_attempt, preparing_reason
 from services.jobmonitor.claim import BACKOFF_CAP, JobClaim
 
 log = logging.getLogger(__name__)
 
 ACTOR = "monitor"
 LEASE_TTL = 10
+# At most one preparing-progress report per this many seconds: an installer prints faster than anyone reads.
+PROGRESS_INTERVAL = 1.0
 # Errors that say the Trainer will never take this report: retrying cannot help.
 _PERMANENT = (InvalidArgument, NotFound, Conflict, PermissionDenied, Unauthenticated)
 # Why the job entered a state the monitor walked through on its way to a later one.
@@ -82,7 +91,7 @@ class JobMonitor:
 
     def __init__(self, spec: MonitorSpec, coordinator: Coordinator, reporter: Reporter, *,
                  retry_seconds: float = 1.0, lease_ttl: int = LEASE_TTL,
-                 clock: Callable[[], float] = time.monotonic):
+                 progress_interval: float = PROGRESS_INTERVAL, clock: Callable[[], float] = time.monotonic):
         self.spec = spec
         self._coord = coordinator
         self._reporter = reporter
@@ -103,6 +112,11 @@ class JobMonitor:
         self._outbox: list[trainer_pb2.ReportJobStatusRequest] = []
         self._next_try = 0.0
         self._delivered: list[JobState] = []
+        # the latest preparing progress not yet delivered, and what and when was last queued
+        self._progress: trainer_pb2.ReportJobStatusRequest | None = None
+        self._progress_reason = ""
+        self._progress_at = -math.inf
+        self._progress_interval = progress_interval
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -128,6 +142,7 @@ class JobMonitor:
                 self._take_events(timeout=self._wait_time())
                 if self._synced:
                     self._decide(self._clock() - started)
+                    self._note_progress()
                 self._deliver()
                 if self._finished():
                     log.info("job %s attempt %d: %s reported; exiting", job, self.spec.attempt,
@@ -250,6 +265,38 @@ class JobMonitor:
                      self._reached.name, step.name, reason.splitlines()[0] if reason else "")
             self._reached = step
 
+    def _note_progress(self) -> None:
+        """While the job deploys, queue the learners' preparing messages as its reason (on change, throttled)."""
+        if self._reached != JobState.DEPLOYING or self._outbox:
+            self._progress = None  # a state is on its way: progress of DEPLOYING would only be stale
+            return
+        views = learner_views(self._current, self._last_seen, self.spec.learners, self.spec.attempt)
+        reason = preparing_reason(views)
+        now = self._clock()
+        if not reason or reason == self._progress_reason or now - self._progress_at < self._progress_interval:
+            return
+        self._progress_reason, self._progress_at = reason, now
+        self._progress = trainer_pb2.ReportJobStatusRequest(
+            job_id=self.spec.job_id, attempt=self.spec.attempt, state=JobState.DEPLOYING, reason=reason,
+            actor=ACTOR, learners=self._learner_statuses())
+
+    def _deliver_progress(self) -> None:
+        request = self._progress
+        if request is None or self._outbox or self._stop.is_set() or self._clock() < self._next_try:
+            return
+        try:
+            self._reporter.report(request)
+        except _PERMANENT as e:
+            log.warning("job %s: the Trainer refused the preparing progress: %s", self.spec.job_id, e.message)
+        except Exception as e:  # noqa: BLE001 - retried like a state, unless newer progress replaces it
+            message = e.message if isinstance(e, TrainforgeError) else repr(e)
+            self._next_try = self._clock() + self._report_backoff.next()
+            log.info("job %s: reporting the preparing progress failed (%s)", self.spec.job_id, message)
+            return
+        self._report_backoff.reset()
+        if self._progress is request:
+            self._progress = None
+
     def _learner_statuses(self) -> list[common_pb2.LearnerStatus]:
         out = []
         for v in learner_views(self._current, self._last_seen, self.spec.learners, self.spec.attempt):
@@ -283,6 +330,7 @@ class JobMonitor:
                 self._delivered.append(state)
             self._report_backoff.reset()
             self._outbox.pop(0)
+        self._deliver_progress()
 
     def _finished(self) -> bool:
         return _final(self._reached) and not self._outbox

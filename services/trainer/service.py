@@ -235,7 +235,10 @@ class JobService:
             log.info("job %s: ignored report %s -> %s (%s): not a legal transition", job_id,
                      current.state.name, proposal.to.name, proposal.reason)
             return current
-        # the same state again: only what the monitor saw of the learners may have moved on
+        # the same state again: only what the monitor saw of the learners may have moved on, and while
+        # DEPLOYING the reason is the learners' preparing progress (written only while still DEPLOYING)
+        if proposal.to == JobState.DEPLOYING and proposal.reason and proposal.reason != done.job.reason:
+            fields["reason"] = proposal.reason
         if any(getattr(done.job, k) != v for k, v in fields.items()):
             return self._store.set_fields(job_id, fields, state=proposal.to, attempt=before.attempt) or done.job
         return done.job

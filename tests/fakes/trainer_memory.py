@@ -166,6 +166,8 @@ class InMemoryTrainer:
                 if not states.can_transition(current, state):
                     raise Conflict(f"{job['state']} -> {job_state_name(state)} is not a legal transition")
                 self._move(job, state, reason, actor)
+            elif state == JobState.DEPLOYING and reason:  # the learners' preparing progress, as the Trainer keeps it
+                job["reason"] = reason
             if learners is not None:
                 job["learners"] = copy.deepcopy(learners)
             if outputs_uri:

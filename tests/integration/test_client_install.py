@@ -51,3 +51,11 @@ def test_the_client_installs_without_server_dependencies(tmp_path):
     # The CLI, the SDK and the learner helper work from it (the helper imports torch only when used).
     assert run(env_dir / "bin" / "trainforge", "--version").startswith("trainforge, version ")
     run(python, "-c", "import trainforge.sdk, trainforge.models, frameworks.torch.helper", cwd=tmp_path)
+    # The embedded stack is the server's: from the client install, `up` says in one line what to install.
+    up = subprocess.run([str(env_dir / "bin" / "trainforge"), "up"], capture_output=True, text=True, timeout=120,
+                        cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                                           "TF_STATE_DIR": str(tmp_path / "state")})
+    assert up.returncode == 1, (up.stdout, up.stderr)
+    lines = up.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: the embedded stack needs the server extra: pip install 'trainforge[server]'"), up.stderr

@@ -138,6 +138,44 @@ def test_deploying_straight_to_completed_reports_every_step(coordinator, job, st
         "all 2 learners completed; outputs stored"]
 
 
+def test_preparing_messages_are_reported_as_the_deploying_reason_on_change_and_throttled(coordinator, job,
+                                                                                        start):
+    reporter = FakeReporter()
+    start(reporter, progress_interval=0.2)
+    wait_for(lambda: monitor_claimed(coordinator, job), 10, "the monitor to claim the job")
+    put(coordinator, job, 0, L.LEARNER_PREPARING)
+    put(coordinator, job, 1, L.LEARNER_PREPARING, message="building the environment: Resolved 12 packages")
+    wait_for(lambda: reporter.reports, 10, "the preparing progress")
+    first = reporter.reports[0]
+    assert (JobState(first.state), first.reason) == (
+        JobState.DEPLOYING, "preparing: learner 1: building the environment: Resolved 12 packages")
+    assert [s.state for s in first.learners] == [L.LEARNER_PREPARING, L.LEARNER_PREPARING]
+    put(coordinator, job, 0, L.LEARNER_PREPARING, message="restoring the checkpoint")
+    wait_for(lambda: len(reporter.reports) == 2, 10, "the changed progress")
+    assert reporter.reports[1].reason == ("preparing: learner 0: restoring the checkpoint; "
+                                          "learner 1: building the environment: Resolved 12 packages")
+    # the same messages again (a status rewritten with a new timestamp) are not reported again
+    put(coordinator, job, 0, L.LEARNER_PREPARING, message="restoring the checkpoint")
+    put(coordinator, job, 0, L.LEARNER_RUNNING)
+    put(coordinator, job, 1, L.LEARNER_RUNNING)
+    wait_for(lambda: JobState.RUNNING in reporter.states, 10, "RUNNING")
+    assert reporter.states == [JobState.DEPLOYING, JobState.DEPLOYING, JobState.RUNNING]
+    assert reporter.reports[-1].reason == "all 2 learners started"
+
+
+def test_many_preparing_messages_in_a_burst_make_few_reports(coordinator, job, start):
+    reporter = FakeReporter()
+    run = start(reporter, learners=1, progress_interval=60)
+    put(coordinator, job, 0, L.LEARNER_PREPARING, message="installing 1/40")
+    wait_for(lambda: reporter.reports, 10, "the first progress")
+    for i in range(2, 41):
+        put(coordinator, job, 0, L.LEARNER_PREPARING, message=f"installing {i}/40")
+    put(coordinator, job, 0, L.LEARNER_RUNNING)
+    wait_for(lambda: JobState.RUNNING in reporter.states, 10, "RUNNING")
+    assert [r.reason for r in reporter.reports] == ["preparing: learner 0: installing 1/40", "all 1 learners started"]
+    assert run.monitor.delivered == [JobState.RUNNING]
+
+
 def test_a_learner_exiting_3_fails_the_job_with_code_and_tail(coordinator, job, start):
     reporter = FakeReporter()
     run = start(reporter)

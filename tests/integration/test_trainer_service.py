@@ -268,6 +268,20 @@ def test_reports_are_idempotent_and_stale_or_illegal_ones_ignored(client):
         client.report("missing", JobState.RUNNING)
 
 
+def test_a_deploying_report_while_deploying_stores_the_preparing_reason_only(client):
+    client.submit("mnist", job_id="p")
+    deploying = client.wait_state("p", JobState.DEPLOYING)
+    progress = client.report("p", JobState.DEPLOYING, reason="preparing: learner 0: installing numpy (12/40)",
+                             learners=[learner(0, LearnerState.LEARNER_PREPARING)])
+    assert (progress.state, progress.reason) == (JobState.DEPLOYING, "preparing: learner 0: installing numpy (12/40)")
+    assert len(progress.history) == len(deploying.history)
+    assert client.get("p").reason == "preparing: learner 0: installing numpy (12/40)"
+    running = client.report("p", JobState.RUNNING, reason="all 1 learners started")
+    late = client.report("p", JobState.DEPLOYING, reason="preparing: learner 0: environment ready")
+    assert (late.state, late.reason) == (JobState.RUNNING, "all 1 learners started")
+    assert len(late.history) == len(running.history)
+
+
 def test_another_teams_job_is_not_found(client):
     client.submit("mnist", job_id="j")
     with pytest.raises(NotFound):

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from services.common.states import JobState
 from tests.unit.test_cli_commands import cli, manifest, ship  # noqa: F401 - cli is a fixture
-from trainforge import config, exitcodes
+from trainforge import config, exitcodes, stack
 from trainforge.cli import main
 
 
@@ -70,3 +70,35 @@ def test_labels_params_and_env_at_submit(cli):  # noqa: F811
     assert {j["id"] for j in cli.json("status")} == {a["id"], b["id"]}
     assert cli.json("status", "--label", "team=nlp") == []
     assert "is not KEY=VALUE" in cli.run("submit", path, "--param", "lr", code=exitcodes.USAGE).stderr
+
+
+def test_status_lists_by_name_and_creation_time_and_follows_pages_with_all(cli):  # noqa: F811
+    made = []
+    for i, name in enumerate(("demo", "other", "demo")):
+        made.append(cli.json("submit", manifest(cli.tmp, f"name: {name}\nframework: custom\ncommand: python train.py\n"))["id"])
+        cli.trainer._jobs[made[-1]]["created_at"] = 1000.0 * (i + 1)  # fixed creation times for --since/--until
+
+    def ids(*args):
+        return [j["id"] for j in cli.json("status", *args)]
+
+    assert ids("--name", "demo") == [made[2], made[0]]
+    assert ids("--since", "2000") == [made[2], made[1]]
+    assert ids("--until", "1970-01-01T00:33:20Z") == [made[0]]
+    assert ids("--limit", "2") == [made[2], made[1]]
+    assert ids("--limit", "1", "--all") == made[::-1]
+    assert "more jobs match" in cli.run("status", "--limit", "2").stdout
+    assert "more jobs match" not in cli.run("status", "--limit", "1", "--all").stdout
+    cli.run("status", "--since", "yesterday", code=exitcodes.ERROR)
+
+
+def test_up_and_down_without_the_server_dependencies_say_to_install_the_server_extra(tmp_path, monkeypatch):
+    # a launcher that dies as a client-only install's does: importing a server dependency
+    (tmp_path / "launcher_without_deps.py").write_text("import a_server_dependency_not_installed\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setattr(stack, "_MODULE", "launcher_without_deps")
+    runner = CliRunner(env={"TF_STATE_DIR": str(tmp_path / "state")})
+    for command in ("up", "down"):
+        result = runner.invoke(main, [command])
+        assert result.exit_code == exitcodes.ERROR, result.output
+        assert result.stderr.strip().splitlines() == [
+            f"error: {stack.SERVER_EXTRA} (missing: a_server_dependency_not_installed)"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import tarfile
 import threading
@@ -117,6 +118,38 @@ def test_list_get_cancel(platform):
     assert platform.client.cancel(a["id"])["state"] == "cancelled"
     assert [j["id"] for j in platform.client.list(state="cancelled")] == [a["id"]]
     assert {j["id"] for j in platform.client.list(state=["cancelled", "queued"])} == {a["id"], b["id"]}
+
+
+def test_list_filters_pages_and_iter_jobs(platform):
+    client = platform.client
+    made = [client.submit({"name": name, "command": "true"})["id"] for name in ("a", "b", "a")]
+    for ts, job_id in zip((1000.0, 2000.0, 3000.0), made, strict=True):
+        platform.trainer._jobs[job_id]["created_at"] = ts  # a fixed creation time each, for since/until
+    newest_first = made[::-1]
+    assert [j["id"] for j in client.list(name="a")] == [made[2], made[0]]
+    assert [j["id"] for j in client.list(since=2000)] == [made[2], made[1]]
+    assert [j["id"] for j in client.list(until="1970-01-01T00:33:20+00:00")] == [made[0]]
+    assert [j["id"] for j in client.list(since=dt.datetime.fromtimestamp(2500, dt.UTC))] == [made[2]]
+    first = client.list_page(limit=2)
+    assert [j["id"] for j in first["jobs"]] == newest_first[:2] and first["next_cursor"]
+    last = client.list_page(limit=2, cursor=first["next_cursor"])
+    assert [j["id"] for j in last["jobs"]] == newest_first[2:] and last["next_cursor"] is None
+    assert [j["id"] for j in client.iter_jobs(page_size=1)] == newest_first
+    assert [j["id"] for j in client.iter_jobs(name="a", page_size=1)] == [made[2], made[0]]
+
+
+def test_audit_pages_follow_the_cursor(platform, mongo_db):
+    key = IdentityStore(mongo_db).issue_key("alpha", "admin", Role.PLATFORM_ADMIN)
+    with Client(platform.url, key, timeout=10) as admin:
+        for name in ("x", "y", "z"):
+            admin.submit({"name": name, "command": "true"})
+        everything = admin.admin.audit(limit=1000)
+        assert len(everything) >= 3
+        first = admin.admin.audit_page(limit=2)
+        assert first["entries"] == everything[:2] and first["next_cursor"]
+        second = admin.admin.audit_page(limit=2, cursor=first["next_cursor"])
+        assert second["entries"] == everything[2:4]
+        assert admin.admin.audit(until=0) == []
 
 
 def test_logs_page_with_the_cursor(platform):
