@@ -232,7 +232,9 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
-        sweeper = retention.start_sweeper(settings, trainer, objects, logs, audit, identity.db)
+        # 0: no sweeper (an API built for a test may have no identity store to read policies from)
+        sweeper = (retention.start_sweeper(settings, trainer, objects, logs, audit, identity.db)
+                   if settings.retention_interval else None)
         yield
         if sweeper is not None:
             sweeper.stop()

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.api.audit import AuditLog
 from services.api.trainer_client import TrainerApi
-from services.common.adapters.logstore import LogStore, metrics_index
+from services.common.adapters.logstore import LogStore
 from services.common.adapters.mongo import Database, mapped_as
 from services.common.adapters.objectstore import ObjectStore
 from services.common.contracts import storekeys
@@ -140,7 +140,7 @@ def start_sweeper(settings, trainer: TrainerApi, objects: ObjectStore, logs: Log
     store = RetentionStore(db)
 
     def once() -> None:
-        metrics = LogStore(settings.logstore_url, metrics_index(logs.index))
+        metrics = logs.metrics_store()
         try:
             sweep(trainer, objects, logs, metrics, audit, store)
         finally:

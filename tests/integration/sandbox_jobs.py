@@ -86,7 +86,7 @@ class Platform:
 def platform(store_settings, coordinator, tmp_path) -> Iterator[Platform]:
     trainer_port = free_port()
     server, _ = start_trainer(trainer_port)
-    app = create_app(ApiSettings(dev_mode=True), trainer=InMemoryTrainer(), identity=object(), logs=object(),
+    app = create_app(ApiSettings(dev_mode=True, retention_interval=0), trainer=InMemoryTrainer(), identity=object(), logs=object(),
                      objects=LocalStore(tmp_path / "api-objects"), audit=object())
     settings = LcmSettings(**{**store_settings.model_dump(), "trainer_address": f"127.0.0.1:{trainer_port}",
                               "python": sys.executable, "local_gpus": 0, "lease_ttl": 5})

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query, Request
 from services.api.deps import LogsDep, ObjectsDep, TenantDep, TrainerDep
 from services.api.jobmetrics import job_metrics
 from services.api.schemas import ErrorResponse, error_responses
-from services.common.adapters.logstore import LogStore, metrics_index
+from services.common.adapters.logstore import LogStore
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(400, 401, 422, 429))
 
@@ -25,8 +25,7 @@ _KIND = {"pending": "submit", "queued": "queue", "deploying": "deploy", "running
 def _metrics_store(request: Request, logs: LogStore) -> LogStore:
     store = getattr(request.app.state, "metrics_store", None)
     if store is None:
-        url = request.app.state.settings.logstore_url
-        store = request.app.state.metrics_store = LogStore(url, metrics_index(logs.index))
+        store = request.app.state.metrics_store = logs.metrics_store()
     return store
 
 

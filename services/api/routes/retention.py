@@ -7,13 +7,12 @@ import threading
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 from services.api import reindex
 from services.api.deps import AuditDep, IdentityDep, LogsDep, ObjectsDep, PlatformAdminDep, TrainerDep
 from services.api.retention import RetentionPolicy, RetentionStore, sweep
 from services.api.schemas import error_responses
-from services.common.adapters.logstore import LogStore, metrics_index
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=error_responses(400, 401, 403, 422, 429))
 TeamName = Annotated[str, Path(description="the team's name", max_length=63)]
@@ -47,7 +46,7 @@ def set_retention(tenant: PlatformAdminDep, identity: IdentityDep, request: Requ
 def run_sweep(_: PlatformAdminDep, identity: IdentityDep, trainer: TrainerDep, objects: ObjectsDep, logs: LogsDep,
               audit: AuditDep, request: Request) -> dict:
     """What was deleted: one record per job and kind; each is also in the audit log (method RETENTION)."""
-    metrics = LogStore(request.app.state.settings.logstore_url, metrics_index(logs.index))
+    metrics = logs.metrics_store()
     try:
         return {"deleted": sweep(trainer, objects, logs, metrics, audit, _store(request, identity))}
     finally:
@@ -59,7 +58,7 @@ log = logging.getLogger(__name__)
 
 class ReindexIn(BaseModel):
     jobs: list[str] = Field(default_factory=list, max_length=1000, description="job ids to reindex")
-    all: bool = Field(False, description="every job with a log archive")
+    all: StrictBool = Field(False, description="every job with a log archive")
 
 
 @router.post("/logs/reindex", status_code=202, summary="Rebuild the log search index from the archives")

@@ -95,12 +95,16 @@ class LogPage:
 
 class LogStore:
     def __init__(self, url: str, index: str = "tf-logs", timeout: float = 10.0):
-        self.index = index
+        self.url, self.index, self._timeout = url, index, timeout
         self._es = Elasticsearch(url, node_class=_PlainJsonNode, request_timeout=timeout, max_retries=1)
         self._index_ready = False
 
     def close(self) -> None:
         self._es.close()
+
+    def metrics_store(self) -> LogStore:
+        """The store of training-metric records beside this log index, on the same server."""
+        return LogStore(self.url, metrics_index(self.index), self._timeout)
 
     def healthy(self) -> bool:
         try:
