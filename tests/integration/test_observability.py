@@ -104,6 +104,7 @@ def test_the_lcm_serves_metrics_and_health(lifecycles, lcm_settings):  # noqa: F
         assert [s.value for s in found["trainforge_lcm_running"] if s.labels == {"what": "jobs"}] == [0]
         assert "trainforge_rpc_calls" in found and "trainforge_rpc_seconds_max" in found
         assert set(transfer_bytes(found)) == {"put", "get"}
+        assert found["trainforge_log_shipping_lag_lines"] == []  # no job runs (tests/unit/test_logship_lag.py)
     finally:
         lcm_server.ENDPOINTS.pop(grpc_port).stop()
         server.stop(0).wait()
