@@ -7,7 +7,7 @@ import os
 import threading
 
 from services.controller.logship import LogArchive
-from services.controller.spool import SpooledStream, split_lines
+from services.controller.spool import PIPE_BYTES, SpooledStream, enlarge_pipe, split_lines
 
 
 def test_split_lines_as_readline_with_a_limit():
@@ -44,3 +44,12 @@ def test_spooled_stream_archives_every_line_in_order_and_deletes_its_spool(tmp_p
     assert [d["seq"] for d in docs] == list(range(1, n + 5))
     assert {d["stream"] for d in docs} == {"stdout"}
     assert archive.lines_written == n + 4 and not spool.exists()
+
+
+def test_the_pipe_is_enlarged_where_the_kernel_allows():
+    r, w = os.pipe()
+    try:
+        assert enlarge_pipe(r) in (PIPE_BYTES, 64 * 1024, 0)  # 64 KiB: refused (pipe-max-size); 0: not Linux
+    finally:
+        os.close(r)
+        os.close(w)
