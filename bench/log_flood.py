@@ -10,7 +10,9 @@ alternating runs (order flipped each round), medians and spreads (min-max):
   learner: a Python learner printing N lines of ~90 bytes, wall seconds from
            start to exit, under the controller's `LearnerProcess` (pipes ->
            `LogArchive`, shipper running) against the same script with its
-           output to /dev/null
+           output to /dev/null; and "pipes only": the controller's pipes,
+           spool and archive without a shipper or log store, which tells
+           the pipe path's cost from the CPU the log store's ingest takes
   read   : a finished job's log of N lines through the API (archive
            streaming, real HTTP server) and the CLI (`trainforge logs`,
            output discarded), lines/s
@@ -102,9 +104,10 @@ def run_bulk(url: str, archive: Path, n: int, batch: int, index: str) -> float:
     return rate
 
 
-def run_learner(n: int, tmp: Path, url: str | None, index: str) -> float:
+def run_learner(n: int, tmp: Path, url: str | None, index: str, *, devnull: bool = True) -> float:
+    """Seconds from start to exit; url None and devnull False: the controller's pipes and archive, no shipper."""
     script = FLOOD.format(n=n)
-    if url is None:
+    if url is None and devnull:
         cmd = f"python -c {shlex.quote(script)} > /dev/null"
     else:
         cmd = f"python -c {shlex.quote(script)}"
@@ -128,7 +131,7 @@ def run_learner(n: int, tmp: Path, url: str | None, index: str) -> float:
     if shipper:
         shipper.close(0.1)
     store.close()
-    if url and archive.lines_written != n:
+    if (url or not devnull) and archive.lines_written != n:
         raise RuntimeError(f"archived {archive.lines_written} of {n}")
     return elapsed
 
@@ -146,9 +149,10 @@ def run_read(api_url: str, key: str, state: Path, job: str, n: int) -> float:
     return n / elapsed
 
 
-def summary(name: str, values: list[float], unit: str) -> str:
-    return (f"{name:<22} median {statistics.median(values):>10,.1f} {unit}  "
-            f"spread {min(values):,.1f}-{max(values):,.1f}  runs {', '.join(f'{v:,.1f}' for v in values)}")
+def summary(name: str, values: list[float], unit: str, digits: int = 1) -> str:
+    return (f"{name:<22} median {statistics.median(values):>10,.{digits}f} {unit}  "
+            f"spread {min(values):,.{digits}f}-{max(values):,.{digits}f}  "
+            f"runs {', '.join(f'{v:,.{digits}f}' for v in values)}")
 
 
 def main() -> int:
@@ -162,7 +166,7 @@ def main() -> int:
     logging.getLogger("services").setLevel(logging.ERROR)
     print(machine())
     osmem = start_osmem()
-    ship, bulk, flooded, devnull, read = [], [], [], [], []
+    ship, bulk, flooded, devnull, archived, read = [], [], [], [], [], []
     try:
         with tempfile.TemporaryDirectory(prefix="tf-bench-logs-") as tmpname:
             tmp = Path(tmpname)
@@ -176,10 +180,11 @@ def main() -> int:
                         (ship if which == "ship" else bulk).append(rate)
                         print(f"round {r} {which:<5} {rate:,.0f} lines/s", flush=True)
                 if args.only in (None, "learner"):
-                    for which in (("flood", "null") if r % 2 == 0 else ("null", "flood")):
+                    order = ("flood", "null", "archive") if r % 2 == 0 else ("archive", "null", "flood")
+                    for which in order:
                         url = osmem.url if which == "flood" else None
-                        secs = run_learner(args.n, tmp, url, f"bench-learner-{r}")
-                        (flooded if which == "flood" else devnull).append(secs)
+                        secs = run_learner(args.n, tmp, url, f"bench-learner-{r}", devnull=which == "null")
+                        {"flood": flooded, "null": devnull, "archive": archived}[which].append(secs)
                         print(f"round {r} learner {which:<5} {secs:.3f} s", flush=True)
             if args.only in (None, "read"):
                 read.extend(bench_read(tmp, archive, args.n, args.rounds))
@@ -190,9 +195,13 @@ def main() -> int:
         print(summary("shipper", ship, "lines/s"))
         print(f"shipping / raw bulk     {statistics.median(ship) / statistics.median(bulk):.3f}")
     if flooded:
-        print(summary("learner, /dev/null", devnull, "s"))
-        print(summary("learner, controller", flooded, "s"))
+        print(summary("learner, /dev/null", devnull, "s", 3))
+        print(summary("learner, controller", flooded, "s", 3))
+        print(summary("learner, pipes only", archived, "s", 3))
         print(f"learner slowdown        {statistics.median(flooded) / statistics.median(devnull) - 1:+.1%}")
+        print(f"  pipes+archive only    {statistics.median(archived) / statistics.median(devnull) - 1:+.1%}")
+        print("  per round (flood, pipes only): "
+              + ", ".join(f"{f / d - 1:+.0%}/{a / d - 1:+.0%}" for f, d, a in zip(flooded, devnull, archived, strict=True)))
     if read:
         print(summary("read API+CLI", read, "lines/s"))
     return 0

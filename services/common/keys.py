@@ -6,6 +6,9 @@
     <prefix>/jobs/<job>/learners/<rank>/halted  {"attempt": n, "checkpoint_uri": ..., "step": n}
     <prefix>/jobs/<job>/learners/<rank>/checkpoint {"attempt": n, "step": n, "uri": ...}
     <prefix>/jobs/<job>/monitor                 {"pid": ..., "host": ...}, under the monitor's lease
+    <prefix>/jobs/<job>/logship/<rank>          {"attempt": n, "archived": n, "shipped": n}, under the
+                                                controller's status lease (outside learners/: the monitor
+                                                does not watch it)
 """
 
 from __future__ import annotations
@@ -40,6 +43,12 @@ class Keys:
 
     def monitor(self, job: str) -> str:
         return f"{self.prefix}/jobs/{job}/monitor"
+
+    def logships(self, job: str) -> str:
+        return f"{self.prefix}/jobs/{job}/logship/"
+
+    def logship(self, job: str, rank: int) -> str:
+        return f"{self.prefix}/jobs/{job}/logship/{rank}"
 
     def parse_learner_key(self, job: str, key: str) -> tuple[int, str] | None:
         """'<prefix>/jobs/j/learners/3/status' -> (3, 'status'); None for other keys."""

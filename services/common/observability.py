@@ -7,6 +7,10 @@
 - `GaugeCollector` reads a value family from the service at scrape time
   (queue depth per team, jobs by state...); a failing read yields no samples
   rather than a failed scrape.
+- `LabelCounts` is a thread-safe counter by label values that a
+  `CounterCollector` exports (the Trainer's admission decisions); the
+  object-store adapters' transfer bytes (`TRANSFERRED`) are exported by
+  every service registry as `trainforge_objectstore_bytes_total{direction}`.
 - `MetricsEndpoint` serves a registry over HTTP on the port the settings
   name (`metrics_port`; -1: none) for the Trainer and the LCM; the API
   serves `/metrics` itself.
@@ -18,9 +22,11 @@
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -32,6 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from services.common import rpc
+from services.common.adapters.objectstore.base import TRANSFERRED
 from services.common.rpc import CallStats
 
 log = logging.getLogger(__name__)
@@ -79,9 +86,45 @@ class GaugeCollector(Collector):
         yield family
 
 
-def service_registry(stats: dict[str, CallStats], gauges: Iterable[GaugeCollector] = ()) -> CollectorRegistry:
+class LabelCounts:
+    """How many times each combination of label values happened; safe from several threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: collections.Counter[tuple[str, ...]] = collections.Counter()
+
+    def add(self, *labels: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[labels] += n
+
+    def snapshot(self) -> dict[tuple[str, ...], int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+class CounterCollector(Collector):
+    """A counter family read from `counts` (label values -> count) when scraped."""
+
+    def __init__(self, name: str, documentation: str, labels: list[str], counts: Callable[[], dict]):
+        self._name, self._doc, self._labels, self._counts = name, documentation, labels, counts
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self._name, self._doc, labels=self._labels)
+        for labels, value in sorted(self._counts().items()):
+            family.add_metric(list(labels) if isinstance(labels, tuple) else [labels], value)
+        yield family
+
+
+def transfer_collector() -> CounterCollector:
+    return CounterCollector("trainforge_objectstore_bytes", "bytes this process put to and got from object stores",
+                            ["direction"], TRANSFERRED.snapshot)
+
+
+def service_registry(stats: dict[str, CallStats], gauges: Iterable[Collector] = ()) -> CollectorRegistry:
+    """The RPC figures, the object-store transfer bytes and the service's own families."""
     registry = CollectorRegistry()
     registry.register(RpcCollector(stats))
+    registry.register(transfer_collector())
     for gauge in gauges:
         registry.register(gauge)
     return registry

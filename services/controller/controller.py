@@ -51,6 +51,7 @@ from services.common.states import LearnerState
 
 from .checkpoints import CheckpointSync, copy_uri
 from .halt import Halting
+from .lagreport import LagReporter
 from .learner import LearnerProcess, MemoryWatchdog, describe_exit, exit_code_of, launcher_reason, learner_env
 from .logship import LogArchive, LogShipper, LogSink, upload_earlier_archives
 from .metricstail import MetricsChannel
@@ -139,6 +140,8 @@ class Controller:
             return self._finish(Outcome(LearnerState.LEARNER_FAILED,
                                         message=f"cannot create the log archive: {text(e)}"), 0)
         shipper.start()
+        lag = LagReporter(self._coord, self._coord.keys.logship(spec.job_id, spec.rank), spec.attempt,
+                          lambda: self.status.lease, lambda: (archive.lines_written, shipper.shipped)).start()
         upload_earlier_archives(spec, self._object_store)
         metrics = MetricsChannel(spec, self.settings.logstore_url, self.settings.logstore_index,
                                  flush_interval=ARCHIVE_FLUSH_SECONDS).start()
@@ -160,6 +163,7 @@ class Controller:
         if not shipper.close(self.settings.log_drain_seconds):
             log.warning("%d of %d log lines reached the log store (last error: %s); the archive keeps them all",
                         shipper.shipped, archive.lines_written, shipper.last_error or "timed out")
+        lag.stop()  # its key goes with the status lease, revoked once the final status is written
         outcome.lines_archived, outcome.lines_shipped = archive.lines_written, shipper.shipped
         try:
             self._upload_log_archive()

@@ -6,9 +6,10 @@ leaves behind outlives it. Its environment is built from scratch rather than
 inherited: the controller's own TF_* settings hold store credentials a
 user's code must not see.
 
-Output is read by one thread per pipe, line by line, and handed to the
-`LogArchive`, which only appends to a local file, so a slow log store can
-never fill the pipe and stall training.
+Output is read by one thread per pipe in raw chunks into a spool file
+(services/controller/spool.py), which a second thread splits into lines for
+the `LogArchive`; the archive only appends to a local file. Neither a slow
+log store nor the per-line work can fill the pipe and stall training.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
 import psutil
 
@@ -30,6 +31,7 @@ from frameworks.torch.launch import ddp_env
 from services.common.contracts.specs import LearnerSpec
 
 from .logship import LogArchive
+from .spool import SpooledStream
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +138,7 @@ class LearnerProcess:
         self.command, self.cwd, self.env, self.archive = command, Path(cwd), env, archive
         self.python, self.program = python, program
         self.proc: subprocess.Popen | None = None
-        self._readers: list[threading.Thread] = []
+        self._readers: list[SpooledStream] = []
         self._lifeline: int | None = None  # the write end the guard watches; closed only when we are done
 
     @property
@@ -147,34 +149,24 @@ class LearnerProcess:
 
     def start(self) -> None:
         read_end, write_end = os.pipe()  # both close-on-exec: only the guard gets the read end
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
         try:
             self.proc = subprocess.Popen(
                 guarded_argv(self.command, read_end, self.python, self.program), cwd=self.cwd, env=self.env,
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, start_new_session=True,
                 close_fds=True, pass_fds=(read_end,))
         except BaseException:
-            os.close(write_end)
+            for fd in (write_end, out_r, err_r):
+                os.close(fd)
             raise
         finally:
-            os.close(read_end)
+            for fd in (read_end, out_w, err_w):
+                os.close(fd)
         self._lifeline = write_end
-        for stream, pipe in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr)):
-            t = threading.Thread(target=self._pump, args=(stream, pipe), name=f"learner-{stream}", daemon=True)
-            t.start()
-            self._readers.append(t)
-
-    def _pump(self, stream: str, pipe: IO[bytes]) -> None:
-        warned = False
-        with pipe:
-            for raw in iter(lambda: pipe.readline(MAX_LINE_BYTES), b""):
-                text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                try:
-                    self.archive.append(stream, text)
-                except (OSError, ValueError) as e:
-                    # Keep draining the pipe even when the archive cannot take lines.
-                    if not warned:
-                        log.error("cannot append learner %s to the log archive: %s", stream, e)
-                        warned = True
+        for stream, fd in (("stdout", out_r), ("stderr", err_r)):
+            spool = self.archive.path.with_name(f"{self.archive.path.name}.{stream}.spool")
+            self._readers.append(SpooledStream(stream, fd, self.archive, spool, MAX_LINE_BYTES).start())
 
     def poll(self) -> int | None:
         return self.proc.poll() if self.proc else None
@@ -209,9 +201,9 @@ class LearnerProcess:
         if self._lifeline is not None:
             os.close(self._lifeline)
             self._lifeline = None
-        for t in self._readers:
-            t.join(timeout)
-        return not any(t.is_alive() for t in self._readers)
+        deadline = time.monotonic() + timeout
+        done = [r.join(max(0.0, deadline - time.monotonic())) for r in self._readers]
+        return all(done)
 
     def tree_rss(self) -> int:
         """Resident memory of everything the command started, in bytes (the guard is the platform's)."""

@@ -128,6 +128,27 @@ class LogArchive:
             self._on_append()
         return LogLine(self._job, self._team, self._learner, self._attempt, stream, seq, ts, text)
 
+    def append_many(self, stream: str, texts: list[str]) -> int:
+        """`append` for several lines of one stream at once, under one lock (the spool's splitter); the count."""
+        if stream not in STREAMS:
+            raise ValueError(f"stream must be one of {', '.join(STREAMS)}, got {stream!r}")
+        if not texts:
+            return 0
+        with self._lock:
+            seq, ts, head = self._seq, self._timestamp(), f'{self._head}{stream}", "seq": '
+            tail = f', "ts": "{ts}", "line": '
+            self._file.write("".join(f"{head}{seq + i}{tail}{_quote(t)}}}\n" for i, t in enumerate(texts, 1)))
+            now = time.monotonic()
+            if now - self._flushed_at >= self._flush_interval:
+                self._file.flush()
+                self._flushed_at = now
+            self._seq = seq + len(texts)
+            if stream in ("stdout", "stderr"):
+                self._tail.extend(texts[-(self._tail.maxlen or 0):])
+        if self._on_append is not None:
+            self._on_append()
+        return len(texts)
+
     def _timestamp(self) -> str:
         """utc_timestamp(), formatted once per millisecond: a flood prints thousands of lines in each."""
         t = time.time()

@@ -56,10 +56,11 @@ class ComponentStatus:
     address: str
     status: Status
     detail: str = ""
+    metrics: str = ""  # its Prometheus /metrics URL; "" when it serves none
 
     def to_json(self) -> dict:
         return {"name": self.name, "pid": self.pid, "address": self.address, "status": self.status.value,
-                "detail": self.detail}
+                "detail": self.detail, "metrics": self.metrics}
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,10 @@ class Component:
     address: Callable[[Plan], str]
     settings: Callable[[Plan], StoreSettings] = field(default=lambda plan: StoreSettings(**plan.store_settings()))
     store: bool = False  # a data store: started first, stopped last
+    metrics: Callable[[Plan], str] = field(default=lambda plan: "")  # its /metrics URL ("": none)
+
+    def status(self, plan: Plan, pid: int | None, status: Status, detail: str = "") -> ComponentStatus:
+        return ComponentStatus(self.name, pid, self.address(plan), status, detail, self.metrics(plan))
 
     def env(self, plan: Plan, base: Mapping[str, str]) -> dict[str, str]:
         """`base` with this component's settings as TF_* and the stack's id (what `down` looks for)."""
@@ -218,13 +223,18 @@ COMPONENTS: tuple[Component, ...] = (
               store=True),
     Component("logstore", _logstore_argv, _http_health("logstore", "/"), ("logstore",),
               lambda plan: plan.url("logstore"), store=True),
-    Component("trainer", _service_argv("services.trainer"), _port_health("trainer"), ("trainer",),
+    # The Trainer and the LCM serve /metrics on a port of their own (TF_METRICS_PORT), recorded beside the others.
+    Component("trainer", _service_argv("services.trainer"), _port_health("trainer"), ("trainer", "trainer_metrics"),
               lambda plan: plan.hostport("trainer"),
-              settings=lambda plan: TrainerSettings(**plan.store_settings())),
-    Component("lcm", _service_argv("services.lcm"), _port_health("lcm"), ("lcm",), lambda plan: plan.hostport("lcm"),
-              settings=lambda plan: LcmSettings(**plan.store_settings())),
+              settings=lambda plan: TrainerSettings(**plan.store_settings(), metrics_port=plan.ports["trainer_metrics"]),
+              metrics=lambda plan: plan.url("trainer_metrics") + "/metrics"),
+    Component("lcm", _service_argv("services.lcm"), _port_health("lcm"), ("lcm", "lcm_metrics"),
+              lambda plan: plan.hostport("lcm"),
+              settings=lambda plan: LcmSettings(**plan.store_settings(), metrics_port=plan.ports["lcm_metrics"]),
+              metrics=lambda plan: plan.url("lcm_metrics") + "/metrics"),
     Component("api", _service_argv("services.api"), _http_health("api", "/healthz"), ("api",),
-              lambda plan: plan.url("api"), settings=Plan.api_settings),
+              lambda plan: plan.url("api"), settings=Plan.api_settings,
+              metrics=lambda plan: plan.url("api") + "/metrics"),
 )
 NAMES = tuple(c.name for c in COMPONENTS)
 STORES = tuple(c for c in COMPONENTS if c.store)

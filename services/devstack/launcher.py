@@ -154,9 +154,9 @@ def _start(c: Component, plan: Plan, env: dict[str, str], report: Report, deadli
                          "run `trainforge down` and `trainforge up` to pick new ports")
     pid = procs.spawn(c.argv(plan), c.env(plan, env), procs.log_file(plan.state, c.name))
     procs.pid_file(plan.state, c.name).write_text(f"{pid}\n")
-    report(ComponentStatus(c.name, pid, c.address(plan), Status.STARTING))
+    report(c.status(plan, pid, Status.STARTING))
     _wait_healthy(c, pid, plan, deadline, spawned=True)
-    return ComponentStatus(c.name, pid, c.address(plan), Status.STARTED)
+    return c.status(plan, pid, Status.STARTED)
 
 
 def up(state_dir: str | Path, *, report: Report = _ignore, timeout: float = 150.0) -> StackInfo:
@@ -173,6 +173,7 @@ def up(state_dir: str | Path, *, report: Report = _ignore, timeout: float = 150.
             stack_id = str(uuid.uuid4())
         plan = Plan(state, stack_id, _plan_ports(meta, reuse_required=bool(alive)))
         procs.write_meta(state, {"stack_id": stack_id, "ports": dict(plan.ports), "python": sys.executable,
+                                 "metrics": {c.name: url for c in COMPONENTS if (url := c.metrics(plan))},
                                  "started_at": meta.get("started_at") if alive else time.time()})
         env = base_env()
         statuses: list[ComponentStatus] = []
@@ -183,7 +184,7 @@ def up(state_dir: str | Path, *, report: Report = _ignore, timeout: float = 150.
                     status = _start(c, plan, env, report, deadline)
                 else:
                     _wait_healthy(c, pid, plan, deadline, spawned=False)
-                    status = ComponentStatus(c.name, pid, c.address(plan), Status.RUNNING, "already running")
+                    status = c.status(plan, pid, Status.RUNNING, "already running")
                 statuses.append(status)
                 report(status)
         except (StackError, ValidationError) as e:
@@ -256,8 +257,8 @@ def status(state_dir: str | Path) -> list[ComponentStatus]:
             out.append(ComponentStatus(c.name, None, "", Status.NOT_RUNNING))
             continue
         health = c.health(plan)
-        out.append(ComponentStatus(c.name, pid, c.address(plan), Status.RUNNING if health.ok else Status.UNHEALTHY,
-                                   "" if health.ok else health.detail))
+        out.append(c.status(plan, pid, Status.RUNNING if health.ok else Status.UNHEALTHY,
+                            "" if health.ok else health.detail))
     return out
 
 

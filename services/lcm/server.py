@@ -58,7 +58,20 @@ def lcm_registry(lifecycle: Lifecycle):  # noqa: ANN201 - a prometheus_client Co
                 kinds[kind] = kinds.get(kind, 0) + 1
         return [(["jobs"], len(jobs))] + [([kind], n) for kind, n in sorted(kinds.items())]
 
+    def shipping_lag() -> list[tuple[list[str], float]]:
+        # what the controllers of each running attempt put in etcd (services/controller/lagreport.py)
+        coord = lifecycle.coordinator
+        out = []
+        for job in lifecycle.running_jobs():
+            values, _ = coord.list(coord.keys.logships(job.job_id))
+            reports = [v for v in values.values() if v.get("attempt") == job.attempt]
+            if reports:
+                out.append(([job.job_id], sum(max(0, int(v["archived"]) - int(v["shipped"])) for v in reports)))
+        return out
+
     return service_registry({"server": rpc.SERVER_STATS, "client": rpc.CLIENT_STATS}, [
         GaugeCollector("trainforge_lcm_running", "jobs, and processes by kind, the backend runs now", ["what"],
                        running),
+        GaugeCollector("trainforge_log_shipping_lag_lines", "log lines archived but not yet in the log store, "
+                       "per running job (reported by its controllers every 5 s)", ["job"], shipping_lag),
     ])

@@ -243,6 +243,15 @@ class Plan:
     reject: dict[str, str] = field(default_factory=dict)
 
 
+def reason_kind(reason: str) -> str:
+    """A waiting reason's kind for the admission metrics: "quota", "lcm" or "capacity" (low cardinality)."""
+    if "team quota" in reason:
+        return "quota"
+    if reason.startswith("waiting for the LCM"):
+        return "lcm"
+    return "capacity"
+
+
 def hold(queue: Sequence[Queued], reason: str) -> Plan:
     """Every job waits, for one reason (the backend's capacity is not known)."""
     return Plan(wait={job.job_id: (reason, position) for job, position in _positions(queue_order(queue))})

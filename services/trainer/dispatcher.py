@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from services.common import states
 from services.common.errors import TrainforgeError, Unavailable
+from services.common.observability import LabelCounts
 from services.common.retry import Backoff, Stopped, retry_call
 from services.common.states import JobState
 from services.trainer import admission
@@ -61,6 +62,11 @@ _QUEUE_FIELDS = ("team", "resources", "gpu_type", "priority", "created_at", "att
 # Most seconds between two tries of a failing KillJob, HaltJob or DeployJob.
 _MAX_RETRY = 30.0
 _HELD_FIELDS = ("team", "resources", "gpu_type")
+
+
+# The admission passes' decisions in this process, by decision and reason kind ("held" per job and pass):
+# exported as trainforge_admission_decisions_total (services/trainer/server.py).
+ADMISSIONS = LabelCounts()
 
 
 class Dispatcher:
@@ -165,8 +171,9 @@ class Dispatcher:
         with self._pass_lock:
             queued = {job.id: job for job in self._store.in_states([JobState.QUEUED], fields=_QUEUE_FIELDS)}
             held_back = self._held_back(queued, time.time())
-            for job_id in held_back:
+            for job_id, job in held_back.items():
                 del queued[job_id]
+                ADMISSIONS.add("held", "cleanup" if job.cleanup_pending else "backoff")
             if not queued:
                 return Plan()
             queue = [job.queued() for job in queued.values()]
@@ -187,6 +194,10 @@ class Dispatcher:
             for job_id, reason in result.reject.items():
                 self.lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt)
             self._note_waiting(queued, result)
+            ADMISSIONS.add("dispatched", "", n=len(result.dispatch))
+            ADMISSIONS.add("rejected", "never_fits", n=len(result.reject))
+            for reason, _ in result.wait.values():
+                ADMISSIONS.add("held", admission.reason_kind(reason))
             return result
 
     def _held_back(self, queued: dict[str, JobRecord], now: float) -> dict[str, JobRecord]:

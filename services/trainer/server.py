@@ -22,12 +22,18 @@ from protos import trainer_pb2_grpc
 from services.common import rpc
 from services.common.adapters.mongo import Database, connect
 from services.common.errors import Unavailable
-from services.common.observability import GaugeCollector, MetricsEndpoint, add_health, service_registry
+from services.common.observability import (
+    CounterCollector,
+    GaugeCollector,
+    MetricsEndpoint,
+    add_health,
+    service_registry,
+)
 from services.common.secrets import SecretBox, SecretStore, load_key
 from services.common.settings import TrainerSettings
 from services.common.states import JobState
 from services.common.webhooks import Outbox, TeamWebhooks
-from services.trainer.dispatcher import Dispatcher
+from services.trainer.dispatcher import ADMISSIONS, Dispatcher
 from services.trainer.lcm_client import GrpcLcm, Lcm
 from services.trainer.notifier import ANNOUNCED, RECONCILE_WINDOW, Notifier
 from services.trainer.quotas import COLLECTION as QUOTA_COLLECTION
@@ -129,7 +135,7 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
 
 
 def trainer_registry(store: JobStore) -> CollectorRegistry:
-    """RPC figures, and per team its queue depth and its jobs by state (read from the store when scraped)."""
+    """RPC figures, admission decisions, and per team its queue depth and jobs by state (read when scraped)."""
     def jobs_by_state() -> list[tuple[list[str], float]]:
         counts = collections.Counter((r.team, JobState(r.state).name.lower()) for r in store.usage_rows())
         return [([team, state], n) for (team, state), n in sorted(counts.items())]
@@ -143,6 +149,8 @@ def trainer_registry(store: JobStore) -> CollectorRegistry:
     return service_registry({"server": rpc.SERVER_STATS, "client": rpc.CLIENT_STATS}, [
         GaugeCollector("trainforge_jobs", "jobs by team and state", ["team", "state"], jobs_by_state),
         GaugeCollector("trainforge_queue_depth", "queued jobs per team", ["team"], queue_depth),
+        CounterCollector("trainforge_admission_decisions", "admission pass decisions, per job and pass",
+                         ["decision", "reason"], ADMISSIONS.snapshot),
     ])
 
 

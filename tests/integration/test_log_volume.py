@@ -62,6 +62,11 @@ def flood(lines: int = LINES, pause_at: int | None = None, marker: Path | None =
     return f"python -c {shlex.quote(script)}"
 
 
+def shipping_lag(coordinator, run) -> int:  # noqa: ANN001
+    value, _ = coordinator.get(coordinator.keys.logship(run.job, run.rank))
+    return value["archived"] - value["shipped"] if value and value["attempt"] == run.attempt else 0
+
+
 def archived_lines(run) -> int:  # noqa: ANN001
     path = run.spec_path.parent / f"learner-{run.rank}-{run.attempt}.log.jsonl"
     try:
@@ -177,6 +182,8 @@ def test_the_log_store_stopped_for_10s_mid_flood_loses_nothing(launch, coordinat
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
         wait_for(lambda: archived_lines(run) >= LINES + 1, 240, "the rest of the flood, archived")
+        # what the LCM's trainforge_log_shipping_lag_lines sums: the controller's report in etcd
+        wait_for(lambda: shipping_lag(coordinator, run) > 0, 20, "the controller to report its shipping lag")
         wait_for(lambda: time.monotonic() - stopped >= 10, 15, "10 s of log-store outage", interval=0.2)
         osmem.restart()
         assert run.wait(300) == 0, controller_log(run)

@@ -28,6 +28,7 @@ from services.common.adapters.objectstore import (
     sha256_file,
 )
 from services.common.adapters.objectstore import s3 as objectstore_s3
+from services.common.adapters.objectstore.base import TRANSFERRED
 from services.common.errors import InvalidArgument, NotFound
 from tests.servers import free_port
 
@@ -94,8 +95,11 @@ def test_put_get_file_round_trip_is_verified(store, tmp_path):
 
 
 def test_put_get_bytes_and_overwrite(store):
+    before = TRANSFERRED.snapshot()
     first = store.put_bytes("a/b.txt", b"one")
     assert store.get_bytes("a/b.txt") == b"one"
+    after = TRANSFERRED.snapshot()  # what /metrics exports as trainforge_objectstore_bytes_total
+    assert (after["put"] - before["put"], after["get"] - before["get"]) == (3, 3)
     second = store.put_bytes("a/b.txt", b"second version")
     assert second.size == 14 and second.sha256 != first.sha256
     assert store.get_bytes("a/b.txt") == b"second version"

@@ -20,7 +20,7 @@ from services.trainer.server import serve as serve_trainer
 from tests.fakes.trainer_memory import InMemoryTrainer
 from tests.integration.lcm_local.conftest import fake, lcm_settings, lifecycles  # noqa: F401 - fixtures
 from tests.integration.test_trainer_service import fake_lcm, trainer_settings  # noqa: F401 - fixtures
-from tests.servers import free_port, serve_app
+from tests.servers import free_port, serve_app, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -28,6 +28,12 @@ pytestmark = pytest.mark.integration
 def families(url: str) -> dict[str, list]:
     text = httpx.get(url, timeout=10).text
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def transfer_bytes(found: dict[str, list]) -> dict[str, float]:
+    """trainforge_objectstore_bytes_total by direction (every service exports it)."""
+    return {s.labels["direction"]: s.value for s in found["trainforge_objectstore_bytes"]
+            if s.name == "trainforge_objectstore_bytes_total"}
 
 
 def serving(address: str, service: str) -> bool:
@@ -43,11 +49,17 @@ def test_the_api_serves_request_metrics(mongo_db, logstore, tmp_path):
     from services.api.identity import IdentityStore
     from services.common.adapters.objectstore import LocalStore
 
+    objects = LocalStore(tmp_path / "objects")
     app = create_app(ApiSettings(dev_mode=True), trainer=InMemoryTrainer(), identity=IdentityStore(mongo_db),
-                     logs=logstore, objects=LocalStore(tmp_path / "objects"))
+                     logs=logstore, objects=objects)
     with serve_app(app) as url:
         assert httpx.get(f"{url}/v1/jobs", timeout=10).status_code == 401
+        before = transfer_bytes(families(f"{url}/metrics"))
+        objects.put_bytes("jobs/j-0123456789ab/x", b"12345")
+        assert objects.get_bytes("jobs/j-0123456789ab/x") == b"12345"
         found = families(f"{url}/metrics")
+    after = transfer_bytes(found)
+    assert after["put"] - before["put"] == 5 and after["get"] - before["get"] == 5
     requests = found["trainforge_http_requests"]
     assert any(s.labels == {"method": "GET", "route": "/v1/jobs", "status": "401"} for s in requests)
     assert any(s.name == "trainforge_http_request_seconds_bucket" for s in found["trainforge_http_request_seconds"])
@@ -69,6 +81,13 @@ def test_the_trainer_serves_metrics_and_health(mongo_server, unique, tmp_path, f
                    for s in found["trainforge_rpc_calls"])
         assert [s.value for s in found["trainforge_queue_depth"] if s.labels == {"team": "team-a"}] == [1]
         assert any(s.labels == {"team": "team-a", "state": "queued"} for s in found["trainforge_jobs"])
+        assert set(transfer_bytes(found)) == {"put", "get"}
+
+        def decided() -> bool:
+            samples = families(f"http://127.0.0.1:{trainer.metrics_port}/metrics")["trainforge_admission_decisions"]
+            return any(s.name == "trainforge_admission_decisions_total" and s.value >= 1
+                       and s.labels["decision"] in ("dispatched", "held") for s in samples)
+        wait_for(decided, 20, "an admission decision in /metrics")
         assert serving(trainer.address, "") and serving(trainer.address, "trainforge.Trainer")
     finally:
         trainer.stop(grace=0)
@@ -84,6 +103,8 @@ def test_the_lcm_serves_metrics_and_health(lifecycles, lcm_settings):  # noqa: F
         found = families(f"http://127.0.0.1:{port}/metrics")
         assert [s.value for s in found["trainforge_lcm_running"] if s.labels == {"what": "jobs"}] == [0]
         assert "trainforge_rpc_calls" in found and "trainforge_rpc_seconds_max" in found
+        assert set(transfer_bytes(found)) == {"put", "get"}
+        assert found["trainforge_log_shipping_lag_lines"] == []  # no job runs (tests/unit/test_logship_lag.py)
     finally:
         lcm_server.ENDPOINTS.pop(grpc_port).stop()
         server.stop(0).wait()

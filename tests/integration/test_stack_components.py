@@ -41,7 +41,8 @@ def test_the_table_is_in_start_order_and_every_port_is_named_once():
     assert NAMES == ("etcd", "mongo", "logstore", "trainer", "lcm", "api")
     assert [c.name for c in COMPONENTS if c.store] == ["etcd", "mongo", "logstore"]
     assert sorted(SERVICE_STOP_ORDER) == sorted(c.name for c in COMPONENTS if not c.store)
-    assert PORT_NAMES == ("etcd", "etcd_peer", "mongo", "logstore", "trainer", "lcm", "api")
+    assert PORT_NAMES == ("etcd", "etcd_peer", "mongo", "logstore", "trainer", "trainer_metrics", "lcm",
+                          "lcm_metrics", "api")
 
 
 def _read_back(cls, env, monkeypatch):
@@ -71,6 +72,9 @@ def test_each_service_environment_is_its_settings_class_read_back(plan, monkeypa
         assert settings.objectstore() == (plan.state / "objects").as_uri()
     lcm_env = BY_NAME["lcm"].env(plan, base)
     assert lcm_env["TF_LEASE_TTL"] == "4"
+    # each serves /metrics on its own recorded port
+    assert lcm_env["TF_METRICS_PORT"] == str(plan.ports["lcm_metrics"])
+    assert BY_NAME["trainer"].env(plan, base)["TF_METRICS_PORT"] == str(plan.ports["trainer_metrics"])
     api_env = BY_NAME["api"].env(plan, base)
     assert api_env["TF_API_PORT"] == str(plan.ports["api"]) and json.loads(api_env["TF_JWT_ALGORITHMS"]) == ["HS256"]
     assert "TF_API_PORT" not in lcm_env  # each service gets its own settings, not every other's
@@ -86,7 +90,11 @@ def test_addresses_and_statuses_are_data(plan):
     assert BY_NAME["api"].address(plan) == f"http://127.0.0.1:{plan.ports['api']}"
     assert BY_NAME["etcd"].ports == ("etcd", "etcd_peer")
     s = ComponentStatus("api", 7, "http://x", Status.NOT_RUNNING)
-    assert s.to_json() == {"name": "api", "pid": 7, "address": "http://x", "status": "not running", "detail": ""}
+    assert s.to_json() == {"name": "api", "pid": 7, "address": "http://x", "status": "not running", "detail": "",
+                           "metrics": ""}
+    assert BY_NAME["trainer"].status(plan, 7, Status.RUNNING).metrics == \
+        f"http://127.0.0.1:{plan.ports['trainer_metrics']}/metrics"
+    assert [c.name for c in COMPONENTS if c.metrics(plan)] == ["trainer", "lcm", "api"]
     assert {st.value for st in Status} >= stack.OK_STATUSES  # the CLI's idea of "fine" is the launcher's
 
 
@@ -110,7 +118,7 @@ def test_the_launcher_speaks_json_lines(tmp_path):
     lines = [json.loads(ln) for ln in proc.stdout.splitlines()]
     assert [ln["component"]["name"] for ln in lines[:-1]] == list(NAMES)
     assert lines[-1]["result"]["components"][0] == {"name": "etcd", "pid": None, "address": "",
-                                                    "status": "not running", "detail": ""}
+                                                    "status": "not running", "detail": "", "metrics": ""}
     assert _launcher("down", "--state-dir", str(tmp_path / "none"), "--json").stdout.strip() == \
         json.dumps({"result": {"state_dir": str(tmp_path / "none"), "components": []}})
 

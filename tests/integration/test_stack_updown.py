@@ -11,7 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.common.settings import ApiSettings
 from services.devstack import launcher
@@ -51,6 +53,14 @@ def test_up_is_idempotent_and_down_leaves_nothing(tmp_path):
         assert first["key_created"] and first["team"] == "local"
         meta = json.loads((state / "stack.json").read_text())
         assert meta["stack_id"] == first["stack_id"]
+        # the Trainer and the LCM serve /metrics on ports of their own, recorded and reported like the others
+        metrics = {c["name"]: c["metrics"] for c in first["components"] if c["metrics"]}
+        assert metrics == meta["metrics"] and set(metrics) == {"trainer", "lcm", "api"}
+        assert metrics["trainer"] == f"http://127.0.0.1:{meta['ports']['trainer_metrics']}/metrics"
+        for name, family in (("trainer", "trainforge_admission_decisions"), ("lcm", "trainforge_lcm_running"),
+                             ("api", "trainforge_http_requests")):
+            text = httpx.get(metrics[name], timeout=10).text
+            assert family in {f.name for f in text_string_to_metric_families(text)}, (name, text[:300])
         for name in NAMES:
             assert (state / "pids" / f"{name}.pid").is_file() and (state / "logs" / f"{name}.log").is_file()
         cfg = json.loads((state / "config.json").read_text())

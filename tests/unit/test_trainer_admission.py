@@ -108,3 +108,9 @@ def test_hold_keeps_everyone_waiting_in_order():
     result = admission.hold(queue, "waiting for the LCM: down")
     assert result.wait == {"c": ("waiting for the LCM: down", 1), "a": ("waiting for the LCM: down", 1),
                            "b": ("waiting for the LCM: down", 2)}
+
+
+def test_waiting_reasons_have_a_kind_for_the_admission_metrics():
+    assert admission.reason_kind("needs 2 GPUs; team quota 4, in use 4") == "quota"
+    assert admission.reason_kind("waiting for the LCM: unavailable") == "lcm"
+    assert admission.reason_kind("needs 2 GPUs; 1 of 4 free") == "capacity"

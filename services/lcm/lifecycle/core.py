@@ -209,6 +209,10 @@ class Lifecycle:
         record = self._records.get(job_id)
         return self.backend.observe(record.plan) if record else None
 
+    @property
+    def coordinator(self) -> Coordinator:
+        return self._coord
+
     def running_jobs(self) -> list[RunningJob]:
         """Attempts with something still running."""
         out = []

@@ -12,12 +12,37 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from services.common.errors import TrainforgeError
+
+
+class TransferCounter:
+    """Bytes this process moved to and from object stores, by direction ("put", "get").
+
+    Process-wide: the services export it on /metrics as
+    `trainforge_objectstore_bytes_total{direction}`. Counted when a transfer
+    completed (a streamed read: per chunk handed out).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bytes = {"put": 0, "get": 0}
+
+    def add(self, direction: str, n: int) -> None:
+        with self._lock:
+            self._bytes[direction] += n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._bytes)
+
+
+TRANSFERRED = TransferCounter()
 
 
 class StoreError(TrainforgeError):

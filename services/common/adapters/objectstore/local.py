@@ -11,7 +11,7 @@ from pathlib import Path
 from services.common.contracts.storekeys import uri_for
 from services.common.errors import InvalidArgument, NotFound
 
-from .base import ObjectInfo, PutBytesViaFile, StoreError, sha256_file
+from .base import TRANSFERRED, ObjectInfo, PutBytesViaFile, StoreError, sha256_file
 
 
 class LocalStore(PutBytesViaFile):
@@ -45,6 +45,7 @@ class LocalStore(PutBytesViaFile):
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+        TRANSFERRED.add("put", want.size)
         return want
 
     def get_file(self, key: str, path: Path) -> ObjectInfo:
@@ -53,13 +54,17 @@ class LocalStore(PutBytesViaFile):
             raise NotFound(f"object {uri_for(key)} does not exist")
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, path)
-        return self._info(key, Path(path))
+        got = self._info(key, Path(path))
+        TRANSFERRED.add("get", got.size)
+        return got
 
     def get_bytes(self, key: str) -> bytes:
         src = self._path(key)
         if not src.is_file():
             raise NotFound(f"object {uri_for(key)} does not exist")
-        return src.read_bytes()
+        data = src.read_bytes()
+        TRANSFERRED.add("get", len(data))
+        return data
 
     def info(self, key: str) -> ObjectInfo:
         src = self._path(key)
@@ -76,6 +81,7 @@ class LocalStore(PutBytesViaFile):
         def chunks() -> Iterator[bytes]:
             with f:
                 while block := f.read(chunk):
+                    TRANSFERRED.add("get", len(block))
                     yield block
 
         return chunks()

@@ -23,7 +23,7 @@ from s3transfer.utils import ChunksizeAdjuster
 from services.common.contracts.storekeys import uri_for
 from services.common.errors import InvalidArgument, NotFound, TrainforgeError
 
-from .base import ObjectInfo, PutBytesViaFile, StoreError, sha256_file
+from .base import TRANSFERRED, ObjectInfo, PutBytesViaFile, StoreError, sha256_file
 
 
 class S3Store(PutBytesViaFile):
@@ -154,6 +154,7 @@ class S3Store(PutBytesViaFile):
             raise StoreError(f"upload of {key} did not verify: stored SHA-256 checksum "
                              f"{head.get('ChecksumSHA256')!r}, expected {expected_checksum!r} "
                              f"(a server without SHA-256 checksums needs checksums=False)")
+        TRANSFERRED.add("put", size)
         return want
 
     @staticmethod
@@ -177,6 +178,7 @@ class S3Store(PutBytesViaFile):
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+        TRANSFERRED.add("get", got.size)
         return got
 
     def get_bytes(self, key: str) -> bytes:
@@ -187,6 +189,7 @@ class S3Store(PutBytesViaFile):
             raise self._error("download", key, e) from None
         got = ObjectInfo(key.strip("/"), len(data), hashlib.sha256(data).hexdigest())
         _check_download(key, got, *self._expect(resp))
+        TRANSFERRED.add("get", len(data))
         return data
 
     def info(self, key: str) -> ObjectInfo:
@@ -201,7 +204,9 @@ class S3Store(PutBytesViaFile):
 
         def chunks() -> Iterator[bytes]:
             try:
-                yield from body.iter_chunks(chunk)
+                for block in body.iter_chunks(chunk):
+                    TRANSFERRED.add("get", len(block))
+                    yield block
             except _S3_ERRORS as e:
                 raise self._error("download", key, e) from None
             finally:
