@@ -116,7 +116,7 @@ def test_cannot_signal_the_controller_or_another_jobs_learner(platform, unique):
     victim = f"sleeper-{unique}"
     platform.deploy(victim, "import time\nprint('sleeping', flush=True)\ntime.sleep(300)\n")
     victim_learner = wait_for(lambda: next((p for p in psutil.process_iter(["cmdline"])
-                                            if p.info["cmdline"][-1:] == ["python hostile.py"]
+                                            if (p.info["cmdline"] or [])[-1:] == ["python hostile.py"]
                                             and _env(p).get("TF_JOB_ID") == victim), None), 60, "the victim")
     job = f"killer-{unique}"
     platform.deploy(job, hostile('''

@@ -83,6 +83,15 @@ def _spec() -> dict:
     return app.openapi()
 
 
+def _workflow_spec() -> dict:
+    """The spec cut to the job workflow its links describe (submit, get, logs, halt, resume, cancel): with every
+    job route in, the generated sequences spread over reads and may never reach a state change."""
+    spec = _spec()
+    keep = {"/v1/jobs", "/v1/jobs/{job_id}", *(f"/v1/jobs/{{job_id}}/{op}" for op in ("logs", "halt", "resume", "cancel"))}
+    spec["paths"] = {path: ops for path, ops in spec["paths"].items() if path in keep}
+    return spec
+
+
 schema = schemathesis.openapi.from_dict(_spec())
 # Only requests the schema forbids; unknown query parameters (which HTTP APIs ignore) and a negated
 # Authorization header (the fixed header always supplies one) are left out of what counts as forbidden.
@@ -116,7 +125,7 @@ def test_api_refuses_what_its_spec_forbids(case, served):
 
 def test_job_workflows_through_the_specs_links(served):
     """Submit, then get/logs/halt/resume/cancel the job the answer names, in generated orders."""
-    machine = schemathesis.openapi.from_dict(_spec()).as_state_machine()
+    machine = schemathesis.openapi.from_dict(_workflow_spec()).as_state_machine()
     calls: list[tuple[str, str, int]] = []
 
     class Workflow(machine):  # type: ignore[misc, valid-type]
