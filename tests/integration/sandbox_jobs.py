@@ -10,10 +10,8 @@ for each attempt that failed and `ESCAPED <what>` for one that worked.
 
 from __future__ import annotations
 
-import io
 import json
 import sys
-import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,19 +26,9 @@ from services.common.states import LEARNER_FINAL
 from services.lcm.backends.local import LocalBackend
 from services.lcm.lifecycle import JobDeployment, Lifecycle
 from tests.fakes.trainer_memory import InMemoryTrainer
+from tests.integration.test_controller_run import pack  # noqa: F401 - the hostile tests pack their code with it
 from tests.integration.test_monitor_process import start_trainer
 from tests.servers import free_port, serve_app, wait_for
-
-
-def pack(files: dict[str, str]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 @dataclass
