@@ -252,11 +252,20 @@ class ProcessWatch:
         alive: dict[str, dict[int, list[str]]] = {}  # job -> attempt -> "role:pid"
         units: dict[tuple[str, int, str], set[int]] = {}  # (job, attempt, role) -> controller pids / learner roots
         learners: dict[int, tuple[tuple[str, int, str], int]] = {}  # pid -> (key, parent pid)
+        # Processes whose environment cannot be read (zombies, and a process that is exiting: its memory,
+        # environment included, is released before it is gone) with their parents. A sandboxed learner's
+        # namespace init is one of these while the kernel tears the namespace down, and the learner's tree
+        # must not look like two trees then: the walk below passes through them.
+        opaque: dict[int, int] = {}
         for proc in psutil.process_iter(["status", "ppid"]):
             try:
                 if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                    opaque[proc.pid] = proc.info["ppid"]
                     continue
                 env = proc.environ()
+                if not env:
+                    opaque[proc.pid] = proc.info["ppid"]
+                    continue
                 if env.get("TF_STACK_ID") != self.stack_id:
                     continue
                 if "TF_JOB_ID" in env:  # a learner, or what it started
@@ -273,9 +282,14 @@ class ProcessWatch:
             alive.setdefault(job, {}).setdefault(attempt, []).append(f"{role}:{proc.pid}")
         # one copy of a learner is one tree of processes with its environment: count the trees' roots
         for pid, (key, parent) in learners.items():
-            root = pid
-            while parent in learners and learners[parent][0] == key:
-                root, parent = parent, learners[parent][1]
+            root, through = pid, 0
+            while through <= 3:
+                if parent in learners and learners[parent][0] == key:
+                    root, parent, through = parent, learners[parent][1], 0
+                elif parent in opaque:
+                    parent, through = opaque[parent], through + 1
+                else:
+                    break
             units.setdefault(key, set()).add(root)
         self.samples += 1
         now = time.monotonic()

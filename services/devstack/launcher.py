@@ -276,8 +276,22 @@ def _stop_component(state: Path, name: str, stack_id: str, grace: float) -> Comp
         return ComponentStatus(name, None, "", Status.NOT_RUNNING)
     # its session goes too (proctree signals the group it leads), so helpers it forked do not linger
     stopped = proctree.terminate([proc], grace=grace)
-    hard = set(stopped.killed) | set(stopped.survivors)
-    return ComponentStatus(name, proc.pid, "", Status.KILLED if proc.pid in hard else Status.STOPPED)
+    if proc.pid not in set(stopped.killed) | set(stopped.survivors):
+        return ComponentStatus(name, proc.pid, "", Status.STOPPED)
+    # what it was doing when it would not stop (a service dumps its threads' stacks when slow to stop)
+    tail = _log_tail(procs.log_file(state, name), 40)
+    return ComponentStatus(name, proc.pid, "", Status.KILLED,
+                           f"still running {grace:g} s after SIGTERM; the end of its log:\n{tail}")
+
+
+def _log_tail(path: Path, lines: int) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 16384))
+            return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(cannot read {path}: {e.strerror})"
 
 
 def _stop_strays(stack_id: str, grace: float, exclude: set[int], done: Report) -> bool:

@@ -78,7 +78,7 @@ def test_up_is_idempotent_and_down_leaves_nothing(tmp_path):
 
         down = cli(env, "down")
         assert {c["name"]: c["status"] for c in down["components"] if c["name"] in NAMES} == \
-            dict.fromkeys(NAMES, "stopped")
+            dict.fromkeys(NAMES, "stopped"), "\n".join(f"{c['name']}: {c['detail']}" for c in down["components"])
         wait_for(lambda: not stack_processes(first["stack_id"]), 30, "every stack process to exit")
         assert not list((state / "pids").glob("*.pid"))
 
