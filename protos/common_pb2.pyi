@@ -78,20 +78,22 @@ class StatusEvent(_message.Message):
     def __init__(self, from_state: _Optional[_Union[JobState, str]] = ..., to_state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., timestamp: _Optional[float] = ...) -> None: ...
 
 class LearnerStatus(_message.Message):
-    __slots__ = ("rank", "state", "exit_code", "attempt", "message", "isolation")
+    __slots__ = ("rank", "state", "exit_code", "attempt", "message", "isolation", "timed_out")
     RANK_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_FIELD_NUMBER: _ClassVar[int]
+    TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
     rank: int
     state: LearnerState
     exit_code: int
     attempt: int
     message: str
     isolation: str
-    def __init__(self, rank: _Optional[int] = ..., state: _Optional[_Union[LearnerState, str]] = ..., exit_code: _Optional[int] = ..., attempt: _Optional[int] = ..., message: _Optional[str] = ..., isolation: _Optional[str] = ...) -> None: ...
+    timed_out: bool
+    def __init__(self, rank: _Optional[int] = ..., state: _Optional[_Union[LearnerState, str]] = ..., exit_code: _Optional[int] = ..., attempt: _Optional[int] = ..., message: _Optional[str] = ..., isolation: _Optional[str] = ..., timed_out: _Optional[bool] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("id", "team", "name", "state", "reason", "queue_position", "manifest_json", "code_uri", "attempt", "history", "learners", "created_at", "updated_at", "outputs_uri", "submitted_by", "restarts", "checkpoint_step", "not_before")

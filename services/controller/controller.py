@@ -283,7 +283,8 @@ class Controller:
         if oom:
             return Outcome(LearnerState.LEARNER_FAILED, exit_code, oom)
         if self._stop.is_set():
-            return Outcome(LearnerState.LEARNER_FAILED, exit_code, f"{self._stop.reason}; {describe_exit(returncode)}")
+            return Outcome(LearnerState.LEARNER_FAILED, exit_code, f"{self._stop.reason}; {describe_exit(returncode)}",
+                           timed_out=self._stop.timed_out)
         if returncode != 0:
             return Outcome(LearnerState.LEARNER_FAILED, exit_code, reason or describe_exit(returncode))
 

@@ -37,12 +37,14 @@ class Outcome:
     checkpoint_uri: str = ""
     lines_archived: int | None = None
     lines_shipped: int | None = None
+    timed_out: bool = False
 
     def status(self, attempt: int, isolation: str = "") -> LearnerStatus:
         return LearnerStatus(state=self.state, attempt=attempt, exit_code=self.exit_code, message=self.message,
                              tail=self.tail, outputs_uri=self.outputs_uri, step=self.step,
                              checkpoint_uri=self.checkpoint_uri, isolation=isolation,
-                             lines_archived=self.lines_archived, lines_shipped=self.lines_shipped)
+                             lines_archived=self.lines_archived, lines_shipped=self.lines_shipped,
+                             timed_out=self.timed_out)
 
 
 def system_line(archive: LogArchive, message: str) -> None:

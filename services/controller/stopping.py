@@ -24,10 +24,12 @@ class StopRequest:
     def __init__(self) -> None:
         self._event = threading.Event()
         self.reason = ""
+        self.timed_out = False  # the manifest's timeout asked first: the job ends, without a restart
 
-    def request(self, reason: str) -> None:
+    def request(self, reason: str, *, timed_out: bool = False) -> None:
         if not self._event.is_set():
             self.reason = reason
+            self.timed_out = timed_out
             self._event.set()
 
     def is_set(self) -> bool:
@@ -42,7 +44,7 @@ def wait_for_learner(learner: LearnerProcess, archive: LogArchive, stop: StopReq
     deadline = time.monotonic() + timeout if timeout else None
     while (returncode := learner.wait(0.2)) is None:
         if deadline is not None and time.monotonic() >= deadline and not stop.is_set():
-            stop.request(f"ran longer than {duration(timeout)} (the manifest's timeout)")
+            stop.request(f"ran longer than {duration(timeout)} (the manifest's timeout)", timed_out=True)
         if stop.is_set() and kill_at is None:
             system_line(archive, f"{stop.reason}: sending SIGTERM, SIGKILL after {grace:g}s")
             learner.signal_group(signal.SIGTERM)

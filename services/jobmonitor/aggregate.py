@@ -49,6 +49,7 @@ class LearnerView:
     message: str
     present: bool
     isolation: str = ""
+    timed_out: bool = False
 
     @property
     def lost(self) -> bool:
@@ -77,7 +78,7 @@ def learner_views(current: Mapping[int, LearnerStatus | None], last_seen: Mappin
         views.append(LearnerView(
             rank=rank, state=learner_state(status), exit_code=status.exit_code if status else None,
             message=status.message if status else "", present=present,
-            isolation=status.isolation if status else "",
+            isolation=status.isolation if status else "", timed_out=bool(status and status.timed_out),
         ))
     return views
 

@@ -305,7 +305,7 @@ class JobMonitor:
                 message = f"{message}; {_LOST}" if message else _LOST
             out.append(common_pb2.LearnerStatus(rank=v.rank, state=v.state, exit_code=v.exit_code or 0,
                                                 attempt=self.spec.attempt, message=message,
-                                                isolation=v.isolation))
+                                                isolation=v.isolation, timed_out=v.timed_out))
         return out
 
     def _deliver(self) -> None:

@@ -45,6 +45,7 @@ class LearnerReport(_Frozen):
     attempt: int = 0
     message: str = ""
     isolation: str = ""  # "sandbox", "container" or "none" once the learner started (docs/THREAT_MODEL.md)
+    timed_out: bool = False  # the manifest's timeout ended it
 
 
 class JobRecord(_Frozen):

@@ -61,6 +61,8 @@ class Proposal:
     fields: Mapping[str, Any] = field(default_factory=dict)
     # a failure of the running attempt (the monitor saw it), which a restart policy may answer
     attempt_failed: bool = False
+    # False when the failure is the job's own limit (its timeout): no restart policy answers it
+    restartable: bool = True
 
 
 class Rule:
@@ -99,7 +101,7 @@ class RestartOrFail(Rule):
     TO = frozenset({JobState.FAILED})
 
     def before(self, job: JobRecord, proposal: Proposal) -> Proposal:
-        if not proposal.attempt_failed:
+        if not proposal.attempt_failed or not proposal.restartable:
             return proposal
         policy = job.spec().restart
         done = job.restarts

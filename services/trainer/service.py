@@ -224,8 +224,11 @@ class JobService:
             fields["outputs_uri"] = outputs_uri
         if checkpoint_step is not None:
             fields["checkpoint_step"] = checkpoint_step
+        # a learner stopped by the manifest's timeout ends the job: a restart would only run out of time again
+        timed_out = any(s.timed_out for s in (learners or {}).values())
         proposal = self._lifecycle.propose(before, Proposal(state, reason, fields,
-                                                            attempt_failed=state == JobState.FAILED))
+                                                            attempt_failed=state == JobState.FAILED,
+                                                            restartable=not timed_out))
         done = self._lifecycle.move(job_id, proposal.to, proposal.reason, actor or "monitor",
                                     attempt=before.attempt, fields=proposal.fields)
         if done.changed and done.job is not None:

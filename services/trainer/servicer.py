@@ -36,7 +36,7 @@ def job_to_proto(job: JobRecord) -> common_pb2.Job:
     ]
     learners = [
         common_pb2.LearnerStatus(rank=s.rank, state=s.state, exit_code=s.exit_code, attempt=s.attempt,
-                                 message=s.message, isolation=s.isolation)
+                                 message=s.message, isolation=s.isolation, timed_out=s.timed_out)
         for s in sorted(job.learners.values(), key=lambda s: s.rank)
     ]
     return common_pb2.Job(
@@ -52,7 +52,7 @@ def learners_from_proto(learners: Iterable[common_pb2.LearnerStatus]) -> dict[st
     """Reported learner statuses keyed by rank (a string: the stored record keys them so)."""
     return {
         str(s.rank): LearnerReport(rank=s.rank, state=int(s.state), exit_code=s.exit_code, attempt=s.attempt,
-                                   message=s.message, isolation=s.isolation)
+                                   message=s.message, isolation=s.isolation, timed_out=s.timed_out)
         for s in learners
     }
 

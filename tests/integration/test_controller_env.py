@@ -88,3 +88,4 @@ def test_a_learner_running_past_its_timeout_fails(launch, coordinator):  # noqa:
     doc = status(coordinator, run)
     assert doc["state"] == LearnerState.LEARNER_FAILED
     assert doc["message"].startswith("ran longer than 1s (the manifest's timeout)"), doc["message"]
+    assert doc["timed_out"] is True  # what tells the Trainer not to restart it

@@ -13,10 +13,11 @@ import time
 import pytest
 
 from services.common.errors import Conflict
-from services.common.states import JobState
+from services.common.states import JobState, LearnerState
 from services.trainer.admission import Capacity, Usage
 from services.trainer.dispatcher import Dispatcher
 from services.trainer.quotas import QuotaStore
+from services.trainer.record import LearnerReport
 from services.trainer.service import JobService
 from services.trainer.store import JobStore
 from tests.integration.test_trainer_dispatcher import ScriptedLcm
@@ -140,6 +141,20 @@ def test_a_failed_attempt_restarts_with_growing_backoff_then_fails(trainer):
     assert doc.restarts == 2
     terminal = [e for e in store.find(job).history if JobState(e.to_state) == JobState.FAILED]
     assert len(terminal) == 1
+
+
+def test_a_job_stopped_by_its_timeout_fails_without_a_restart(trainer):
+    service, store, lcm = trainer
+    job = submit(service, restart={"max_restarts": 2, "backoff": "0.1s"}, timeout="1s")
+    running(service, store, job)
+    reason = "learner 0: ran longer than 1s (the manifest's timeout); exited with code -15"
+    learners = {"0": LearnerReport(rank=0, state=int(LearnerState.LEARNER_FAILED), exit_code=-15, attempt=1,
+                                   message=reason, timed_out=True),
+                "1": LearnerReport(rank=1, state=int(LearnerState.LEARNER_FAILED), exit_code=-15, attempt=1)}
+    doc = service.report(job, 1, JobState.FAILED, reason, "monitor", learners=learners)
+    assert JobState(doc.state) == JobState.FAILED and doc.restarts == 0
+    assert doc.reason == reason and doc.learners["0"].timed_out
+    assert [JobState(e.to_state) for e in store.find(job).history].count(JobState.RESTARTING) == 0
 
 
 def test_a_requeued_restart_is_killed_once_and_not_held_back_for_a_cleanup(trainer):

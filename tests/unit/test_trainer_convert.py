@@ -44,10 +44,10 @@ def test_job_to_proto_carries_every_field():
 
 def test_learners_round_trip_keyed_by_rank_string():
     reported = [common_pb2.LearnerStatus(rank=1, state=LearnerState.LEARNER_FAILED, exit_code=3, attempt=2,
-                                         message="boom")]
+                                         message="boom", timed_out=True)]
     learners = learners_from_proto(reported)
     assert learners == {"1": LearnerReport(rank=1, state=int(LearnerState.LEARNER_FAILED), exit_code=3, attempt=2,
-                                           message="boom")}
+                                           message="boom", timed_out=True)}
     assert list(job_to_proto(stored_job().model_copy(update={"learners": learners})).learners) == reported
 
 

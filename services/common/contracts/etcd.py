@@ -79,6 +79,8 @@ class LearnerStatus(_Value):
     # Final statuses only: lines in the learner's log archive, and how many of them the index confirmed.
     lines_archived: int | None = None
     lines_shipped: int | None = None
+    # The manifest's `timeout:` ended it: the job is over, and no restart policy gives it another attempt.
+    timed_out: bool = False
 
     @field_validator("state", mode="before")
     @classmethod
