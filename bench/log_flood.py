@@ -104,7 +104,8 @@ def run_bulk(url: str, archive: Path, n: int, batch: int, index: str) -> float:
     return rate
 
 
-def run_learner(n: int, tmp: Path, url: str | None, index: str, *, devnull: bool = True) -> float:
+def run_learner(n: int, tmp: Path, url: str | None, index: str, *, devnull: bool = True,
+                buffered: bool = False) -> float:
     """Seconds from start to exit; url None and devnull False: the controller's pipes and archive, no shipper."""
     script = FLOOD.format(n=n)
     if url is None and devnull:
@@ -120,6 +121,9 @@ def run_learner(n: int, tmp: Path, url: str | None, index: str, *, devnull: bool
         shipper.before_read = archive.flush
         shipper.start()
     env = dict(os.environ)
+    # The controller runs learners unbuffered (one write per line: logs follow live); a manifest's
+    # `env: {PYTHONUNBUFFERED: ""}` turns that off. The /dev/null baseline runs the same way.
+    env["PYTHONUNBUFFERED"] = "" if buffered else "1"
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     proc = LearnerProcess(cmd, tmp, env, archive)
     start = time.perf_counter()
@@ -161,6 +165,8 @@ def main() -> int:
     ap.add_argument("-r", "--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=2000, help="lines per _bulk request (the shipper's default)")
     ap.add_argument("--only", choices=("ship", "learner", "read"), help="run one part")
+    ap.add_argument("--buffered", action="store_true",
+                    help="learners with buffered output (PYTHONUNBUFFERED empty) instead of the platform's default")
     args = ap.parse_args()
     # The learner runs stop their shippers at once: their "gave up" warnings are expected.
     logging.getLogger("services").setLevel(logging.ERROR)
@@ -183,7 +189,8 @@ def main() -> int:
                     order = ("flood", "null", "archive") if r % 2 == 0 else ("archive", "null", "flood")
                     for which in order:
                         url = osmem.url if which == "flood" else None
-                        secs = run_learner(args.n, tmp, url, f"bench-learner-{r}", devnull=which == "null")
+                        secs = run_learner(args.n, tmp, url, f"bench-learner-{r}", devnull=which == "null",
+                                           buffered=args.buffered)
                         {"flood": flooded, "null": devnull, "archive": archived}[which].append(secs)
                         print(f"round {r} learner {which:<5} {secs:.3f} s", flush=True)
             if args.only in (None, "read"):

@@ -33,6 +33,8 @@ from services.common.contracts import storekeys
 from services.common.contracts.specs import LearnerSpec
 from services.common.retry import Backoff
 
+from .priority import background_priority
+
 log = logging.getLogger(__name__)
 
 STREAMS = ("stdout", "stderr", "system", "metric")
@@ -226,6 +228,7 @@ class LogShipper:
     # -- the shipping thread ----------------------------------------------------
 
     def _run(self) -> None:
+        background_priority()
         try:
             self._ship_until_closed()
         except Exception:  # noqa: BLE001 - the shipper must not take the controller down

@@ -6,7 +6,8 @@ pipe holds (up to 64 KiB a read, the pipe enlarged to 1 MiB where the kernel
 allows) into a spool file on disk next to the archive and goes back to the
 pipe. A second thread tails the spool, splits it into lines (a line longer
 than `max_line` bytes is split, a last line without newline is kept) and
-appends them to the `LogArchive`, which numbers them. Memory stays at one
+appends them to the `LogArchive`, which numbers them, at the lowest CPU
+priority (services/controller/priority.py). Memory stays at one
 chunk per thread whatever the learner writes; disk holds what the archive
 has not numbered yet, and the spool is deleted once drained.
 """
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 from .logship import LogArchive
+from .priority import background_priority
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,7 @@ class SpooledStream:
             self._data.set()
 
     def _split(self) -> None:
+        background_priority()  # the reader keeps its priority: a starved reader would fill the pipe
         warned = False
         pending = b""
         try:
