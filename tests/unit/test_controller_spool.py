@@ -53,3 +53,21 @@ def test_the_pipe_is_enlarged_where_the_kernel_allows():
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_the_splitter_runs_at_background_priority_and_the_reader_does_not(tmp_path):
+    from services.controller.priority import BACKGROUND_NICE
+    from tests.servers import wait_for
+
+    archive = LogArchive(tmp_path / "a.jsonl", job="j", team="t", learner=0, attempt=1)
+    r, w = os.pipe()
+    stream = SpooledStream("stdout", r, archive, tmp_path / "a.jsonl.stdout.spool", max_line=100).start()
+    try:
+        wait_for(lambda: os.getpriority(os.PRIO_PROCESS, stream._splitter.native_id) == BACKGROUND_NICE, 5,
+                 "the splitter to lower its priority")
+        # a starved reader would let the pipe fill and stall the learner
+        assert os.getpriority(os.PRIO_PROCESS, stream._reader.native_id) == os.getpriority(os.PRIO_PROCESS, 0)
+    finally:
+        os.close(w)
+        assert stream.join(10)
+        archive.close()
