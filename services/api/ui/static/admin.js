@@ -64,11 +64,13 @@
     }
   });
   $("q-team").addEventListener("change", async () => {
+    delete $("quota-form").dataset.loaded;
     const u = await api("GET", `/v1/admin/teams/${encodeURIComponent($("q-team").value)}/usage`);
     const v = x => (x === null || x === undefined ? "" : String(x));
     $("q-gpus").value = v(u.quota.gpus); $("q-cpus").value = v(u.quota.cpus);
     $("q-memory").value = u.quota.memory === null ? "" : String(u.quota.memory); $("q-jobs").value = v(u.quota.jobs);
     $("q-types").value = Object.entries(u.quota.gpus_by_type).map(([t, n]) => `${t}=${n}`).join(", ");
+    $("quota-form").dataset.loaded = u.team;  // the fields now hold this team's quota
   });
 
   // -- keys
