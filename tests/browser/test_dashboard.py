@@ -103,9 +103,13 @@ def test_login_live_jobs_logs_halt_resume_and_a_hostile_log_line(platform, pages
 
 
 def test_an_admin_edits_a_quota_and_the_teams_page_shows_it(platform, pages, artifacts):
+    beta_job = submit(platform, who="beta", name="beta-job")
     admin = pages("platform")
     admin.goto("/ui/admin")
     expect(admin.locator('#teams-body tr[data-team="alpha"]')).to_be_visible(timeout=10_000)
+    # the cluster's running and queued jobs, every team's
+    expect(admin.locator(f'#cluster-jobs tr[data-job="{beta_job}"]')).to_contain_text("deploying", timeout=10_000)
+    expect(admin.locator("#cluster-totals")).to_contain_text("1 jobs")
     admin.select_option("#q-team", "alpha")
     expect(admin.locator('#quota-form[data-loaded="alpha"]')).to_have_count(1, timeout=10_000)
     admin.fill("#q-gpus", "lots")

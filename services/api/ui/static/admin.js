@@ -36,6 +36,19 @@
     }));
     fillTeamSelect($("q-team"));
     fillTeamSelect($("k-team"));
+    const sum = k => usage.teams.reduce((a, u) => a + (u.in_use[k] || 0), 0);
+    $("cluster-totals").textContent = `Held now across teams: ${sum("gpus")} GPUs, ${sum("cpus")} CPUs, ` +
+      `${size(sum("memory"))} memory, ${sum("jobs")} jobs; ` +
+      `${usage.teams.reduce((a, u) => a + u.queued_jobs, 0)} jobs queued.`;
+    const states = "deploying,running,storing,halting,restarting,queued";
+    const lists = await Promise.all(teams.map(t =>
+      api("GET", `/v1/admin/teams/${encodeURIComponent(t.name)}/jobs?limit=200&state=${states}`)));
+    const jobs = lists.flatMap(l => l.jobs)
+      .sort((a, b) => a.team.localeCompare(b.team) || (a.queue_position || 0) - (b.queue_position || 0));
+    replaceRows($("cluster-jobs"), jobs.map(j => el("tr", { "data-job": j.id },
+      el("td", { text: j.team }), el("td", { text: j.id }), el("td", { text: j.name }),
+      el("td", {}, el("span", { className: "state st-" + j.state, text: j.state })),
+      el("td", { text: j.queue_position || "" }), el("td", { text: j.reason }))));
   }
 
   // -- quota editor: the API validates; its messages name each bad field
