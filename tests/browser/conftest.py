@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
 import shutil
 from pathlib import Path
@@ -121,11 +122,22 @@ def make_platform(mongo_server, mongo_db, logstore, tmp_path, unique):
                                seq=seqs[job_id], ts=ts, line=line))
         logstore.write(out, refresh=True)
 
+    metrics_store = logstore.metrics_store()
+    metric_seqs: dict[str, int] = {}
+
+    def metric(job_id: str, record: dict, team: str = "alpha", attempt: int = 1):
+        """One `report_metrics` record of learner 0, as the controller's metrics tail indexes it."""
+        metric_seqs[job_id] = metric_seqs.get(job_id, 0) + 1
+        ts = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        metrics_store.write([LogLine(job=job_id, team=team, learner=0, attempt=attempt, stream="metrics",
+                                     seq=metric_seqs[job_id], ts=ts, line=json.dumps(record))], refresh=True)
+
     try:
         with serve_app(app) as url, httpx.Client(base_url=url, timeout=30) as http:
-            yield SimpleNamespace(url=url, http=http, keys=keys, report=report, log=log,
+            yield SimpleNamespace(url=url, http=http, keys=keys, report=report, log=log, metric=metric,
                                   h={k: {"Authorization": f"Bearer {v}"} for k, v in keys.items()})
     finally:
+        metrics_store.close()
         channel.close()
         client.close()
         trainer.stop(0)

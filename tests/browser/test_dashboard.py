@@ -71,6 +71,13 @@ def test_login_live_jobs_logs_halt_resume_and_a_hostile_log_line(platform, pages
     expect(logs).to_contain_text(XSS)
     assert page.locator("#log-lines img").count() == 0
     assert page.dialogs == [] and page.errors == []
+    # metrics charts: one SVG line per series, drawn by our own script
+    for step, loss in ((1, 0.9), (2, 0.7), (3, 0.5)):
+        platform.metric(job_id, {"step": step, "loss": loss, "accuracy": 1 - loss})
+    charts = page.locator("#metrics-charts figure")
+    expect(charts).to_have_count(2, timeout=15_000)
+    expect(page.locator("#metrics-charts figcaption")).to_have_text(["loss", "accuracy"])
+    expect(page.locator("#metrics-charts svg path.series")).to_have_count(2)
     page.fill("#log-search", "checkpointed")
     expect(page.locator("#log-count")).to_have_text("1 lines matching", timeout=10_000)
     page.fill("#log-search", "")
