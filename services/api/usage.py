@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -35,6 +36,8 @@ ACTIVE = frozenset({"deploying", "running", "storing", "halting", "restarting"})
 # At most this many days in one report: a year and a day, enough for any chart or export.
 MAX_DAYS = 366
 _PAGE = 500
+# 9999-12-31T00:00:00Z: the last day a date can name
+_LATEST = 253402214400.0
 
 
 class UsageDay(BaseModel):
@@ -74,17 +77,19 @@ def parse_time(value: str | None, name: str) -> float | None:
     if value is None or value == "":
         return None
     try:
-        return float(value)
+        t = float(value)
     except ValueError:
-        pass
-    try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise _bad(name, f"{value[:40]!r} is not a time; use ISO-8601 (e.g. 2026-11-01 or "
-                              "2026-11-01T12:00:00Z) or unix seconds") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.UTC)
-    return parsed.timestamp()
+        try:
+            parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise _bad(name, f"{value[:40]!r} is not a time; use ISO-8601 (e.g. 2026-11-01 or "
+                             "2026-11-01T12:00:00Z) or unix seconds") from None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=dt.UTC)
+        t = parsed.timestamp()
+    if not (math.isfinite(t) and 0 <= t <= _LATEST):
+        raise _bad(name, "must be a time between 1970-01-01 and 9999-12-31")
+    return t
 
 
 def window(since: str | None, until: str | None, group_by: str, now: float) -> tuple[float, float]:

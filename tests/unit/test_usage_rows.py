@@ -59,7 +59,9 @@ def test_csv_is_rfc4180_with_a_column_per_gpu_type():
 
 @pytest.mark.parametrize(("since", "until", "group_by", "field"), [
     (None, None, "day", "since"), ("nope", None, "day", "since"), ("100", "50", "day", "until"),
-    ("2026-01-01", "2028-01-01", "day", "until"), ("0", None, "hour", "group_by")])
+    ("2026-01-01", "2028-01-01", "day", "until"), ("0", None, "hour", "group_by"), ("nan", None, "day", "since"),
+    ("inf", None, "day", "since"), ("-5", None, "day", "since"), ("0", "1e300", "day", "until"),
+    ("0001-01-01", None, "day", "since")])
 def test_bad_windows_name_their_field(since, until, group_by, field):
     with pytest.raises(InvalidArgument) as err:
         usage.window(since, until, group_by, now=2e9)
