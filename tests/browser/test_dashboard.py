@@ -117,6 +117,7 @@ def test_an_admin_edits_a_quota_and_the_teams_page_shows_it(platform, pages, art
     # the cluster's running and queued jobs, every team's
     expect(admin.locator(f'#cluster-jobs tr[data-job="{beta_job}"]')).to_contain_text("deploying", timeout=10_000)
     expect(admin.locator("#cluster-totals")).to_contain_text("1 jobs")
+    expect(admin.locator("#quota-form[data-loaded]")).to_have_count(1, timeout=10_000)  # the page's first load
     admin.select_option("#q-team", "alpha")
     expect(admin.locator('#quota-form[data-loaded="alpha"]')).to_have_count(1, timeout=10_000)
     admin.fill("#q-gpus", "lots")
@@ -144,7 +145,19 @@ def test_an_admin_edits_a_quota_and_the_teams_page_shows_it(platform, pages, art
     key_row.locator("button").click()
     expect(key_row).to_contain_text("revoked", timeout=10_000)
     assert platform.http.get("/v1/jobs", headers={"Authorization": f"Bearer {key}"}).status_code == 401
-    expect(admin.locator("#audit-body tr").first).to_be_visible(timeout=10_000)
+    # disable a team: its keys are refused from the next request; enable it again
+    beta_row = admin.locator('#teams-body tr[data-team="beta"]')
+    beta_row.locator("button").click()
+    expect(beta_row).to_contain_text("disabled", timeout=10_000)
+    assert platform.http.get("/v1/jobs", headers=platform.h["beta"]).status_code == 401
+    beta_row.locator("button").click()
+    expect(beta_row.locator("td").first).to_have_text("enabled", timeout=10_000)
+    assert platform.http.get("/v1/jobs", headers=platform.h["beta"]).status_code == 200
+    # the audit log, searched
+    admin.fill("#a-text", "/disable")
+    admin.click("#audit-form button[type=submit]")
+    expect(admin.locator("#audit-body tr")).to_have_count(1, timeout=10_000)
+    expect(admin.locator("#audit-body")).to_contain_text("POST /v1/admin/teams/beta/disable")
     admin.screenshot(path=artifacts / "admin.png", full_page=True)
 
     member = pages("member")
