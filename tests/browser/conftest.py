@@ -30,6 +30,7 @@ from services.api.trainer_client import TrainerClient
 from services.common import rpc
 from services.common.adapters.logstore import LogLine
 from services.common.adapters.objectstore import LocalStore
+from services.common.contracts import storekeys
 from services.common.settings import ApiSettings, TrainerSettings
 from services.common.states import JobState
 from services.trainer.admission import Capacity, Usage
@@ -102,8 +103,9 @@ def make_platform(mongo_server, mongo_db, logstore, tmp_path, unique):
     client = TrainerClient(trainer.address)
     channel = rpc.channel(trainer.address)
     stub = trainer_pb2_grpc.TrainerStub(channel)
+    objects = LocalStore(tmp_path / "objects")
     app = create_app(ApiSettings(dev_mode=True, state_dir=tmp_path), trainer=client, identity=identity,
-                     logs=logstore, objects=LocalStore(tmp_path / "objects"))
+                     logs=logstore, objects=objects)
     seqs: dict[str, int] = {}
 
     def report(job_id: str, state: JobState, attempt: int = 1, **extra):
@@ -132,9 +134,15 @@ def make_platform(mongo_server, mongo_db, logstore, tmp_path, unique):
         metrics_store.write([LogLine(job=job_id, team=team, learner=0, attempt=attempt, stream="metrics",
                                      seq=metric_seqs[job_id], ts=ts, line=json.dumps(record))], refresh=True)
 
+    def output(job_id: str, rank: int, path: str, data: bytes):
+        """A file of a learner's outputs, as its controller uploads it when the learner completes."""
+        local = tmp_path / "upload"
+        local.write_bytes(data)
+        objects.put_file(storekeys.outputs_prefix(job_id, rank) + path, local)
+
     try:
         with serve_app(app) as url, httpx.Client(base_url=url, timeout=30) as http:
-            yield SimpleNamespace(url=url, http=http, keys=keys, report=report, log=log, metric=metric,
+            yield SimpleNamespace(url=url, http=http, keys=keys, report=report, log=log, metric=metric, output=output,
                                   h={k: {"Authorization": f"Bearer {v}"} for k, v in keys.items()})
     finally:
         metrics_store.close()

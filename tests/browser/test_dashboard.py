@@ -105,6 +105,12 @@ def test_login_live_jobs_logs_halt_resume_and_a_hostile_log_line(platform, pages
     expect(page.locator("#job-state")).to_have_text("running", timeout=10_000)
     expect(page.locator("#learners-body tr")).to_have_count(1)
     expect(page.locator("#learners-body tr td").nth(1)).to_have_text("running")
+    # outputs: listed with their checksum, downloadable with the session
+    platform.output(job_id, 0, "model/weights.bin", b"\x00weights\x01")
+    link = page.locator('#outputs-list a', has_text="0/model/weights.bin")
+    expect(link).to_be_visible(timeout=15_000)
+    download = page.request.get(link.get_attribute("href"))
+    assert download.status == 200 and download.body() == b"\x00weights\x01"
     page.screenshot(path=artifacts / "job.png", full_page=True)
     assert page.dialogs == [] and page.errors == []
 
