@@ -7,7 +7,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 TORCH := torch==2.13.0
 STAMP := $(VENV)/.stamp-installed
 
-.PHONY: demo test check unit integration e2e protos protos-check lock bench clean down engine
+.PHONY: demo test check unit integration e2e protos protos-check lock bench clean down engine browser
 
 $(STAMP): requirements/runtime.lock requirements/dev.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,7 +35,12 @@ check: $(STAMP)
 engine: $(STAMP)
 	PYTHON=$(PY) tools/engine/setup.sh
 
-test: check engine
+# Debian's chromium for the dashboard's browser tests (tests/browser/), .debs cached in .cache/browser/;
+# Playwright is pointed at it. The browser tests fail (never skip) without it.
+browser:
+	tools/browser/setup.sh
+
+test: check engine browser
 	$(PY) -m pytest tests
 
 unit: $(STAMP)

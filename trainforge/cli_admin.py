@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainforge import clikit, config, stack
+from trainforge import cli_usage, clikit, config, stack
 from trainforge.clikit import emit_json, json_flag, out, use_json, when
 from trainforge.sdk import Client, ClientError
 
@@ -225,11 +225,19 @@ def quota_set(ctx: click.Context, team: str, gpus: int | None, cpus: float | Non
 
 @admin.command()
 @click.argument("team", required=False)
+@click.option("--since", help="per-day accounting from this time (ISO-8601, e.g. 2026-11-01, or unix seconds)")
+@click.option("--until", help="accounting until this time (exclusive; default now)")
+@click.option("--csv", "as_csv", is_flag=True, help="the accounting as CSV (RFC 4180) on stdout")
 @json_flag
 @click.pass_context
-def usage(ctx: click.Context, team: str | None, as_json: bool) -> None:
-    """Quota and usage of TEAM, or of every team (platform admins)."""
+def usage(ctx: click.Context, team: str | None, since: str | None, until: str | None, as_csv: bool,
+          as_json: bool) -> None:
+    """Quota and usage of TEAM, or of every team (platform admins). With --since: GPU-, CPU- and
+    memory-seconds and job counts per team per UTC day (TEAM, if given, picks its rows)."""
     as_json = use_json(ctx, as_json)
+    if since is not None or until is not None or as_csv:
+        cli_usage.accounting(_admin(ctx).admin, team, since, until, as_csv=as_csv, as_json=as_json)
+        return
     reports = _admin(ctx).admin.usage(team)
     if as_json:
         emit_json(reports)

@@ -39,6 +39,7 @@ def up(ctx: click.Context, as_json: bool, timeout: float) -> None:
 
         info = stack.up(state, on_component=report, timeout=timeout)
     console.print(f"API {info['api_url']}  team [bold]{info['team']}[/]  stack {info['stack_id']}")
+    console.print(f"dashboard {info['api_url'].rstrip('/')}/ui/ (log in with the API key stored below)")
     key_note = "a new API key was" if info["key_created"] else "the API key is"
     console.print(f"{key_note} stored in {state / config.CONFIG_FILE}; logs in {state / 'logs'}")
     if info.get("isolation"):

@@ -137,6 +137,7 @@ class Client(LogsMixin):
         # A 429 is answered before the route runs, so waiting out its Retry-After and
         # asking again is safe for every method; a client that keeps hitting it gets the error
         # (the last 429 is returned, not a RetryError). Errors of _send are never retried.
+        as_text = kwargs.pop("as_text", False)  # a body that is not JSON (the usage CSV)
         rate_limited = tenacity.Retrying(
             retry=tenacity.retry_if_result(lambda r: r.status_code == 429), wait=_retry_after,
             stop=tenacity.stop_after_attempt(RATE_LIMIT_RETRIES),
@@ -144,7 +145,7 @@ class Client(LogsMixin):
             sleep=lambda seconds: time.sleep(seconds))
         resp: httpx.Response = rate_limited(self._send, method, path, **kwargs)
         if resp.is_success:
-            return resp.json()
+            return resp.text if as_text else resp.json()
         raise _error_from(resp)
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:

@@ -69,6 +69,19 @@ class Admin:
             return self._c._request("GET", f"/v1/admin/teams/{team}/usage")
         return self._c._request("GET", "/v1/admin/usage")["teams"]
 
+    def usage_report(self, since: When, until: When = None, group_by: str = "day") -> dict:
+        """Per-day accounting of every team: {"since", "until", "group_by", "days": [{"day", "team",
+        "gpu_seconds", "gpu_seconds_by_type", "cpu_seconds", "memory_gib_seconds", "jobs_active",
+        "jobs_submitted"}]}, computed now from the jobs' histories; since/until: datetime, ISO-8601 or
+        unix seconds (until defaults to now)."""
+        params = {**time_filters(since=since, until=until), "group_by": group_by}
+        return self._c._request("GET", "/v1/admin/usage", params=params)["accounting"]
+
+    def usage_csv(self, since: When, until: When = None, group_by: str = "day") -> str:
+        """The same accounting as CSV text (RFC 4180, a header row)."""
+        params = {**time_filters(since=since, until=until), "group_by": group_by}
+        return self._c._request("GET", "/v1/admin/usage.csv", params=params, as_text=True)
+
     def keys(self, team: str) -> list[dict]:
         return self._c._request("GET", f"/v1/admin/teams/{team}/keys")["keys"]
 

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api import prom, retention
+from services.api import prom, retention, ui
 from services.api.audit import AuditLog, AuditMiddleware
 from services.api.deps import REQUIRED_ROLE
 from services.api.identity import IdentityStore, Role
@@ -267,4 +267,5 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
                    auth_routes, admin_routes, admin_job_routes, retention_routes, health_routes):
         app.include_router(_publish_roles(module.router))
     prom.install(app)
+    ui.install(app)
     return app

@@ -5,7 +5,8 @@ them per request, which is what lets tests inject their own.
 
 Authentication and authorization live here too. `TenantDep` is any
 authenticated caller (an API key, `tf_...`, or a JWT from POST
-/v1/auth/token), counted against its key's rate limit and remembered on
+/v1/auth/token, or the dashboard's session cookie with its CSRF header on
+state-changing requests: services/api/ui/session.py), counted against its key's rate limit and remembered on
 the request for the audit log. `TeamAdminDep` and `PlatformAdminDep` add a
 role check that answers 403; a route states the role it needs by which of
 the three it takes, and the app factory publishes that role in the OpenAPI
@@ -24,6 +25,7 @@ from services.api.identity import KEY_PREFIX, IdentityStore, Role, Tenant
 from services.api.ratelimit import RateLimiter
 from services.api.tokens import TokenCodec
 from services.api.trainer_client import TrainerApi
+from services.api.ui import session as ui_session
 from services.common.adapters.logstore import LogStore
 from services.common.adapters.objectstore import ObjectStore
 from services.common.errors import PermissionDenied, Unauthenticated
@@ -89,9 +91,17 @@ def authenticate(credential: str, identity: IdentityStore, tokens: TokenCodec) -
 def _tenant(request: Request, identity: IdentityDep, tokens: TokensDep,
             limiter: Annotated[RateLimiter, Depends(_limiter)],
             creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Tenant:
-    if creds is None or not creds.credentials:
+    if creds is not None and creds.credentials:
+        tenant = authenticate(creds.credentials, identity, tokens)
+    elif session := request.cookies.get(ui_session.SESSION_COOKIE):
+        # the dashboard's session cookie: a JWT; a state-changing request must prove it came from our page
+        tenant = authenticate(session, identity, tokens)
+        request.state.tenant = tenant
+        if request.method not in ui_session.SAFE_METHODS:
+            ui_session.check_csrf(request.app.state.settings.jwt_secret, session,
+                                  request.headers.get(ui_session.CSRF_HEADER))
+    else:
         raise Unauthenticated("missing credentials; send `Authorization: Bearer <API key or token>`")
-    tenant = authenticate(creds.credentials, identity, tokens)
     request.state.tenant = tenant
     limiter.check(tenant.key_id)
     return tenant

@@ -17,6 +17,8 @@ from pydantic import (
     WithJsonSchema,
 )
 
+from services.api.usage import UsageReport
+
 
 class ErrorDetail(BaseModel):
     field: str = Field(description="dotted path of the offending field, e.g. resources.memory")
@@ -224,7 +226,6 @@ class KeyIn(BaseModel):
         None, description="ISO-8601 (UTC when no offset); must be in the future (a past time is answered 422 "
                           "naming expires_at); none: never expires")
 
-
 # -- quotas and usage ------------------------------------------------------------------------------
 
 GpuType = Annotated[str, StringConstraints(pattern=r"^[a-z0-9-]{1,32}$")]
@@ -290,6 +291,7 @@ class TeamUsage(BaseModel):
 
 class UsageList(BaseModel):
     teams: list[TeamUsage]
+    accounting: UsageReport | None = Field(None, description="per-day accounting; present when `since` is given")
 
 
 # -- audit ------------------------------------------------------------------------------------

@@ -7,11 +7,12 @@ Every route here takes `PlatformAdminDep`, so team admins and members get
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated
+import time
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request, Response
 
-from services.api import access, paging
+from services.api import access, paging, usage
 from services.api.audit import note_target
 from services.api.deps import AuditDep, IdentityDep, PlatformAdminDep, TrainerDep
 from services.api.schemas import (
@@ -79,9 +80,44 @@ def team_usage(_: PlatformAdminDep, identity: IdentityDep, trainer: TrainerDep, 
     return access.team_usage(identity, trainer, team)
 
 
-@router.get("/usage", response_model=UsageList, summary="Every team's quota and usage")
-def list_usage(_: PlatformAdminDep, trainer: TrainerDep) -> dict:
-    return {"teams": trainer.list_usage()}
+_USAGE_CSV = {200: {"content": {"text/csv": {}}, "description": "RFC 4180, a header row"}}
+Since = Annotated[str | None, Query(max_length=40, description=(
+    "accounting from this time: ISO-8601 (UTC when no offset; a date is its midnight) or unix seconds"))]
+Until = Annotated[str | None, Query(max_length=40, description="accounting until this time (exclusive); default now")]
+GroupBy = Annotated[str, Query(max_length=20, description="only 'day' (UTC)")]
+
+
+@router.get("/usage", response_model=UsageList, summary="Every team's quota and usage; per-day accounting",
+            responses=_USAGE_CSV)
+def list_usage(_: PlatformAdminDep, trainer: TrainerDep, identity: IdentityDep, since: Since = None,
+               until: Until = None, group_by: GroupBy = "day",
+               format: Annotated[Literal["json", "csv"], Query(description="csv: the accounting as CSV")] = "json",
+               ) -> dict | Response:
+    """Without `since`: each team's quota, what it holds now and its running totals. With `since`:
+    also `accounting`, GPU-seconds by GPU type, CPU-seconds, memory-GiB-seconds and job counts per
+    team per UTC day, computed now from the jobs' status histories (running jobs count up to now)."""
+    if since is None and until is None and format == "json":
+        return {"teams": trainer.list_usage()}
+    report = usage.collect(trainer, [t["name"] for t in identity.list_teams()],
+                           *usage.window(since, until, group_by, time.time()), time.time())
+    if format == "csv":
+        return _csv(report)
+    return {"teams": trainer.list_usage(), "accounting": report}
+
+
+@router.get("/usage.csv", summary="Per-day accounting as CSV (RFC 4180)", response_class=Response,
+            responses=_USAGE_CSV)
+def usage_csv(_: PlatformAdminDep, trainer: TrainerDep, identity: IdentityDep, since: Since = None,
+              until: Until = None, group_by: GroupBy = "day") -> Response:
+    report = usage.collect(trainer, [t["name"] for t in identity.list_teams()],
+                           *usage.window(since, until, group_by, time.time()), time.time())
+    return _csv(report)
+
+
+def _csv(report: usage.UsageReport) -> Response:
+    name = f"usage-{usage.day_name(report.since)}-{usage.day_name(report.until)}.csv"
+    return Response(usage.to_csv(report), media_type="text/csv; charset=utf-8; header=present",
+                    headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
 
 @router.get("/teams/{team}/keys", response_model=KeyList, responses=_NO_TEAM, summary="A team's API keys")
