@@ -25,49 +25,69 @@ _sym_db = _symbol_database.Default()
 from protos import common_pb2 as protos_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/trainer.proto\x12\rtrainforge.v1\x1a\x13protos/common.proto\"\xea\x01\n\x05Quota\x12\x11\n\x04gpus\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x11\n\x04\x63pus\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x06memory\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12\x11\n\x04jobs\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12:\n\x0cgpus_by_type\x18\x05 \x03(\x0b\x32$.trainforge.v1.Quota.GpusByTypeEntry\x1a\x31\n\x0fGpusByTypeEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x42\x07\n\x05_gpusB\x07\n\x05_cpusB\t\n\x07_memoryB\x07\n\x05_jobs\"S\n\x0fSetQuotaRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12#\n\x05quota\x18\x02 \x01(\x0b\x32\x14.trainforge.v1.Quota\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\"#\n\x13GetTeamUsageRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\"\xb8\x01\n\tTeamUsage\x12\x0c\n\x04team\x18\x01 \x01(\t\x12#\n\x05quota\x18\x02 \x01(\x0b\x32\x14.trainforge.v1.Quota\x12$\n\x06in_use\x18\x03 \x01(\x0b\x32\x14.trainforge.v1.Quota\x12\x13\n\x0bqueued_jobs\x18\x04 \x01(\x05\x12\x13\n\x0b\x61\x63tive_jobs\x18\x05 \x01(\x05\x12\x13\n\x0bgpu_seconds\x18\x06 \x01(\x01\x12\x13\n\x0b\x63pu_seconds\x18\x07 \x01(\x01\"\x12\n\x10ListUsageRequest\"<\n\x11ListUsageResponse\x12\'\n\x05teams\x18\x01 \x03(\x0b\x32\x18.trainforge.v1.TeamUsage\"\x88\x01\n\x10SubmitJobRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\x15\n\rmanifest_json\x18\x02 \x01(\t\x12\x10\n\x08\x63ode_uri\x18\x03 \x01(\t\x12\x14\n\x0csubmitted_by\x18\x04 \x01(\t\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\"-\n\rGetJobRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"\xc2\x01\n\x0fListJobsRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\x12\'\n\x06states\x18\x03 \x03(\x0e\x32\x17.trainforge.v1.JobState\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x15\n\rcreated_after\x18\x05 \x01(\x01\x12\x16\n\x0e\x63reated_before\x18\x06 \x01(\x01\x12\x19\n\x11\x62\x65\x66ore_created_at\x18\x07 \x01(\x01\x12\x11\n\tbefore_id\x18\x08 \x01(\t\"4\n\x10ListJobsResponse\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.trainforge.v1.Job\"?\n\x10\x43\x61ncelJobRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\"=\n\x0eHaltJobRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\"?\n\x10ResumeJobRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\"\xf7\x01\n\x16ReportJobStatusRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12&\n\x05state\x18\x03 \x01(\x0e\x32\x17.trainforge.v1.JobState\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x05 \x01(\t\x12.\n\x08learners\x18\x06 \x03(\x0b\x32\x1c.trainforge.v1.LearnerStatus\x12\x13\n\x0boutputs_uri\x18\x07 \x01(\t\x12\x1c\n\x0f\x63heckpoint_step\x18\x08 \x01(\x03H\x00\x88\x01\x01\x42\x12\n\x10_checkpoint_step\"\x0f\n\rHealthRequest\" \n\x0eHealthResponse\x12\x0e\n\x06status\x18\x01 \x01(\t2\x8f\x06\n\x07Trainer\x12@\n\tSubmitJob\x12\x1f.trainforge.v1.SubmitJobRequest\x1a\x12.trainforge.v1.Job\x12:\n\x06GetJob\x12\x1c.trainforge.v1.GetJobRequest\x1a\x12.trainforge.v1.Job\x12K\n\x08ListJobs\x12\x1e.trainforge.v1.ListJobsRequest\x1a\x1f.trainforge.v1.ListJobsResponse\x12@\n\tCancelJob\x12\x1f.trainforge.v1.CancelJobRequest\x1a\x12.trainforge.v1.Job\x12<\n\x07HaltJob\x12\x1d.trainforge.v1.HaltJobRequest\x1a\x12.trainforge.v1.Job\x12@\n\tResumeJob\x12\x1f.trainforge.v1.ResumeJobRequest\x1a\x12.trainforge.v1.Job\x12L\n\x0fReportJobStatus\x12%.trainforge.v1.ReportJobStatusRequest\x1a\x12.trainforge.v1.Job\x12\x45\n\x06Health\x12\x1c.trainforge.v1.HealthRequest\x1a\x1d.trainforge.v1.HealthResponse\x12\x44\n\x08SetQuota\x12\x1e.trainforge.v1.SetQuotaRequest\x1a\x18.trainforge.v1.TeamUsage\x12L\n\x0cGetTeamUsage\x12\".trainforge.v1.GetTeamUsageRequest\x1a\x18.trainforge.v1.TeamUsage\x12N\n\tListUsage\x12\x1f.trainforge.v1.ListUsageRequest\x1a .trainforge.v1.ListUsageResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/trainer.proto\x12\rtrainforge.v1\x1a\x13protos/common.proto\"\xa9\x02\n\x05Trial\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12&\n\x05state\x18\x03 \x01(\x0e\x32\x17.trainforge.v1.JobState\x12\x13\n\x0bparams_json\x18\x04 \x01(\t\x12\x16\n\tobjective\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x1c\n\x0fstopped_at_rung\x18\x06 \x01(\x05H\x01\x88\x01\x01\x12.\n\x05rungs\x18\x07 \x03(\x0b\x32\x1f.trainforge.v1.Trial.RungsEntry\x12\x0e\n\x06reason\x18\x08 \x01(\t\x1a,\n\nRungsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x0c\n\n_objectiveB\x12\n\x10_stopped_at_rung\"\xce\x02\n\nExperiment\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12-\n\x05state\x18\x04 \x01(\x0e\x32\x1e.trainforge.v1.ExperimentState\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x11\n\tspec_json\x18\x06 \x01(\t\x12$\n\x06trials\x18\x07 \x03(\x0b\x32\x14.trainforge.v1.Trial\x12\x17\n\nbest_trial\x18\x08 \x01(\x05H\x00\x88\x01\x01\x12\x10\n\x08\x63ode_uri\x18\t \x01(\t\x12\x14\n\x0csubmitted_by\x18\n \x01(\t\x12\x12\n\ncreated_at\x18\x0b \x01(\x01\x12\x12\n\nupdated_at\x18\x0c \x01(\x01\x12\x13\n\x0btrial_count\x18\r \x01(\x05\x12\x13\n\x0bworkflow_id\x18\x0e \x01(\tB\r\n\x0b_best_trial\"v\n\x17SubmitExperimentRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\x0e\n\x06recipe\x18\x02 \x01(\t\x12\x10\n\x08\x63ode_uri\x18\x03 \x01(\t\x12\x14\n\x0csubmitted_by\x18\x04 \x01(\t\x12\x15\n\rexperiment_id\x18\x05 \x01(\t\";\n\x14GetExperimentRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\x15\n\rexperiment_id\x18\x02 \x01(\t\"5\n\x16ListExperimentsRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"I\n\x17ListExperimentsResponse\x12.\n\x0b\x65xperiments\x18\x01 \x03(\x0b\x32\x19.trainforge.v1.Experiment\"F\n\x10\x45xperimentAction\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\x15\n\rexperiment_id\x18\x02 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\"\xea\x01\n\x05Quota\x12\x11\n\x04gpus\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x11\n\x04\x63pus\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x06memory\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12\x11\n\x04jobs\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12:\n\x0cgpus_by_type\x18\x05 \x03(\x0b\x32$.trainforge.v1.Quota.GpusByTypeEntry\x1a\x31\n\x0fGpusByTypeEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x42\x07\n\x05_gpusB\x07\n\x05_cpusB\t\n\x07_memoryB\x07\n\x05_jobs\"S\n\x0fSetQuotaRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12#\n\x05quota\x18\x02 \x01(\x0b\x32\x14.trainforge.v1.Quota\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\"#\n\x13GetTeamUsageRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\"\xb8\x01\n\tTeamUsage\x12\x0c\n\x04team\x18\x01 \x01(\t\x12#\n\x05quota\x18\x02 \x01(\x0b\x32\x14.trainforge.v1.Quota\x12$\n\x06in_use\x18\x03 \x01(\x0b\x32\x14.trainforge.v1.Quota\x12\x13\n\x0bqueued_jobs\x18\x04 \x01(\x05\x12\x13\n\x0b\x61\x63tive_jobs\x18\x05 \x01(\x05\x12\x13\n\x0bgpu_seconds\x18\x06 \x01(\x01\x12\x13\n\x0b\x63pu_seconds\x18\x07 \x01(\x01\"\x12\n\x10ListUsageRequest\"<\n\x11ListUsageResponse\x12\'\n\x05teams\x18\x01 \x03(\x0b\x32\x18.trainforge.v1.TeamUsage\"\x88\x01\n\x10SubmitJobRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\x15\n\rmanifest_json\x18\x02 \x01(\t\x12\x10\n\x08\x63ode_uri\x18\x03 \x01(\t\x12\x14\n\x0csubmitted_by\x18\x04 \x01(\t\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\"-\n\rGetJobRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"\xc2\x01\n\x0fListJobsRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\x12\'\n\x06states\x18\x03 \x03(\x0e\x32\x17.trainforge.v1.JobState\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x15\n\rcreated_after\x18\x05 \x01(\x01\x12\x16\n\x0e\x63reated_before\x18\x06 \x01(\x01\x12\x19\n\x11\x62\x65\x66ore_created_at\x18\x07 \x01(\x01\x12\x11\n\tbefore_id\x18\x08 \x01(\t\"4\n\x10ListJobsResponse\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.trainforge.v1.Job\"?\n\x10\x43\x61ncelJobRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\"=\n\x0eHaltJobRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\"?\n\x10ResumeJobRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\"\xf7\x01\n\x16ReportJobStatusRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12&\n\x05state\x18\x03 \x01(\x0e\x32\x17.trainforge.v1.JobState\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x05 \x01(\t\x12.\n\x08learners\x18\x06 \x03(\x0b\x32\x1c.trainforge.v1.LearnerStatus\x12\x13\n\x0boutputs_uri\x18\x07 \x01(\t\x12\x1c\n\x0f\x63heckpoint_step\x18\x08 \x01(\x03H\x00\x88\x01\x01\x42\x12\n\x10_checkpoint_step\"\x0f\n\rHealthRequest\" \n\x0eHealthResponse\x12\x0e\n\x06status\x18\x01 \x01(\t*\xad\x01\n\x0f\x45xperimentState\x12 \n\x1c\x45XPERIMENT_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x45XPERIMENT_RUNNING\x10\x01\x12\x18\n\x14\x45XPERIMENT_COMPLETED\x10\x02\x12\x15\n\x11\x45XPERIMENT_FAILED\x10\x03\x12\x18\n\x14\x45XPERIMENT_CANCELLED\x10\x04\x12\x15\n\x11\x45XPERIMENT_HALTED\x10\x05\x32\x87\n\n\x07Trainer\x12@\n\tSubmitJob\x12\x1f.trainforge.v1.SubmitJobRequest\x1a\x12.trainforge.v1.Job\x12:\n\x06GetJob\x12\x1c.trainforge.v1.GetJobRequest\x1a\x12.trainforge.v1.Job\x12K\n\x08ListJobs\x12\x1e.trainforge.v1.ListJobsRequest\x1a\x1f.trainforge.v1.ListJobsResponse\x12@\n\tCancelJob\x12\x1f.trainforge.v1.CancelJobRequest\x1a\x12.trainforge.v1.Job\x12<\n\x07HaltJob\x12\x1d.trainforge.v1.HaltJobRequest\x1a\x12.trainforge.v1.Job\x12@\n\tResumeJob\x12\x1f.trainforge.v1.ResumeJobRequest\x1a\x12.trainforge.v1.Job\x12L\n\x0fReportJobStatus\x12%.trainforge.v1.ReportJobStatusRequest\x1a\x12.trainforge.v1.Job\x12\x45\n\x06Health\x12\x1c.trainforge.v1.HealthRequest\x1a\x1d.trainforge.v1.HealthResponse\x12\x44\n\x08SetQuota\x12\x1e.trainforge.v1.SetQuotaRequest\x1a\x18.trainforge.v1.TeamUsage\x12L\n\x0cGetTeamUsage\x12\".trainforge.v1.GetTeamUsageRequest\x1a\x18.trainforge.v1.TeamUsage\x12N\n\tListUsage\x12\x1f.trainforge.v1.ListUsageRequest\x1a .trainforge.v1.ListUsageResponse\x12U\n\x10SubmitExperiment\x12&.trainforge.v1.SubmitExperimentRequest\x1a\x19.trainforge.v1.Experiment\x12O\n\rGetExperiment\x12#.trainforge.v1.GetExperimentRequest\x1a\x19.trainforge.v1.Experiment\x12`\n\x0fListExperiments\x12%.trainforge.v1.ListExperimentsRequest\x1a&.trainforge.v1.ListExperimentsResponse\x12N\n\x10\x43\x61ncelExperiment\x12\x1f.trainforge.v1.ExperimentAction\x1a\x19.trainforge.v1.Experiment\x12L\n\x0eHaltExperiment\x12\x1f.trainforge.v1.ExperimentAction\x1a\x19.trainforge.v1.Experiment\x12N\n\x10ResumeExperiment\x12\x1f.trainforge.v1.ExperimentAction\x1a\x19.trainforge.v1.Experimentb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.trainer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_TRIAL_RUNGSENTRY']._loaded_options = None
+  _globals['_TRIAL_RUNGSENTRY']._serialized_options = b'8\001'
   _globals['_QUOTA_GPUSBYTYPEENTRY']._loaded_options = None
   _globals['_QUOTA_GPUSBYTYPEENTRY']._serialized_options = b'8\001'
-  _globals['_QUOTA']._serialized_start=61
-  _globals['_QUOTA']._serialized_end=295
-  _globals['_QUOTA_GPUSBYTYPEENTRY']._serialized_start=208
-  _globals['_QUOTA_GPUSBYTYPEENTRY']._serialized_end=257
-  _globals['_SETQUOTAREQUEST']._serialized_start=297
-  _globals['_SETQUOTAREQUEST']._serialized_end=380
-  _globals['_GETTEAMUSAGEREQUEST']._serialized_start=382
-  _globals['_GETTEAMUSAGEREQUEST']._serialized_end=417
-  _globals['_TEAMUSAGE']._serialized_start=420
-  _globals['_TEAMUSAGE']._serialized_end=604
-  _globals['_LISTUSAGEREQUEST']._serialized_start=606
-  _globals['_LISTUSAGEREQUEST']._serialized_end=624
-  _globals['_LISTUSAGERESPONSE']._serialized_start=626
-  _globals['_LISTUSAGERESPONSE']._serialized_end=686
-  _globals['_SUBMITJOBREQUEST']._serialized_start=689
-  _globals['_SUBMITJOBREQUEST']._serialized_end=825
-  _globals['_GETJOBREQUEST']._serialized_start=827
-  _globals['_GETJOBREQUEST']._serialized_end=872
-  _globals['_LISTJOBSREQUEST']._serialized_start=875
-  _globals['_LISTJOBSREQUEST']._serialized_end=1069
-  _globals['_LISTJOBSRESPONSE']._serialized_start=1071
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1123
-  _globals['_CANCELJOBREQUEST']._serialized_start=1125
-  _globals['_CANCELJOBREQUEST']._serialized_end=1188
-  _globals['_HALTJOBREQUEST']._serialized_start=1190
-  _globals['_HALTJOBREQUEST']._serialized_end=1251
-  _globals['_RESUMEJOBREQUEST']._serialized_start=1253
-  _globals['_RESUMEJOBREQUEST']._serialized_end=1316
-  _globals['_REPORTJOBSTATUSREQUEST']._serialized_start=1319
-  _globals['_REPORTJOBSTATUSREQUEST']._serialized_end=1566
-  _globals['_HEALTHREQUEST']._serialized_start=1568
-  _globals['_HEALTHREQUEST']._serialized_end=1583
-  _globals['_HEALTHRESPONSE']._serialized_start=1585
-  _globals['_HEALTHRESPONSE']._serialized_end=1617
-  _globals['_TRAINER']._serialized_start=1620
-  _globals['_TRAINER']._serialized_end=2403
+  _globals['_EXPERIMENTSTATE']._serialized_start=2640
+  _globals['_EXPERIMENTSTATE']._serialized_end=2813
+  _globals['_TRIAL']._serialized_start=61
+  _globals['_TRIAL']._serialized_end=358
+  _globals['_TRIAL_RUNGSENTRY']._serialized_start=280
+  _globals['_TRIAL_RUNGSENTRY']._serialized_end=324
+  _globals['_EXPERIMENT']._serialized_start=361
+  _globals['_EXPERIMENT']._serialized_end=695
+  _globals['_SUBMITEXPERIMENTREQUEST']._serialized_start=697
+  _globals['_SUBMITEXPERIMENTREQUEST']._serialized_end=815
+  _globals['_GETEXPERIMENTREQUEST']._serialized_start=817
+  _globals['_GETEXPERIMENTREQUEST']._serialized_end=876
+  _globals['_LISTEXPERIMENTSREQUEST']._serialized_start=878
+  _globals['_LISTEXPERIMENTSREQUEST']._serialized_end=931
+  _globals['_LISTEXPERIMENTSRESPONSE']._serialized_start=933
+  _globals['_LISTEXPERIMENTSRESPONSE']._serialized_end=1006
+  _globals['_EXPERIMENTACTION']._serialized_start=1008
+  _globals['_EXPERIMENTACTION']._serialized_end=1078
+  _globals['_QUOTA']._serialized_start=1081
+  _globals['_QUOTA']._serialized_end=1315
+  _globals['_QUOTA_GPUSBYTYPEENTRY']._serialized_start=1228
+  _globals['_QUOTA_GPUSBYTYPEENTRY']._serialized_end=1277
+  _globals['_SETQUOTAREQUEST']._serialized_start=1317
+  _globals['_SETQUOTAREQUEST']._serialized_end=1400
+  _globals['_GETTEAMUSAGEREQUEST']._serialized_start=1402
+  _globals['_GETTEAMUSAGEREQUEST']._serialized_end=1437
+  _globals['_TEAMUSAGE']._serialized_start=1440
+  _globals['_TEAMUSAGE']._serialized_end=1624
+  _globals['_LISTUSAGEREQUEST']._serialized_start=1626
+  _globals['_LISTUSAGEREQUEST']._serialized_end=1644
+  _globals['_LISTUSAGERESPONSE']._serialized_start=1646
+  _globals['_LISTUSAGERESPONSE']._serialized_end=1706
+  _globals['_SUBMITJOBREQUEST']._serialized_start=1709
+  _globals['_SUBMITJOBREQUEST']._serialized_end=1845
+  _globals['_GETJOBREQUEST']._serialized_start=1847
+  _globals['_GETJOBREQUEST']._serialized_end=1892
+  _globals['_LISTJOBSREQUEST']._serialized_start=1895
+  _globals['_LISTJOBSREQUEST']._serialized_end=2089
+  _globals['_LISTJOBSRESPONSE']._serialized_start=2091
+  _globals['_LISTJOBSRESPONSE']._serialized_end=2143
+  _globals['_CANCELJOBREQUEST']._serialized_start=2145
+  _globals['_CANCELJOBREQUEST']._serialized_end=2208
+  _globals['_HALTJOBREQUEST']._serialized_start=2210
+  _globals['_HALTJOBREQUEST']._serialized_end=2271
+  _globals['_RESUMEJOBREQUEST']._serialized_start=2273
+  _globals['_RESUMEJOBREQUEST']._serialized_end=2336
+  _globals['_REPORTJOBSTATUSREQUEST']._serialized_start=2339
+  _globals['_REPORTJOBSTATUSREQUEST']._serialized_end=2586
+  _globals['_HEALTHREQUEST']._serialized_start=2588
+  _globals['_HEALTHREQUEST']._serialized_end=2603
+  _globals['_HEALTHRESPONSE']._serialized_start=2605
+  _globals['_HEALTHRESPONSE']._serialized_end=2637
+  _globals['_TRAINER']._serialized_start=2816
+  _globals['_TRAINER']._serialized_end=4103
 # @@protoc_insertion_point(module_scope)

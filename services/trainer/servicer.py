@@ -16,11 +16,13 @@ from collections.abc import Iterable
 import grpc
 
 from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, Unavailable
 from services.common.rpc import handler
 from services.common.states import JobState
 from services.trainer.accounting import TeamReport
 from services.trainer.admission import Quota
+from services.trainer.experiments.service import ExperimentService
+from services.trainer.experiments.wire import experiment_to_proto, view_to_proto
 from services.trainer.record import JobRecord, LearnerReport
 from services.trainer.service import JobService
 
@@ -90,8 +92,14 @@ def job_state(value: int, field: str) -> JobState:
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
-    def __init__(self, service: JobService):
+    def __init__(self, service: JobService, experiments: ExperimentService | None = None):
         self._service = service
+        self._experiments = experiments
+
+    def _exp(self) -> ExperimentService:
+        if self._experiments is None:
+            raise Unavailable("experiments are not served by this Trainer")
+        return self._experiments
 
     @handler
     def SubmitJob(self, request: trainer_pb2.SubmitJobRequest, context: Ctx) -> common_pb2.Job:
@@ -151,3 +159,33 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     @handler
     def ListUsage(self, request: trainer_pb2.ListUsageRequest, context: Ctx) -> trainer_pb2.ListUsageResponse:
         return trainer_pb2.ListUsageResponse(teams=[usage_to_proto(r) for r in self._service.list_usage()])
+
+    # -- experiments --------------------------------------------------------
+
+    @handler
+    def SubmitExperiment(self, request: trainer_pb2.SubmitExperimentRequest, context: Ctx) -> trainer_pb2.Experiment:
+        return view_to_proto(self._exp().submit(request.team, request.recipe, code_uri=request.code_uri,
+                                                submitted_by=request.submitted_by,
+                                                experiment_id=request.experiment_id))
+
+    @handler
+    def GetExperiment(self, request: trainer_pb2.GetExperimentRequest, context: Ctx) -> trainer_pb2.Experiment:
+        return view_to_proto(self._exp().get(request.team, request.experiment_id))
+
+    @handler
+    def ListExperiments(self, request: trainer_pb2.ListExperimentsRequest,
+                        context: Ctx) -> trainer_pb2.ListExperimentsResponse:
+        found = self._exp().list(request.team, request.limit)
+        return trainer_pb2.ListExperimentsResponse(experiments=[experiment_to_proto(e) for e in found])
+
+    @handler
+    def CancelExperiment(self, request: trainer_pb2.ExperimentAction, context: Ctx) -> trainer_pb2.Experiment:
+        return view_to_proto(self._exp().cancel(request.team, request.experiment_id, request.actor))
+
+    @handler
+    def HaltExperiment(self, request: trainer_pb2.ExperimentAction, context: Ctx) -> trainer_pb2.Experiment:
+        return view_to_proto(self._exp().halt(request.team, request.experiment_id, request.actor))
+
+    @handler
+    def ResumeExperiment(self, request: trainer_pb2.ExperimentAction, context: Ctx) -> trainer_pb2.Experiment:
+        return view_to_proto(self._exp().resume(request.team, request.experiment_id, request.actor))
