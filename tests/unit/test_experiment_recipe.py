@@ -23,7 +23,7 @@ def test_a_valid_experiment_keeps_the_template_and_the_sweep():
                              "early_stopping": {"asha": {"min_resource": 1, "reduction_factor": 2}}, "seed": 9})
     assert spec.template.name == "sweep" and spec.samples == 4 and spec.max_parallel == 2
     assert spec.objective.goal.value == "minimize" and spec.early_stopping.asha.reduction_factor == 2
-    assert "lr" not in spec.template.params  # filled per trial
+    assert spec.template.params == {"lr": 0.1}  # a representative value; each trial fills its own
 
 
 @pytest.mark.parametrize(("change", "field"), [

@@ -209,9 +209,9 @@ def parse_experiment(data: dict) -> ExperimentSpec:
     if details or spec is None:
         summary = "; ".join(f"{d['field']}: {d['message']}" for d in details)
         raise InvalidArgument(f"invalid experiment: {summary}", details=details)
-    # the stored template keeps only the fixed params; the swept ones are filled per trial
-    fixed = {k: v for k, v in manifest.params.items() if k not in params}
-    return spec.model_copy(update={"template": manifest.model_copy(update={"params": fixed})})
+    # the template's params hold a value of each swept parameter (so it stays a valid manifest when read
+    # back); every trial overwrites them with its own
+    return spec.model_copy(update={"template": manifest})
 
 
 def _parameters(params: dict) -> tuple[dict, list[dict]]:

@@ -157,8 +157,9 @@ class ExperimentDriver:
             self._experiments.settle(exp.id, ExperimentState.EXPERIMENT_HALTED)
 
     def _run_experiment(self, exp: ExperimentRecord, spec: ExperimentSpec, jobs: dict[int, JobRecord]) -> None:
-        if spec.objective is not None and self._metrics is not None:
-            exp = self._observe(exp, spec, jobs) or exp
+        observed = self._observe(exp, spec, jobs)
+        if observed is not None:
+            exp = observed
             jobs, _ = self._trial_jobs(exp)
         busy = sum(1 for j in jobs.values() if j.state in BUSY)
         free = spec.max_parallel - busy
@@ -204,8 +205,8 @@ class ExperimentDriver:
                  jobs: dict[int, JobRecord]) -> ExperimentRecord | None:
         """Record objectives and rung results; halt the trials ASHA stops. The experiment re-read, if it changed."""
         objective = spec.objective
-        ladder_spec = spec.early_stopping.asha if spec.early_stopping else None
-        rungs = ladder_spec.rungs() if ladder_spec else []
+        if objective is None or self._metrics is None:
+            return None
         changed = False
         for index, job in sorted(jobs.items()):
             progress = exp.progress(index)
@@ -214,29 +215,41 @@ class ExperimentDriver:
             mark = f"{int(job.state)}:{job.attempt}"
             if job.state in (JobState.COMPLETED, JobState.HALTED) and progress.read == mark:
                 continue  # a settled trial's metrics were read once it settled; they do not change
-            records = self._metrics.records(job.id, exp.team)  # type: ignore[union-attr]
-            value = last_value(records, objective.metric)  # type: ignore[union-attr]
+            records = self._metrics.records(job.id, exp.team)
+            value = last_value(records, objective.metric)
             if value is not None and value != progress.objective:
                 self._experiments.set_trial(exp.id, index, objective=value)
                 changed = True
-            if ladder_spec is None or progress.stopped_at is not None:
-                continue
-            seen = asha.reached(points(records, ladder_spec.resource, objective.metric), rungs)  # type: ignore[union-attr]
-            for rung in sorted(k for k in seen if k not in progress.rungs):
-                self._experiments.set_trial(exp.id, index, rungs={rung: seen[rung]})
-                changed = True
-                if job.state != JobState.RUNNING:
-                    continue  # finished or halting: counted at the rung, nothing to decide
-                fresh = self._experiments.find(exp.id) or exp
-                if not asha.continues(self._ladder(fresh), index, rung, objective, ladder_spec):  # type: ignore[arg-type]
-                    self._experiments.set_trial(exp.id, index, stopped_at=rung)
-                    log.info("experiment %s: trial %d stopped at rung %d (%s=%g)", exp.id, index, rung,
-                             objective.metric, seen[rung])  # type: ignore[union-attr]
-                    self._service.halt(exp.team, job.id, ACTOR)
-                    break
+            if spec.early_stopping is not None and progress.stopped_at is None:
+                changed = self._climb(exp, spec, index, job, records) or changed
             if job.state in (JobState.COMPLETED, JobState.HALTED):
                 self._experiments.set_trial(exp.id, index, read=mark)
+                changed = True
         return self._experiments.find(exp.id) if changed else None
+
+    def _climb(self, exp: ExperimentRecord, spec: ExperimentSpec, index: int, job: JobRecord,
+               records: list[dict]) -> bool:
+        """Record the rungs the trial reached since the last pass; stop (halt) it where ASHA says so."""
+        ladder_spec, objective = spec.early_stopping.asha, spec.objective  # type: ignore[union-attr]
+        progress = exp.progress(index)
+        seen = asha.reached(points(records, ladder_spec.resource, objective.metric), ladder_spec.rungs())  # type: ignore[union-attr]
+        new = sorted(k for k in seen if k not in progress.rungs)
+        for rung in new:
+            self._experiments.set_trial(exp.id, index, rungs={rung: seen[rung]})
+            if job.state != JobState.RUNNING:
+                continue  # finished or halting: counted at the rung, nothing to decide
+            fresh = self._experiments.find(exp.id) or exp
+            if not asha.continues(self._ladder(fresh), index, rung, objective, ladder_spec):  # type: ignore[arg-type]
+                self._experiments.set_trial(exp.id, index, stopped_at=rung)
+                log.info("experiment %s: trial %d stopped at rung %d (%s=%g)", exp.id, index, rung,
+                         objective.metric, seen[rung])  # type: ignore[union-attr]
+                try:
+                    self._service.halt(exp.team, job.id, ACTOR)
+                except Conflict:
+                    # it finished (or failed) since this pass read it: nothing is left to stop
+                    self._experiments.set_trial(exp.id, index, stopped_at=None)
+                break
+        return bool(new)
 
     def _ladder(self, exp: ExperimentRecord) -> dict[int, asha.TrialRungs]:
         return {i: asha.TrialRungs(values=t.rungs, stopped_at=t.stopped_at) for i, t in exp.trials.items()}
@@ -246,8 +259,12 @@ class ExperimentDriver:
             return False
         if any(j.state in BUSY or (j.state == JobState.HALTED and exp.progress(i).held) for i, j in jobs.items()):
             return False
+        fresh = self._experiments.find(exp.id) or exp
+        if spec.objective is not None and self._metrics is not None and any(
+                fresh.progress(i).read != f"{int(j.state)}:{j.attempt}" for i, j in jobs.items()
+                if j.state in (JobState.COMPLETED, JobState.HALTED)):
+            return False  # a trial ended after this pass read its metrics: the next pass reads its last values
         if spec.early_stopping is not None and spec.objective is not None:
-            fresh = self._experiments.find(exp.id) or exp
             waiting = [i for i, _ in asha.promotable(self._ladder(fresh), spec.objective, spec.early_stopping.asha)
                        if jobs[i].state == JobState.HALTED]
             if waiting:

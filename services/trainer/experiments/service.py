@@ -14,17 +14,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from services.common.contracts.experiments import (
-    EXPERIMENT_ENDED,
-    ExperimentState,
-    RecipeKind,
-    load_recipe,
-    parse_experiment,
-    recipe_kind,
-)
-from services.common.contracts.hyper import translate
+from services.common.contracts.experiments import EXPERIMENT_ENDED, ExperimentState
 from services.common.contracts.ids import check_job_id, new_experiment_id
-from services.common.contracts.sampling import plan_trials, trial_manifest
+from services.common.contracts.recipes import experiment_from_recipe
+from services.common.contracts.sampling import trial_manifest
 from services.common.errors import Conflict, InvalidArgument
 from services.trainer.experiments.driver import ExperimentDriver, best_trial
 from services.trainer.experiments.store import ExperimentRecord, ExperimentStore
@@ -59,20 +52,8 @@ class ExperimentService:
                experiment_id: str = "", workflow_id: str = "") -> ExperimentView:
         if not team:
             raise InvalidArgument("team is required", details=[{"field": "team", "message": "required"}])
-        data = load_recipe(recipe)
-        kind = recipe_kind(data)
-        if kind == RecipeKind.WORKFLOW:
-            raise InvalidArgument("this recipe is a workflow (several experiments); submit it to /v1/workflows",
-                                  details=[{"field": "experiments", "message": "more than one experiment"}])
-        notes: list[str] = []
-        if "experiments" in data:
-            translation = translate(data)
-            data, notes = translation.single(), translation.notes
-        spec = parse_experiment(data)
-        plan = plan_trials(spec)
-        if not plan:
-            raise InvalidArgument("the experiment plans no trial",
-                                  details=[{"field": "parameters", "message": "no trial to run"}])
+        planned = experiment_from_recipe(recipe)
+        spec, plan, notes = planned.spec, planned.trials, planned.notes
         experiment_id = experiment_id or new_experiment_id()
         check_job_id(experiment_id, "experiment_id")
         if len(experiment_id) > MAX_ID:
