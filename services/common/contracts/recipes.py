@@ -19,8 +19,12 @@ from services.common.contracts.experiments import (
     recipe_kind,
 )
 from services.common.contracts.hyper import translate
-from services.common.contracts.sampling import Trial, plan_trials
+from services.common.contracts.sampling import Trial, plan_trials, trial_manifest
 from services.common.errors import InvalidArgument
+from services.common.manifest import parse_manifest
+
+# an id as long as any experiment's, for checking the trials' manifests before the experiment has one
+_SAMPLE_ID = "x-000000000000"
 
 
 @dataclass(frozen=True)
@@ -50,4 +54,15 @@ def experiment_from_recipe(source: str | bytes | dict) -> PlannedExperiment:
     if not trials:
         raise InvalidArgument("the experiment plans no trial",
                               details=[{"field": "parameters", "message": "no trial to run"}])
+    _check_trials(spec, trials)
     return PlannedExperiment(spec, trials, notes)
+
+
+def _check_trials(spec: ExperimentSpec, trials: list[Trial]) -> None:
+    """Every trial's job manifest is valid (the Trainer re-validates each at its submit)."""
+    for index, values in enumerate(trials):
+        try:
+            parse_manifest(trial_manifest(spec, index, values, _SAMPLE_ID).model_dump(mode="json"))
+        except InvalidArgument as e:
+            raise InvalidArgument(f"trial {index} ({values}) would not be a valid job: {e.message}",
+                                  details=e.details) from None

@@ -27,7 +27,7 @@ import threading
 from services.common import states
 from services.common.contracts.experiments import ExperimentSpec, ExperimentState
 from services.common.contracts.sampling import trial_manifest
-from services.common.errors import Conflict, TrainforgeError
+from services.common.errors import Conflict, InvalidArgument, TrainforgeError
 from services.common.states import JobState
 from services.trainer.experiments import asha
 from services.trainer.experiments.metrics import MetricsReader, last_value, points
@@ -200,6 +200,13 @@ class ExperimentDriver:
             if "already taken" not in e.message:
                 raise
             # made by a pass that died before it could see it: the job exists once, as it should
+        except InvalidArgument as e:
+            # the trial can never run (the team's quota shrank below it, say): the experiment fails, saying why
+            reason = f"trial {index} cannot be submitted: {e.message}"
+            if self._experiments.move(exp.id, ExperimentState.EXPERIMENT_FAILED, reason,
+                                      only_from=[ExperimentState.EXPERIMENT_RUNNING]) is not None:
+                self._experiments.settle(exp.id, ExperimentState.EXPERIMENT_FAILED)
+            raise
 
     def _observe(self, exp: ExperimentRecord, spec: ExperimentSpec,
                  jobs: dict[int, JobRecord]) -> ExperimentRecord | None:
