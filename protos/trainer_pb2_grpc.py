@@ -120,6 +120,26 @@ class TrainerStub:
                 request_serializer=protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
                 response_deserializer=protos_dot_trainer__pb2.Experiment.FromString,
                 _registered_method=True)
+        self.SubmitWorkflow = channel.unary_unary(
+                '/trainforge.v1.Trainer/SubmitWorkflow',
+                request_serializer=protos_dot_trainer__pb2.SubmitWorkflowRequest.SerializeToString,
+                response_deserializer=protos_dot_trainer__pb2.Workflow.FromString,
+                _registered_method=True)
+        self.GetWorkflow = channel.unary_unary(
+                '/trainforge.v1.Trainer/GetWorkflow',
+                request_serializer=protos_dot_trainer__pb2.GetWorkflowRequest.SerializeToString,
+                response_deserializer=protos_dot_trainer__pb2.Workflow.FromString,
+                _registered_method=True)
+        self.ListWorkflows = channel.unary_unary(
+                '/trainforge.v1.Trainer/ListWorkflows',
+                request_serializer=protos_dot_trainer__pb2.ListWorkflowsRequest.SerializeToString,
+                response_deserializer=protos_dot_trainer__pb2.ListWorkflowsResponse.FromString,
+                _registered_method=True)
+        self.CancelWorkflow = channel.unary_unary(
+                '/trainforge.v1.Trainer/CancelWorkflow',
+                request_serializer=protos_dot_trainer__pb2.WorkflowAction.SerializeToString,
+                response_deserializer=protos_dot_trainer__pb2.Workflow.FromString,
+                _registered_method=True)
 
 
 class TrainerServicer:
@@ -247,6 +267,33 @@ class TrainerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitWorkflow(self, request, context):
+        """Workflows: a DAG of experiments (services/common/contracts/workflows.py). The experiment driver
+        starts each node's experiment once every node it depends on completed, with their outputs as data.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetWorkflow(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWorkflows(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelWorkflow(self, request, context):
+        """Cancel a workflow: every node's experiment that runs is cancelled, no new one starts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -334,6 +381,26 @@ def add_TrainerServicer_to_server(servicer, server):
                     servicer.ResumeExperiment,
                     request_deserializer=protos_dot_trainer__pb2.ExperimentAction.FromString,
                     response_serializer=protos_dot_trainer__pb2.Experiment.SerializeToString,
+            ),
+            'SubmitWorkflow': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitWorkflow,
+                    request_deserializer=protos_dot_trainer__pb2.SubmitWorkflowRequest.FromString,
+                    response_serializer=protos_dot_trainer__pb2.Workflow.SerializeToString,
+            ),
+            'GetWorkflow': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWorkflow,
+                    request_deserializer=protos_dot_trainer__pb2.GetWorkflowRequest.FromString,
+                    response_serializer=protos_dot_trainer__pb2.Workflow.SerializeToString,
+            ),
+            'ListWorkflows': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkflows,
+                    request_deserializer=protos_dot_trainer__pb2.ListWorkflowsRequest.FromString,
+                    response_serializer=protos_dot_trainer__pb2.ListWorkflowsResponse.SerializeToString,
+            ),
+            'CancelWorkflow': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelWorkflow,
+                    request_deserializer=protos_dot_trainer__pb2.WorkflowAction.FromString,
+                    response_serializer=protos_dot_trainer__pb2.Workflow.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -795,6 +862,114 @@ class Trainer:
             '/trainforge.v1.Trainer/ResumeExperiment',
             protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
             protos_dot_trainer__pb2.Experiment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitWorkflow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.Trainer/SubmitWorkflow',
+            protos_dot_trainer__pb2.SubmitWorkflowRequest.SerializeToString,
+            protos_dot_trainer__pb2.Workflow.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWorkflow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.Trainer/GetWorkflow',
+            protos_dot_trainer__pb2.GetWorkflowRequest.SerializeToString,
+            protos_dot_trainer__pb2.Workflow.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkflows(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.Trainer/ListWorkflows',
+            protos_dot_trainer__pb2.ListWorkflowsRequest.SerializeToString,
+            protos_dot_trainer__pb2.ListWorkflowsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelWorkflow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.Trainer/CancelWorkflow',
+            protos_dot_trainer__pb2.WorkflowAction.SerializeToString,
+            protos_dot_trainer__pb2.Workflow.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,6 +40,8 @@ from services.trainer.experiments.metrics import LogStoreMetrics, MetricsReader
 from services.trainer.experiments.service import ExperimentService
 from services.trainer.experiments.store import COLLECTION as EXPERIMENT_COLLECTION
 from services.trainer.experiments.store import ExperimentStore
+from services.trainer.experiments.workflows import COLLECTION as WORKFLOW_COLLECTION
+from services.trainer.experiments.workflows import WorkflowRunner, WorkflowService, WorkflowStore
 from services.trainer.lcm_client import GrpcLcm, Lcm
 from services.trainer.notifier import ANNOUNCED, RECONCILE_WINDOW, Notifier
 from services.trainer.quotas import COLLECTION as QUOTA_COLLECTION
@@ -67,6 +69,7 @@ class Trainer:
     _metrics: MetricsEndpoint | None = None
     experiments: ExperimentStore | None = None
     driver: ExperimentDriver | None = None
+    workflows: WorkflowStore | None = None
 
     @property
     def address(self) -> str:
@@ -77,6 +80,8 @@ class Trainer:
             self.store.ensure_indexes()
             if self.experiments is not None:
                 self.experiments.ensure_indexes()
+            if self.workflows is not None:
+                self.workflows.ensure_indexes()
             self.service.reconcile()
         except Unavailable:
             self.stop(grace=0)
@@ -150,12 +155,18 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
     driver = ExperimentDriver(experiments, store, service, metrics, interval=settings.experiment_interval,
                               wake=experiments_wake)
     experiment_service = ExperimentService(experiments, store, service, driver)
+    # a test that names its own experiment collection gets its own workflow collection beside it
+    workflow_store = WorkflowStore(db, WORKFLOW_COLLECTION if experiment_collection == EXPERIMENT_COLLECTION
+                                   else f"{experiment_collection}_workflows")
+    driver.workflows = WorkflowRunner(workflow_store, experiment_service)
+    workflow_service = WorkflowService(workflow_store, experiment_service, driver.wake)
     server, port = rpc.make_server(settings.trainer_address)
-    trainer_pb2_grpc.add_TrainerServicer_to_server(TrainerServicer(service, experiment_service), server)
+    trainer_pb2_grpc.add_TrainerServicer_to_server(TrainerServicer(service, experiment_service, workflow_service), server)
     add_health(server, ["trainforge.Trainer"])
     host = settings.trainer_address.rsplit(":", 1)[0]
     return Trainer(server, port, host, store, dispatcher, service, closers, notifier,
-                   metrics_port=settings.metrics_port, experiments=experiments, driver=driver)
+                   metrics_port=settings.metrics_port, experiments=experiments, driver=driver,
+                   workflows=workflow_store)
 
 
 def trainer_registry(store: JobStore) -> CollectorRegistry:

@@ -1,7 +1,7 @@
 """An 8-trial sweep on the embedded stack, through the CLI, with the Trainer SIGKILLed mid-sweep.
 
 Each trial is a tiny script that reads its learning rate from the
-environment the experiment passes (TF_PARAM_LR), "trains" for a few
+environment the experiment passes (PARAM_LR), "trains" for a few
 batches and reports a loss that is smallest at lr = 0.03 through the metrics
 file (the `report_metrics` convention). The experiment must find that trial,
 and the Trainer killed while trials run and started again (as `trainforge up`
@@ -23,7 +23,7 @@ from tests.servers import wait_for
 
 SCRIPT = textwrap.dedent("""
     import json, os, time
-    lr = float(os.environ["TF_PARAM_LR"])
+    lr = float(os.environ["PARAM_LR"])
     path = os.environ.get("TF_METRICS_FILE") or os.path.join(os.environ.get("TF_WORKDIR", "."), ".tf-metrics.jsonl")
     for step in range(1, 4):
         time.sleep(0.3)
@@ -72,7 +72,7 @@ def test_an_eight_trial_sweep_finds_the_best_and_survives_a_trainer_kill(stack, 
         return got if got["state"] in ("completed", "failed", "cancelled") else None
 
     final = wait_for(done, 600, "the sweep to end", interval=2.0)
-    assert final["state"] == "completed", final
+    assert final["state"] == "completed", (final["reason"], [(t["state"], t["reason"]) for t in final["trials"]])
     best = next(t for t in final["trials"] if t["best"])
     assert best["params"] == {"lr": 0.03} and final["best_trial"] == LRS.index(0.03)
     assert all(t["state"] == "completed" and t["objective"] is not None for t in final["trials"]), final["trials"]

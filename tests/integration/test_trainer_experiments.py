@@ -128,7 +128,7 @@ def test_an_experiment_runs_its_trials_as_jobs_at_most_max_parallel_at_once_and_
         manifest = job.spec()
         assert (job.experiment_id, job.trial) == (exp.id, index)
         assert manifest.rendered_command() == f"python train.py --lr {[0.1, 0.2, 0.3, 0.4][index]}"
-        assert manifest.env["TF_PARAM_LR"] == str([0.1, 0.2, 0.3, 0.4][index])
+        assert manifest.env["PARAM_LR"] == str([0.1, 0.2, 0.3, 0.4][index])
         env.run(job_id)
         env.report_metric(job_id, {"step": 1, "loss": losses[index] + 1})
         env.report_metric(job_id, {"step": 2, "loss": losses[index]})

@@ -123,6 +123,6 @@ def test_trial_manifest_fills_the_command_and_env_and_passes_values_as_env():
                           "env": {"NOTE": "lr={{lr}}"}, "parameters": {"lr": [0.5], "bs": [8]}, "retries": 2})
     m = trial_manifest(s, 3, {"lr": 0.5, "bs": 8}, "x-abc")
     assert m.rendered_command() == "python train.py --lr 0.5 --bs 8"
-    assert m.env["NOTE"] == "lr=0.5" and m.env["TF_PARAM_LR"] == "0.5" and m.env["TF_PARAM_BS"] == "8"
+    assert m.env["NOTE"] == "lr=0.5" and m.env["PARAM_LR"] == "0.5" and m.env["PARAM_BS"] == "8"
     assert m.labels == {"experiment": "x-abc", "trial": "3"}
     assert m.name == "sweep-3" and m.restart.max_restarts == 2

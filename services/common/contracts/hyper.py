@@ -25,7 +25,7 @@ _TORCH = {"pytorch", "torch"}
 # taken as they are: the experiment's own fields and the job manifest's
 _NATIVE = {"command", "parameters", "samples", "mode", "max_parallel", "objective", "early_stopping", "retries",
            "seed", "env", "params", "code", "data", "outputs", "restart", "checkpoint", "priority", "image",
-           "requirements", "labels", "timeout", "notify", "learners", "resources", "depends_on", "inputs"}
+           "requirements", "labels", "timeout", "notify", "learners", "resources", "depends_on", "take", "kind"}
 _NO_EQUIVALENT = {
     "credentials": "the platform stores data and code itself; use team secrets (env: {VAR: {secret: name}})",
     "region": "the platform runs where it is deployed",

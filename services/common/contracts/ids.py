@@ -44,3 +44,8 @@ def new_job_id(team: str = "", idempotency_key: str | None = None) -> str:
 def new_experiment_id() -> str:
     """A fresh experiment id; its trials' job ids are `<experiment>-<index>[-<gen>]`, so it is kept short."""
     return "x-" + secrets.token_hex(6)
+
+
+def new_workflow_id() -> str:
+    """A fresh workflow id; node i's experiment is `<workflow>-<i>`."""
+    return "w-" + secrets.token_hex(6)

@@ -94,8 +94,9 @@ def fill(text: str, values: Mapping[str, Any]) -> str:
 
 
 def param_env(name: str) -> str:
-    """The environment variable a parameter is passed to the learner as."""
-    return f"TF_PARAM_{name.upper()}"
+    """The environment variable a parameter is passed to the learner as (TF_* names are the platform's own,
+    never taken from a manifest's env: services/controller/learner.py)."""
+    return f"PARAM_{name.upper()}"
 
 
 def trial_manifest(spec: ExperimentSpec, index: int, values: Mapping[str, Scalar], experiment_id: str) -> Any:

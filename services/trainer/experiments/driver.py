@@ -72,6 +72,8 @@ class ExperimentDriver:
         self._wake = wake or threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # the workflow runner (services/trainer/experiments/workflows.py), set by the wiring
+        self.workflows: object | None = None
 
     # -- the loop ---------------------------------------------------------------
 
@@ -106,6 +108,11 @@ class ExperimentDriver:
                 self.advance(experiment)
             except TrainforgeError as e:
                 log.warning("experiment %s: pass stopped: %s", experiment.id, e.message)
+        if self.workflows is not None:
+            try:
+                self.workflows.tick()  # type: ignore[attr-defined]
+            except TrainforgeError as e:
+                log.warning("workflow pass stopped: %s", e.message)
 
     # -- one experiment -----------------------------------------------------------
 

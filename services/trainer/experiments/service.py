@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from services.common.contracts.experiments import EXPERIMENT_ENDED, ExperimentState
+from services.common.contracts.experiments import EXPERIMENT_ENDED, ExperimentSpec, ExperimentState
 from services.common.contracts.ids import check_job_id, new_experiment_id
 from services.common.contracts.recipes import experiment_from_recipe
 from services.common.contracts.sampling import trial_manifest
@@ -53,8 +53,13 @@ class ExperimentService:
         if not team:
             raise InvalidArgument("team is required", details=[{"field": "team", "message": "required"}])
         planned = experiment_from_recipe(recipe)
-        spec, plan, notes = planned.spec, planned.trials, planned.notes
-        experiment_id = experiment_id or new_experiment_id()
+        return self.create(team, planned.spec, planned.trials, code_uri=code_uri, submitted_by=submitted_by,
+                           experiment_id=experiment_id or new_experiment_id(), workflow_id=workflow_id,
+                           notes=planned.notes)
+
+    def create(self, team: str, spec: ExperimentSpec, plan: list[dict], *, code_uri: str, submitted_by: str,
+               experiment_id: str, workflow_id: str = "", notes: list[str] | tuple[str, ...] = ()) -> ExperimentView:
+        """Store a validated, planned experiment (RUNNING) and wake the driver; Conflict when the id is taken."""
         check_job_id(experiment_id, "experiment_id")
         if len(experiment_id) > MAX_ID:
             raise InvalidArgument(f"experiment_id: at most {MAX_ID} characters",
@@ -67,6 +72,11 @@ class ExperimentService:
         log.info("experiment %s (%s): %d trials planned", exp.id, exp.name, len(plan))
         self._driver.wake()
         return self.view(exp)
+
+    def find_view(self, experiment_id: str) -> ExperimentView | None:
+        """Any team's experiment with its trials (for the platform itself: the workflow runner)."""
+        exp = self._experiments.find(experiment_id)
+        return None if exp is None else self.view(exp)
 
     def view(self, exp: ExperimentRecord) -> ExperimentView:
         jobs = {j.trial: j for j in self._jobs.of_experiment(exp.id) if j.id == exp.trial_job_id(j.trial)}

@@ -8,6 +8,7 @@ from protos import trainer_pb2
 from services.common.states import JobState
 from services.trainer.experiments.service import ExperimentView
 from services.trainer.experiments.store import ExperimentRecord
+from services.trainer.experiments.workflows import WorkflowRecord
 
 
 def experiment_to_proto(exp: ExperimentRecord, view: ExperimentView | None = None) -> trainer_pb2.Experiment:
@@ -38,3 +39,25 @@ def experiment_to_proto(exp: ExperimentRecord, view: ExperimentView | None = Non
 
 def view_to_proto(view: ExperimentView) -> trainer_pb2.Experiment:
     return experiment_to_proto(view.experiment, view)
+
+
+def workflow_to_proto(wf: WorkflowRecord, views: list[ExperimentView | None] | None = None) -> trainer_pb2.Workflow:
+    """With the node experiments' views, each node's state, reason and best trial too."""
+    msg = trainer_pb2.Workflow(id=wf.id, team=wf.team, name=wf.name, state=int(wf.state), reason=wf.reason,
+                               code_uri=wf.code_uri, submitted_by=wf.submitted_by, created_at=wf.created_at,
+                               updated_at=wf.updated_at)
+    for i, node in enumerate(wf.nodes):
+        view = views[i] if views is not None else None
+        item = trainer_pb2.WorkflowNode(name=node.name, depends_on=list(node.depends_on), take=node.take.value,
+                                        skipped=bool(node.skipped))
+        if view is not None:
+            item.experiment_id = view.experiment.id
+            item.state = int(view.experiment.state)
+            item.reason = view.experiment.reason
+            if view.best is not None:
+                item.best_trial = view.best
+        else:
+            waiting = ", ".join(node.depends_on) or "the driver"
+            item.reason = node.skipped or f"waiting for {waiting}"
+        msg.nodes.append(item)
+    return msg
