@@ -40,7 +40,6 @@ from trainforge.clikit import out as _out
 from trainforge.clikit import use_json as _use_json
 from trainforge.clikit import when as _when
 from trainforge.sdk import Client
-from trainforge.sdk_experiments import recipe_kind
 
 _STATE_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan",
                 "storing": "cyan", "deploying": "blue", "queued": "magenta", "pending": "magenta",
@@ -162,13 +161,6 @@ def _follow(client: Client, console: Console, job_id: str, interval: float) -> d
     return client.get(job_id, retry_seconds=client.reconnect_seconds)
 
 
-def _recipe_kind(path: Path) -> str:
-    try:
-        return recipe_kind(path.read_text())
-    except OSError:
-        return "job"  # the job path reports the unreadable file
-
-
 @main.command()
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--follow", "-f", is_flag=True, help="stream states and logs until the job ends")
@@ -187,8 +179,10 @@ def submit(ctx: click.Context, manifest: Path, follow: bool, code_dir: Path | No
     as_json = _use_json(ctx, as_json)
     client = clikit.client(ctx)
     console = _out()
-    if _recipe_kind(manifest) != "job":  # an experiment recipe (kind: experiment, parameters:, experiments:)
-        cli_experiments.submit_experiment(client, manifest, code_dir, follow, as_json, interval)
+    kind = cli_experiments.kind_of(manifest)
+    if kind != "job":  # an experiment or workflow recipe (kind:, parameters:, Hyper's experiments:)
+        submit_recipe = cli_experiments.submit_workflow if kind == "workflow" else cli_experiments.submit_experiment
+        submit_recipe(client, manifest, code_dir, follow, as_json, interval)
         return
     on_code, on_upload, done = cliopts.upload_progress(as_json)
     try:
@@ -407,6 +401,8 @@ cli_admin.admin.add_command(cli_retention.reindex)
 main.add_command(cli_observe.metrics)
 main.add_command(cli_experiments.experiments)
 main.add_command(cli_experiments.experiment)
+main.add_command(cli_experiments.workflows)
+main.add_command(cli_experiments.workflow)
 main.add_command(cli_observe.events)
 
 

@@ -14,10 +14,11 @@ from pathlib import Path
 import click
 from rich.table import Table
 from rich.text import Text
+from rich.tree import Tree
 
 from trainforge import clikit
 from trainforge.sdk import Client, ClientError
-from trainforge.sdk_experiments import ENDED
+from trainforge.sdk_experiments import ENDED, recipe_kind
 
 _STYLES = {"running": "cyan", "completed": "green", "failed": "red", "cancelled": "yellow", "halted": "magenta"}
 
@@ -56,6 +57,14 @@ def print_experiment(exp: dict) -> None:
         console.print(Text.assemble("best: trial ", (str(best["index"]), "bold green"),
                                     f" ({best['job_id']}) {objective.get('metric')}={_number(best['objective'])} "
                                     f"{_params(best['params'])}"))
+
+
+def kind_of(path: Path) -> str:
+    """job, experiment or workflow; an unreadable file is a job (the job path reports it)."""
+    try:
+        return recipe_kind(path.read_text())
+    except OSError:
+        return "job"
 
 
 def submit_experiment(client: Client, recipe: Path, code_dir: Path | None, follow: bool, as_json: bool,
@@ -117,3 +126,91 @@ def experiment(ctx: click.Context, experiment_id: str, action: str | None, wait:
         print_experiment(exp)
     if wait and exp["state"] in ENDED and exp["state"] != "completed":
         raise ClientError(f"experiment {experiment_id} {exp['state']}: {exp['reason']}")
+
+
+def workflow_tree(wf: dict) -> Tree:
+    """The DAG as a tree: each node under every node it depends on (repeated there, marked), roots at the top."""
+    tree = Tree(Text.assemble((wf["id"], "bold"), f" ({wf['name']}) ", _state(wf["state"]),
+                              f": {wf['reason']}" if wf.get("reason") else ""))
+    by_name = {n["name"]: n for n in wf["nodes"]}
+    children: dict[str, list[str]] = {n["name"]: [] for n in wf["nodes"]}
+    for n in wf["nodes"]:
+        for parent in n["depends_on"]:
+            children[parent].append(n["name"])
+
+    def label(n: dict, seen_before: bool) -> Text:
+        best = f", best trial {n['best_trial']}" if n.get("best_trial") is not None else ""
+        text = Text.assemble((n["name"], "bold"), " ", _state(n["state"]),
+                             f" {n['experiment_id']}" if n.get("experiment_id") else "", best,
+                             f" (take {n['take']})" if n["depends_on"] else "")
+        if seen_before:
+            text.append(" (shown above)", style="dim")
+        elif n.get("reason") and n["state"] in ("waiting", "skipped", "failed"):
+            text.append(f" - {n['reason']}", style="dim")
+        return text
+
+    shown: set[str] = set()
+
+    def add(branch: Tree, name: str) -> None:
+        node = by_name[name]
+        sub = branch.add(label(node, name in shown))
+        if name in shown:
+            return
+        shown.add(name)
+        for child in children[name]:
+            add(sub, child)
+
+    for n in wf["nodes"]:
+        if not n["depends_on"]:
+            add(tree, n["name"])
+    return tree
+
+
+def submit_workflow(client: Client, recipe: Path, code_dir: Path | None, follow: bool, as_json: bool,
+                    interval: float) -> dict:
+    wf = client.workflows.submit(recipe, code_dir=code_dir)
+    if follow:
+        wf = client.workflows.wait(wf["id"], poll_interval=interval)
+    if as_json:
+        clikit.emit_json(wf)
+    else:
+        clikit.out().print(workflow_tree(wf))
+    return wf
+
+
+@click.command("workflows")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000), help="most workflows listed")
+@clikit.json_flag
+@click.pass_context
+def workflows(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """The team's workflows, newest first."""
+    as_json = clikit.use_json(ctx, as_json)
+    found = clikit.client(ctx).workflows.list(limit=limit)
+    if as_json:
+        clikit.emit_json(found)
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("id", "name", "state", "experiments", "created"):
+        table.add_column(column)
+    for w in found:
+        table.add_row(w["id"], w["name"], _state(w["state"]), str(len(w["nodes"])), clikit.when(w["created_at"]))
+    clikit.out().print(table)
+
+
+@click.command("workflow")
+@click.argument("workflow_id")
+@click.option("--cancel", is_flag=True, help="cancel it and the experiment it runs")
+@click.option("--wait", is_flag=True, help="wait until it completes, fails or is cancelled")
+@clikit.json_flag
+@click.pass_context
+def workflow(ctx: click.Context, workflow_id: str, cancel: bool, wait: bool, as_json: bool) -> None:
+    """One workflow as a DAG: each experiment under those it depends on, with its state and best trial."""
+    as_json = clikit.use_json(ctx, as_json)
+    flows = clikit.client(ctx).workflows
+    if cancel:
+        flows.cancel(workflow_id)
+    wf = flows.wait(workflow_id) if wait else flows.get(workflow_id)
+    if as_json:
+        click.echo(json.dumps(wf, indent=2, default=str))
+    else:
+        clikit.out().print(workflow_tree(wf))

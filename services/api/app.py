@@ -42,6 +42,7 @@ from services.api.routes import outputs as output_routes
 from services.api.routes import retention as retention_routes
 from services.api.routes import secrets as secret_routes
 from services.api.routes import team as team_routes
+from services.api.routes import workflows as workflow_routes
 from services.api.tokens import TokenCodec
 from services.api.trainer_client import TrainerApi, TrainerClient
 from services.common.adapters import mongo
@@ -270,7 +271,7 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
     # outermost, so refusals (413, 401, 429) and crashes are audited too
     app.add_middleware(AuditMiddleware, audit=audit)
 
-    for module in (job_routes, experiment_routes, observe_routes, output_routes, secret_routes, notification_routes, team_routes,
+    for module in (job_routes, experiment_routes, workflow_routes, observe_routes, output_routes, secret_routes, notification_routes, team_routes,
                    auth_routes, admin_routes, admin_job_routes, retention_routes, health_routes):
         app.include_router(_publish_roles(module.router))
     prom.install(app)

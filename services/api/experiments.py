@@ -21,10 +21,11 @@ from services.api.submit import PayloadTooLarge, check_archive
 from services.api.trainer_client import job_state_name
 from services.common import rpc
 from services.common.adapters.objectstore import ObjectStore
-from services.common.contracts.experiments import ExperimentState
-from services.common.contracts.ids import new_experiment_id
+from services.common.contracts.experiments import ExperimentState, load_recipe
+from services.common.contracts.ids import new_experiment_id, new_workflow_id
 from services.common.contracts.recipes import experiment_from_recipe
 from services.common.contracts.storekeys import experiment_code_key, uri_for
+from services.common.contracts.workflows import parse_workflow
 from services.common.errors import TrainforgeError
 
 
@@ -53,6 +54,16 @@ def experiment_to_json(exp: trainer_pb2.Experiment, *, with_trials: bool = True)
             "reason": exp.reason, "objective": spec.get("objective"), "trial_count": exp.trial_count,
             "best_trial": best, "trials": trials, "spec": spec, "code_uri": exp.code_uri,
             "submitted_by": exp.submitted_by, "created_at": exp.created_at, "updated_at": exp.updated_at}
+
+
+def workflow_to_json(wf: trainer_pb2.Workflow) -> dict:
+    nodes = [{"name": n.name, "depends_on": list(n.depends_on), "take": n.take, "experiment_id": n.experiment_id or None,
+              "state": "skipped" if n.skipped else ("waiting" if not n.state else experiment_state_name(n.state)),
+              "reason": n.reason, "best_trial": n.best_trial if n.HasField("best_trial") else None}
+             for n in wf.nodes]
+    return {"id": wf.id, "team": wf.team, "name": wf.name, "state": experiment_state_name(wf.state),
+            "reason": wf.reason, "nodes": nodes, "code_uri": wf.code_uri, "submitted_by": wf.submitted_by,
+            "created_at": wf.created_at, "updated_at": wf.updated_at}
 
 
 class ExperimentCalls:
@@ -85,6 +96,41 @@ class ExperimentCalls:
                   "resume": self._stub.ResumeExperiment}[action]
         req = trainer_pb2.ExperimentAction(team=team, experiment_id=experiment_id, actor=actor)
         return experiment_to_json(rpc.call(method, req, self._timeout))
+
+
+    def submit_workflow(self, *, team: str, recipe: str, code_uri: str, submitted_by: str, workflow_id: str) -> dict:
+        req = trainer_pb2.SubmitWorkflowRequest(team=team, recipe=recipe, code_uri=code_uri,
+                                                submitted_by=submitted_by, workflow_id=workflow_id)
+        return workflow_to_json(rpc.call(self._stub.SubmitWorkflow, req, self._timeout))
+
+    def get_workflow(self, team: str, workflow_id: str) -> dict:
+        req = trainer_pb2.GetWorkflowRequest(team=team, workflow_id=workflow_id)
+        return workflow_to_json(rpc.call(self._stub.GetWorkflow, req, self._timeout))
+
+    def list_workflows(self, team: str, limit: int) -> list[dict]:
+        resp = rpc.call(self._stub.ListWorkflows, trainer_pb2.ListWorkflowsRequest(team=team, limit=limit),
+                        self._timeout)
+        return [workflow_to_json(w) for w in resp.workflows]
+
+    def cancel_workflow(self, team: str, workflow_id: str, actor: str) -> dict:
+        req = trainer_pb2.WorkflowAction(team=team, workflow_id=workflow_id, actor=actor)
+        return workflow_to_json(rpc.call(self._stub.CancelWorkflow, req, self._timeout))
+
+
+def submit_workflow(calls: ExperimentCalls, objects: ObjectStore, tenant: Tenant, *, recipe: str,
+                    code: BinaryIO | None, code_size: int | None, max_upload_bytes: int) -> dict:
+    parse_workflow(load_recipe(recipe))  # every bad field is a 422 before anything is stored
+    workflow_id = new_workflow_id()
+    code_uri = ""
+    if code is not None:
+        code_uri = _store_code(objects, workflow_id, code, code_size, max_upload_bytes)
+    try:
+        return calls.submit_workflow(team=tenant.team, recipe=recipe, code_uri=code_uri, submitted_by=tenant.key_id,
+                                     workflow_id=workflow_id)
+    except TrainforgeError:
+        if code_uri:
+            objects.delete_prefix(experiment_code_key(workflow_id))
+        raise
 
 
 def submit_experiment(calls: ExperimentCalls, objects: ObjectStore, tenant: Tenant, *, recipe: str,

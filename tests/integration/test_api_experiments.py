@@ -145,3 +145,50 @@ def test_hypers_recipe_is_accepted_through_the_cli(stack):
     assert "translated" in exp["reason"] and "max_parallel" in exp["reason"]
     assert sorted(t["params"]["bs"] for t in exp["trials"]) == [16, 16, 32, 32]
     assert all(0.01 <= t["params"]["lr"] <= 0.1 for t in exp["trials"])
+
+
+WORKFLOW = """kind: workflow
+name: tune-then-train
+code: src
+experiments:
+  sweep:
+    framework: custom
+    command: python train.py --lr {{lr}}
+    parameters: {lr: [0.1, 0.2]}
+    mode: grid
+    objective: {metric: loss}
+  train:
+    framework: custom
+    command: python train.py --long
+    depends_on: [sweep]
+"""
+
+
+def test_workflows_through_the_cli_with_a_dag_view_tenancy_and_validation(stack):
+    wf = json.loads(stack.run("submit", write_recipe(stack.tmp, WORKFLOW), "--json").stdout)
+    assert [n["name"] for n in wf["nodes"]] == ["sweep", "train"] and wf["code_uri"].endswith("code.tar.gz")
+    sweep = wait_for(lambda: json.loads(stack.run("workflow", wf["id"], "--json").stdout)["nodes"][0]["experiment_id"],
+                     15, "the sweep to start")
+    for index, loss in enumerate([0.5, 0.25]):
+        job_id = f"{sweep}-{index}"
+        stack.env.run(job_id)
+        assert stack.env.job(job_id).code_uri == wf["code_uri"]
+        stack.env.report_metric(job_id, {"step": 1, "loss": loss})
+        stack.env.complete(job_id)
+    wait_for(lambda: json.loads(stack.run("workflow", wf["id"], "--json").stdout)["nodes"][1]["experiment_id"], 15,
+             "train to start")
+    tree = stack.run("workflow", wf["id"]).stdout
+    assert "tune-then-train" in tree and "sweep completed" in tree and "best trial 1" in tree
+    assert "train running" in tree and "(take best)" in tree
+    assert wf["id"] in stack.run("workflows").stdout
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {stack.other}"}) as other:
+        assert other.get(f"/v1/workflows/{wf['id']}").status_code == 404
+        assert other.post(f"/v1/workflows/{wf['id']}/cancel").status_code == 404
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {stack.key}"}) as mine:
+        bad = WORKFLOW.replace("depends_on: [sweep]", "depends_on: [swep]")
+        r = mine.post("/v1/workflows", data={"recipe": bad})
+        assert r.status_code == 422
+        assert {"field": "experiments.train.depends_on", "message": "unknown experiment 'swep'"} in \
+            r.json()["error"]["details"]
+    cancelled = json.loads(stack.run("workflow", wf["id"], "--cancel", "--json").stdout)
+    assert cancelled["state"] == "cancelled"

@@ -39,8 +39,8 @@ def experiment_from_recipe(source: str | bytes | dict) -> PlannedExperiment:
     data = load_recipe(source)
     kind = recipe_kind(data)
     if kind == RecipeKind.WORKFLOW:
-        raise InvalidArgument("this recipe is a workflow (several experiments); workflows are not served yet: "
-                              "submit each experiment on its own",
+        raise InvalidArgument("this recipe is a workflow (several experiments): submit it to /v1/workflows "
+                              "(`trainforge submit` does)",
                               details=[{"field": "experiments", "message": "more than one experiment"}])
     if kind == RecipeKind.JOB:
         raise InvalidArgument("this recipe is a single job (no parameters); submit it to /v1/jobs",

@@ -87,8 +87,9 @@ def parse_workflow(data: dict) -> WorkflowSpec:
     if isinstance(experiments, dict) and len(experiments) > MAX_NODES:
         raise _fail([{"field": "experiments", "message": f"at most {MAX_NODES} experiments"}])
     translation = translate({k: v for k, v in data.items() if k in ("experiments", "kind", "name")})
+    # `code:` names the folder the CLI uploads once for every experiment
     details: list[dict] = [{"field": k, "message": "unknown field beside experiments"}
-                           for k in data if k not in ("experiments", "kind", "name")]
+                           for k in data if k not in ("experiments", "kind", "name", "code")]
     deps: dict[str, tuple[str, ...]] = {}
     takes: dict[str, Take] = {}
     recipes: dict[str, dict] = {}
