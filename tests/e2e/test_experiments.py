@@ -83,3 +83,58 @@ def test_an_eight_trial_sweep_finds_the_best_and_survives_a_trainer_kill(stack, 
     assert all(j["attempt"] == 1 for j in jobs)
     table = run_cli(env, "experiment", exp["id"]).stdout
     assert "best: trial 2" in table and "lr=0.03" in table
+
+
+STAGE = textwrap.dedent("""
+    import json, os, pathlib, sys, time
+    stage = sys.argv[1]
+    out = pathlib.Path(os.environ["TF_OUTPUT_DIR"])
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = os.environ.get("TF_METRICS_FILE") or os.path.join(os.environ.get("TF_WORKDIR", "."), ".tf-metrics.jsonl")
+    if stage == "sweep":
+        lr = float(os.environ["PARAM_LR"])
+        loss = abs(lr - 0.2)
+        with open(metrics, "a") as f:
+            f.write(json.dumps({"step": 1, "ts": time.time(), "loss": loss}) + "\\n")
+        (out / "model.json").write_text(json.dumps({"lr": lr, "trained": 1}))
+    elif stage == "train":
+        model = json.loads(pathlib.Path("inputs/sweep/0/model.json").read_text())
+        model["trained"] += 10
+        (out / "model.json").write_text(json.dumps(model))
+    else:
+        model = json.loads(pathlib.Path("inputs/train/0/model.json").read_text())
+        (out / "report.json").write_text(json.dumps({**model, "evaluated": True}))
+    print(stage, "done", flush=True)
+""")
+
+
+def test_a_three_node_workflow_passes_outputs_along(stack, tmp_path):
+    env, _, _ = stack
+    code = tmp_path / "wf-code"
+    code.mkdir()
+    (code / "main.py").write_text(STAGE)
+    common = {"framework": "custom", "resources": {"cpus": 0.5, "memory": "256Mi"}}
+    recipe = {"kind": "workflow", "name": "tune-train-eval", "code": str(code), "experiments": {
+        "sweep": {**common, "command": "python main.py sweep", "parameters": {"lr": [0.1, 0.2, 0.4]},
+                  "mode": "grid", "max_parallel": 2, "objective": {"metric": "loss", "goal": "minimize"}},
+        "train": {**common, "command": "python main.py train", "depends_on": ["sweep"]},
+        "evaluate": {**common, "command": "python main.py evaluate", "depends_on": ["train"]}}}
+    path = tmp_path / "wf.json"
+    path.write_text(json.dumps(recipe))
+    wf = cli_json(env, "submit", str(path))
+
+    def ended() -> dict | None:
+        got = cli_json(env, "workflow", wf["id"])
+        return got if got["state"] in ("completed", "failed", "cancelled") else None
+
+    final = wait_for(ended, 600, "the workflow to end", interval=2.0)
+    assert final["state"] == "completed", final
+    assert [n["state"] for n in final["nodes"]] == ["completed"] * 3
+    assert final["nodes"][0]["best_trial"] == 1  # lr 0.2
+    evaluate = final["nodes"][2]["experiment_id"]
+    dest = tmp_path / "report"
+    cli_json(env, "download", f"{evaluate}-0", "-o", str(dest))
+    report = json.loads((dest / "0" / "report.json").read_text())
+    assert report == {"lr": 0.2, "trained": 11, "evaluated": True}
+    tree = run_cli(env, "workflow", wf["id"]).stdout
+    assert "sweep completed" in tree and "evaluate completed" in tree
