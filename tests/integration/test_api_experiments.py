@@ -100,6 +100,8 @@ def test_submit_follow_and_read_an_experiment_through_the_cli(stack):
     assert "best: trial 1" in table and "loss=0.1" in table and "lr=0.2" in table
     listing = stack.run("experiments").stdout
     assert exp["id"] in listing and "completed" in listing
+    listed = json.loads(stack.run("experiments", "--json").stdout)
+    assert [(e["id"], e["trial_count"], e["best_trial"], e["trials"]) for e in listed] == [(exp["id"], 3, 1, [])]
 
 
 def test_experiments_are_tenant_scoped_and_bad_recipes_are_422_naming_fields(stack):

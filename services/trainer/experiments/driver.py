@@ -300,6 +300,7 @@ class ExperimentDriver:
         if best is not None and spec.objective is not None:
             parts.append(f"best trial {best} ({spec.objective.metric}={exp.progress(best).objective:g})")
         to = ExperimentState.EXPERIMENT_COMPLETED if done else ExperimentState.EXPERIMENT_FAILED
+        self._experiments.set_best(exp.id, best)
         moved = self._experiments.move(exp.id, to, "; ".join(parts), only_from=[ExperimentState.EXPERIMENT_RUNNING])
         if moved is not None:
             self._experiments.settle(exp.id, to)

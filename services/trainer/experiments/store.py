@@ -56,6 +56,8 @@ class ExperimentRecord(BaseModel):
     code_uri: str = ""
     submitted_by: str = ""
     workflow_id: str = ""
+    trial_count: int = 0
+    best_trial: int | None = None  # stored when the experiment settles (lists show it without the trials)
     created_at: float = 0.0
     updated_at: float = 0.0
 
@@ -104,7 +106,7 @@ class ExperimentStore:
         now = time.time()
         doc = {"_id": experiment_id, "team": team, "name": spec.name, "state": int(state), "reason": reason,
                "spec": spec.model_dump(mode="json"), "plan": plan, "trials": {}, "code_uri": code_uri,
-               "submitted_by": submitted_by, "workflow_id": workflow_id, "settled": False, "created_at": now, "updated_at": now}
+               "submitted_by": submitted_by, "workflow_id": workflow_id, "trial_count": len(plan), "settled": False, "created_at": now, "updated_at": now}
         try:
             self._col.insert_one(doc)
         except DuplicateKeyError:
@@ -165,6 +167,10 @@ class ExperimentStore:
             else:
                 update[f"trials.{index}.{name}"] = value
         self._col.update_one({"_id": experiment_id}, {"$set": update})
+
+    @mapped
+    def set_best(self, experiment_id: str, best: int | None) -> None:
+        self._col.update_one({"_id": experiment_id}, {"$set": {"best_trial": best}})
 
     @mapped
     def set_reason(self, experiment_id: str, reason: str, *, state: ExperimentState) -> None:

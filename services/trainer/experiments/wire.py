@@ -16,9 +16,11 @@ def experiment_to_proto(exp: ExperimentRecord, view: ExperimentView | None = Non
     msg = trainer_pb2.Experiment(
         id=exp.id, team=exp.team, name=exp.name, state=int(exp.state), reason=exp.reason,
         spec_json=json.dumps(exp.spec), code_uri=exp.code_uri, submitted_by=exp.submitted_by,
-        created_at=exp.created_at, updated_at=exp.updated_at, trial_count=len(exp.plan) or len(exp.trials),
+        created_at=exp.created_at, updated_at=exp.updated_at, trial_count=exp.trial_count or len(exp.plan),
         workflow_id=exp.workflow_id)
     if view is None:
+        if exp.best_trial is not None:
+            msg.best_trial = exp.best_trial
         return msg
     for index, values in enumerate(exp.plan):
         progress = exp.progress(index)
