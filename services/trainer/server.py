@@ -40,8 +40,9 @@ from services.trainer.experiments.metrics import LogStoreMetrics, MetricsReader
 from services.trainer.experiments.service import ExperimentService
 from services.trainer.experiments.store import COLLECTION as EXPERIMENT_COLLECTION
 from services.trainer.experiments.store import ExperimentStore
-from services.trainer.experiments.workflows import COLLECTION as WORKFLOW_COLLECTION
-from services.trainer.experiments.workflows import WorkflowRunner, WorkflowService, WorkflowStore
+from services.trainer.experiments.workflow_store import COLLECTION as WORKFLOW_COLLECTION
+from services.trainer.experiments.workflow_store import WorkflowStore
+from services.trainer.experiments.workflows import WorkflowRunner, WorkflowService
 from services.trainer.lcm_client import GrpcLcm, Lcm
 from services.trainer.notifier import ANNOUNCED, RECONCILE_WINDOW, Notifier
 from services.trainer.quotas import COLLECTION as QUOTA_COLLECTION

@@ -8,7 +8,7 @@ from protos import trainer_pb2
 from services.common.states import JobState
 from services.trainer.experiments.service import ExperimentView
 from services.trainer.experiments.store import ExperimentRecord
-from services.trainer.experiments.workflows import WorkflowRecord
+from services.trainer.experiments.workflow_store import WorkflowRecord
 
 
 def experiment_to_proto(exp: ExperimentRecord, view: ExperimentView | None = None) -> trainer_pb2.Experiment:
