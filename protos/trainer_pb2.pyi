@@ -1,11 +1,222 @@
 from protos import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class ExperimentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXPERIMENT_STATE_UNSPECIFIED: _ClassVar[ExperimentState]
+    EXPERIMENT_RUNNING: _ClassVar[ExperimentState]
+    EXPERIMENT_COMPLETED: _ClassVar[ExperimentState]
+    EXPERIMENT_FAILED: _ClassVar[ExperimentState]
+    EXPERIMENT_CANCELLED: _ClassVar[ExperimentState]
+    EXPERIMENT_HALTED: _ClassVar[ExperimentState]
+EXPERIMENT_STATE_UNSPECIFIED: ExperimentState
+EXPERIMENT_RUNNING: ExperimentState
+EXPERIMENT_COMPLETED: ExperimentState
+EXPERIMENT_FAILED: ExperimentState
+EXPERIMENT_CANCELLED: ExperimentState
+EXPERIMENT_HALTED: ExperimentState
+
+class WorkflowNode(_message.Message):
+    __slots__ = ("name", "depends_on", "take", "experiment_id", "state", "reason", "best_trial", "skipped")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DEPENDS_ON_FIELD_NUMBER: _ClassVar[int]
+    TAKE_FIELD_NUMBER: _ClassVar[int]
+    EXPERIMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    BEST_TRIAL_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    depends_on: _containers.RepeatedScalarFieldContainer[str]
+    take: str
+    experiment_id: str
+    state: ExperimentState
+    reason: str
+    best_trial: int
+    skipped: bool
+    def __init__(self, name: _Optional[str] = ..., depends_on: _Optional[_Iterable[str]] = ..., take: _Optional[str] = ..., experiment_id: _Optional[str] = ..., state: _Optional[_Union[ExperimentState, str]] = ..., reason: _Optional[str] = ..., best_trial: _Optional[int] = ..., skipped: _Optional[bool] = ...) -> None: ...
+
+class Workflow(_message.Message):
+    __slots__ = ("id", "team", "name", "state", "reason", "nodes", "code_uri", "submitted_by", "created_at", "updated_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    CODE_URI_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_BY_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    team: str
+    name: str
+    state: ExperimentState
+    reason: str
+    nodes: _containers.RepeatedCompositeFieldContainer[WorkflowNode]
+    code_uri: str
+    submitted_by: str
+    created_at: float
+    updated_at: float
+    def __init__(self, id: _Optional[str] = ..., team: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[ExperimentState, str]] = ..., reason: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[WorkflowNode, _Mapping]]] = ..., code_uri: _Optional[str] = ..., submitted_by: _Optional[str] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ...) -> None: ...
+
+class SubmitWorkflowRequest(_message.Message):
+    __slots__ = ("team", "recipe", "code_uri", "submitted_by", "workflow_id")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    RECIPE_FIELD_NUMBER: _ClassVar[int]
+    CODE_URI_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_BY_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_ID_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    recipe: str
+    code_uri: str
+    submitted_by: str
+    workflow_id: str
+    def __init__(self, team: _Optional[str] = ..., recipe: _Optional[str] = ..., code_uri: _Optional[str] = ..., submitted_by: _Optional[str] = ..., workflow_id: _Optional[str] = ...) -> None: ...
+
+class GetWorkflowRequest(_message.Message):
+    __slots__ = ("team", "workflow_id")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_ID_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    workflow_id: str
+    def __init__(self, team: _Optional[str] = ..., workflow_id: _Optional[str] = ...) -> None: ...
+
+class ListWorkflowsRequest(_message.Message):
+    __slots__ = ("team", "limit")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    limit: int
+    def __init__(self, team: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListWorkflowsResponse(_message.Message):
+    __slots__ = ("workflows",)
+    WORKFLOWS_FIELD_NUMBER: _ClassVar[int]
+    workflows: _containers.RepeatedCompositeFieldContainer[Workflow]
+    def __init__(self, workflows: _Optional[_Iterable[_Union[Workflow, _Mapping]]] = ...) -> None: ...
+
+class WorkflowAction(_message.Message):
+    __slots__ = ("team", "workflow_id", "actor")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    workflow_id: str
+    actor: str
+    def __init__(self, team: _Optional[str] = ..., workflow_id: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class Trial(_message.Message):
+    __slots__ = ("index", "job_id", "state", "params_json", "objective", "stopped_at_rung", "rungs", "reason")
+    class RungsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_AT_RUNG_FIELD_NUMBER: _ClassVar[int]
+    RUNGS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    job_id: str
+    state: _common_pb2.JobState
+    params_json: str
+    objective: float
+    stopped_at_rung: int
+    rungs: _containers.ScalarMap[int, float]
+    reason: str
+    def __init__(self, index: _Optional[int] = ..., job_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., params_json: _Optional[str] = ..., objective: _Optional[float] = ..., stopped_at_rung: _Optional[int] = ..., rungs: _Optional[_Mapping[int, float]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Experiment(_message.Message):
+    __slots__ = ("id", "team", "name", "state", "reason", "spec_json", "trials", "best_trial", "code_uri", "submitted_by", "created_at", "updated_at", "trial_count", "workflow_id")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    TRIALS_FIELD_NUMBER: _ClassVar[int]
+    BEST_TRIAL_FIELD_NUMBER: _ClassVar[int]
+    CODE_URI_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_BY_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    TRIAL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    team: str
+    name: str
+    state: ExperimentState
+    reason: str
+    spec_json: str
+    trials: _containers.RepeatedCompositeFieldContainer[Trial]
+    best_trial: int
+    code_uri: str
+    submitted_by: str
+    created_at: float
+    updated_at: float
+    trial_count: int
+    workflow_id: str
+    def __init__(self, id: _Optional[str] = ..., team: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[ExperimentState, str]] = ..., reason: _Optional[str] = ..., spec_json: _Optional[str] = ..., trials: _Optional[_Iterable[_Union[Trial, _Mapping]]] = ..., best_trial: _Optional[int] = ..., code_uri: _Optional[str] = ..., submitted_by: _Optional[str] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., trial_count: _Optional[int] = ..., workflow_id: _Optional[str] = ...) -> None: ...
+
+class SubmitExperimentRequest(_message.Message):
+    __slots__ = ("team", "recipe", "code_uri", "submitted_by", "experiment_id")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    RECIPE_FIELD_NUMBER: _ClassVar[int]
+    CODE_URI_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_BY_FIELD_NUMBER: _ClassVar[int]
+    EXPERIMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    recipe: str
+    code_uri: str
+    submitted_by: str
+    experiment_id: str
+    def __init__(self, team: _Optional[str] = ..., recipe: _Optional[str] = ..., code_uri: _Optional[str] = ..., submitted_by: _Optional[str] = ..., experiment_id: _Optional[str] = ...) -> None: ...
+
+class GetExperimentRequest(_message.Message):
+    __slots__ = ("team", "experiment_id")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    EXPERIMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    experiment_id: str
+    def __init__(self, team: _Optional[str] = ..., experiment_id: _Optional[str] = ...) -> None: ...
+
+class ListExperimentsRequest(_message.Message):
+    __slots__ = ("team", "limit")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    limit: int
+    def __init__(self, team: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListExperimentsResponse(_message.Message):
+    __slots__ = ("experiments",)
+    EXPERIMENTS_FIELD_NUMBER: _ClassVar[int]
+    experiments: _containers.RepeatedCompositeFieldContainer[Experiment]
+    def __init__(self, experiments: _Optional[_Iterable[_Union[Experiment, _Mapping]]] = ...) -> None: ...
+
+class ExperimentAction(_message.Message):
+    __slots__ = ("team", "experiment_id", "actor")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    EXPERIMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    experiment_id: str
+    actor: str
+    def __init__(self, team: _Optional[str] = ..., experiment_id: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
 
 class Quota(_message.Message):
     __slots__ = ("gpus", "cpus", "memory", "jobs", "gpus_by_type")

@@ -90,6 +90,56 @@ class TrainerStub:
                 request_serializer=protos_dot_trainer__pb2.ListUsageRequest.SerializeToString,
                 response_deserializer=protos_dot_trainer__pb2.ListUsageResponse.FromString,
                 _registered_method=True)
+        self.SubmitExperiment = channel.unary_unary(
+                '/trainforge.v1.Trainer/SubmitExperiment',
+                request_serializer=protos_dot_trainer__pb2.SubmitExperimentRequest.SerializeToString,
+                response_deserializer=protos_dot_trainer__pb2.Experiment.FromString,
+                _registered_method=True)
+        self.GetExperiment = channel.unary_unary(
+                '/trainforge.v1.Trainer/GetExperiment',
+                request_serializer=protos_dot_trainer__pb2.GetExperimentRequest.SerializeToString,
+                response_deserializer=protos_dot_trainer__pb2.Experiment.FromString,
+                _registered_method=True)
+        self.ListExperiments = channel.unary_unary(
+                '/trainforge.v1.Trainer/ListExperiments',
+                request_serializer=protos_dot_trainer__pb2.ListExperimentsRequest.SerializeToString,
+                response_deserializer=protos_dot_trainer__pb2.ListExperimentsResponse.FromString,
+                _registered_method=True)
+        self.CancelExperiment = channel.unary_unary(
+                '/trainforge.v1.Trainer/CancelExperiment',
+                request_serializer=protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
+                response_deserializer=protos_dot_trainer__pb2.Experiment.FromString,
+                _registered_method=True)
+        self.HaltExperiment = channel.unary_unary(
+                '/trainforge.v1.Trainer/HaltExperiment',
+                request_serializer=protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
+                response_deserializer=protos_dot_trainer__pb2.Experiment.FromString,
+                _registered_method=True)
+        self.ResumeExperiment = channel.unary_unary(
+                '/trainforge.v1.Trainer/ResumeExperiment',
+                request_serializer=protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
+                response_deserializer=protos_dot_trainer__pb2.Experiment.FromString,
+                _registered_method=True)
+        self.SubmitWorkflow = channel.unary_unary(
+                '/trainforge.v1.Trainer/SubmitWorkflow',
+                request_serializer=protos_dot_trainer__pb2.SubmitWorkflowRequest.SerializeToString,
+                response_deserializer=protos_dot_trainer__pb2.Workflow.FromString,
+                _registered_method=True)
+        self.GetWorkflow = channel.unary_unary(
+                '/trainforge.v1.Trainer/GetWorkflow',
+                request_serializer=protos_dot_trainer__pb2.GetWorkflowRequest.SerializeToString,
+                response_deserializer=protos_dot_trainer__pb2.Workflow.FromString,
+                _registered_method=True)
+        self.ListWorkflows = channel.unary_unary(
+                '/trainforge.v1.Trainer/ListWorkflows',
+                request_serializer=protos_dot_trainer__pb2.ListWorkflowsRequest.SerializeToString,
+                response_deserializer=protos_dot_trainer__pb2.ListWorkflowsResponse.FromString,
+                _registered_method=True)
+        self.CancelWorkflow = channel.unary_unary(
+                '/trainforge.v1.Trainer/CancelWorkflow',
+                request_serializer=protos_dot_trainer__pb2.WorkflowAction.SerializeToString,
+                response_deserializer=protos_dot_trainer__pb2.Workflow.FromString,
+                _registered_method=True)
 
 
 class TrainerServicer:
@@ -176,6 +226,74 @@ class TrainerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitExperiment(self, request, context):
+        """Experiments: a job template swept over parameters (services/common/contracts/experiments.py).
+        Store the experiment and its planned trials; the Trainer's experiment driver submits them as jobs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetExperiment(self, request, context):
+        """One experiment of a team with its trials; NOT_FOUND for another team's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListExperiments(self, request, context):
+        """A team's experiments, newest first (without their trials).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelExperiment(self, request, context):
+        """Cancel, halt or resume an experiment and its trials (ExperimentAction.action).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HaltExperiment(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeExperiment(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitWorkflow(self, request, context):
+        """Workflows: a DAG of experiments (services/common/contracts/workflows.py). The experiment driver
+        starts each node's experiment once every node it depends on completed, with their outputs as data.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetWorkflow(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWorkflows(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelWorkflow(self, request, context):
+        """Cancel a workflow: every node's experiment that runs is cancelled, no new one starts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -233,6 +351,56 @@ def add_TrainerServicer_to_server(servicer, server):
                     servicer.ListUsage,
                     request_deserializer=protos_dot_trainer__pb2.ListUsageRequest.FromString,
                     response_serializer=protos_dot_trainer__pb2.ListUsageResponse.SerializeToString,
+            ),
+            'SubmitExperiment': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitExperiment,
+                    request_deserializer=protos_dot_trainer__pb2.SubmitExperimentRequest.FromString,
+                    response_serializer=protos_dot_trainer__pb2.Experiment.SerializeToString,
+            ),
+            'GetExperiment': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetExperiment,
+                    request_deserializer=protos_dot_trainer__pb2.GetExperimentRequest.FromString,
+                    response_serializer=protos_dot_trainer__pb2.Experiment.SerializeToString,
+            ),
+            'ListExperiments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListExperiments,
+                    request_deserializer=protos_dot_trainer__pb2.ListExperimentsRequest.FromString,
+                    response_serializer=protos_dot_trainer__pb2.ListExperimentsResponse.SerializeToString,
+            ),
+            'CancelExperiment': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelExperiment,
+                    request_deserializer=protos_dot_trainer__pb2.ExperimentAction.FromString,
+                    response_serializer=protos_dot_trainer__pb2.Experiment.SerializeToString,
+            ),
+            'HaltExperiment': grpc.unary_unary_rpc_method_handler(
+                    servicer.HaltExperiment,
+                    request_deserializer=protos_dot_trainer__pb2.ExperimentAction.FromString,
+                    response_serializer=protos_dot_trainer__pb2.Experiment.SerializeToString,
+            ),
+            'ResumeExperiment': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeExperiment,
+                    request_deserializer=protos_dot_trainer__pb2.ExperimentAction.FromString,
+                    response_serializer=protos_dot_trainer__pb2.Experiment.SerializeToString,
+            ),
+            'SubmitWorkflow': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitWorkflow,
+                    request_deserializer=protos_dot_trainer__pb2.SubmitWorkflowRequest.FromString,
+                    response_serializer=protos_dot_trainer__pb2.Workflow.SerializeToString,
+            ),
+            'GetWorkflow': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWorkflow,
+                    request_deserializer=protos_dot_trainer__pb2.GetWorkflowRequest.FromString,
+                    response_serializer=protos_dot_trainer__pb2.Workflow.SerializeToString,
+            ),
+            'ListWorkflows': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkflows,
+                    request_deserializer=protos_dot_trainer__pb2.ListWorkflowsRequest.FromString,
+                    response_serializer=protos_dot_trainer__pb2.ListWorkflowsResponse.SerializeToString,
+            ),
+            'CancelWorkflow': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelWorkflow,
+                    request_deserializer=protos_dot_trainer__pb2.WorkflowAction.FromString,
+                    response_serializer=protos_dot_trainer__pb2.Workflow.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -532,6 +700,276 @@ class Trainer:
             '/trainforge.v1.Trainer/ListUsage',
             protos_dot_trainer__pb2.ListUsageRequest.SerializeToString,
             protos_dot_trainer__pb2.ListUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitExperiment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.Trainer/SubmitExperiment',
+            protos_dot_trainer__pb2.SubmitExperimentRequest.SerializeToString,
+            protos_dot_trainer__pb2.Experiment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetExperiment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.Trainer/GetExperiment',
+            protos_dot_trainer__pb2.GetExperimentRequest.SerializeToString,
+            protos_dot_trainer__pb2.Experiment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListExperiments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.Trainer/ListExperiments',
+            protos_dot_trainer__pb2.ListExperimentsRequest.SerializeToString,
+            protos_dot_trainer__pb2.ListExperimentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelExperiment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.Trainer/CancelExperiment',
+            protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
+            protos_dot_trainer__pb2.Experiment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HaltExperiment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.Trainer/HaltExperiment',
+            protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
+            protos_dot_trainer__pb2.Experiment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeExperiment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.Trainer/ResumeExperiment',
+            protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
+            protos_dot_trainer__pb2.Experiment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitWorkflow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.Trainer/SubmitWorkflow',
+            protos_dot_trainer__pb2.SubmitWorkflowRequest.SerializeToString,
+            protos_dot_trainer__pb2.Workflow.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWorkflow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.Trainer/GetWorkflow',
+            protos_dot_trainer__pb2.GetWorkflowRequest.SerializeToString,
+            protos_dot_trainer__pb2.Workflow.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkflows(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.Trainer/ListWorkflows',
+            protos_dot_trainer__pb2.ListWorkflowsRequest.SerializeToString,
+            protos_dot_trainer__pb2.ListWorkflowsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelWorkflow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.Trainer/CancelWorkflow',
+            protos_dot_trainer__pb2.WorkflowAction.SerializeToString,
+            protos_dot_trainer__pb2.Workflow.FromString,
             options,
             channel_credentials,
             insecure,

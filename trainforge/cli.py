@@ -21,6 +21,7 @@ from rich.text import Text
 from trainforge import (
     cli_account,
     cli_admin,
+    cli_experiments,
     cli_logs,
     cli_notify,
     cli_observe,
@@ -178,6 +179,11 @@ def submit(ctx: click.Context, manifest: Path, follow: bool, code_dir: Path | No
     as_json = _use_json(ctx, as_json)
     client = clikit.client(ctx)
     console = _out()
+    kind = cli_experiments.kind_of(manifest)
+    if kind != "job":  # an experiment or workflow recipe (kind:, parameters:, Hyper's experiments:)
+        submit_recipe = cli_experiments.submit_workflow if kind == "workflow" else cli_experiments.submit_experiment
+        submit_recipe(client, manifest, code_dir, follow, as_json, interval)
+        return
     on_code, on_upload, done = cliopts.upload_progress(as_json)
     try:
         job = client.submit(manifest, code_dir=code_dir, idempotency_key=idempotency_key,
@@ -393,6 +399,10 @@ main.add_command(cli_notify.webhook)
 cli_admin.admin.add_command(cli_retention.retention)
 cli_admin.admin.add_command(cli_retention.reindex)
 main.add_command(cli_observe.metrics)
+main.add_command(cli_experiments.experiments)
+main.add_command(cli_experiments.experiment)
+main.add_command(cli_experiments.workflows)
+main.add_command(cli_experiments.workflow)
 main.add_command(cli_observe.events)
 
 

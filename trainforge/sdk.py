@@ -45,6 +45,7 @@ from trainforge.sdk_logs import LogsMixin
 if TYPE_CHECKING:
     from trainforge.results import Results
     from trainforge.sdk_admin import Admin
+    from trainforge.sdk_experiments import Experiments, Workflows
     from trainforge.team_secrets import Secrets
 
 # Times one request is retried after a 429 (too many requests) before the error is raised.
@@ -309,6 +310,20 @@ class Client(LogsMixin):
         from trainforge.results import Results
 
         return Results(self)
+
+    @property
+    def experiments(self) -> Experiments:
+        """Parameter sweeps: submit a recipe, list, get with trials, halt, resume, cancel (trainforge.sdk_experiments)."""
+        from trainforge.sdk_experiments import Experiments
+
+        return Experiments(self)
+
+    @property
+    def workflows(self) -> Workflows:
+        """DAGs of experiments: submit, list, get with nodes, cancel (trainforge.sdk_experiments)."""
+        from trainforge.sdk_experiments import Workflows
+
+        return Workflows(self)
 
     @property
     def secrets(self) -> Secrets:

@@ -27,11 +27,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from services.api import prom, retention, ui
 from services.api.audit import AuditLog, AuditMiddleware
 from services.api.deps import REQUIRED_ROLE
+from services.api.experiments import ExperimentCalls
 from services.api.identity import IdentityStore, Role
 from services.api.ratelimit import RateLimiter
 from services.api.routes import admin as admin_routes
 from services.api.routes import admin_jobs as admin_job_routes
 from services.api.routes import auth as auth_routes
+from services.api.routes import experiments as experiment_routes
 from services.api.routes import health as health_routes
 from services.api.routes import jobs as job_routes
 from services.api.routes import notifications as notification_routes
@@ -40,6 +42,7 @@ from services.api.routes import outputs as output_routes
 from services.api.routes import retention as retention_routes
 from services.api.routes import secrets as secret_routes
 from services.api.routes import team as team_routes
+from services.api.routes import workflows as workflow_routes
 from services.api.tokens import TokenCodec
 from services.api.trainer_client import TrainerApi, TrainerClient
 from services.common.adapters import mongo
@@ -204,7 +207,8 @@ def _publish_roles(router: APIRouter) -> APIRouter:
 
 def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, identity: IdentityStore | None = None,
                logs: LogStore | None = None, objects: ObjectStore | None = None, audit: AuditLog | None = None,
-               limiter: RateLimiter | None = None, secrets: SecretStore | None = None) -> FastAPI:
+               limiter: RateLimiter | None = None, secrets: SecretStore | None = None,
+               experiments: ExperimentCalls | None = None) -> FastAPI:
     """The REST API; collaborators not given are built from settings and closed at shutdown.
 
     Raises ValueError for settings it cannot serve with (an unsupported JWT algorithm or a
@@ -217,6 +221,9 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
     if trainer is None:
         trainer = TrainerClient(settings.trainer_address)
         owned.append(trainer.close)
+    if experiments is None:
+        experiments = ExperimentCalls(settings.trainer_address)  # a channel connects on its first call
+        owned.append(experiments.close)
     if identity is None:
         identity = IdentityStore(mongo.connect(settings.mongo_url, settings.mongo_db))
         owned.append(identity.close)
@@ -247,6 +254,7 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
     app = FastAPI(title="trainforge", version="1", description=DESCRIPTION, lifespan=lifespan)
     app.state.settings = settings
     app.state.trainer = trainer
+    app.state.experiments = experiments
     app.state.identity = identity
     app.state.logs = logs
     app.state.objects = objects
@@ -263,7 +271,7 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
     # outermost, so refusals (413, 401, 429) and crashes are audited too
     app.add_middleware(AuditMiddleware, audit=audit)
 
-    for module in (job_routes, observe_routes, output_routes, secret_routes, notification_routes, team_routes,
+    for module in (job_routes, experiment_routes, workflow_routes, observe_routes, output_routes, secret_routes, notification_routes, team_routes,
                    auth_routes, admin_routes, admin_job_routes, retention_routes, health_routes):
         app.include_router(_publish_roles(module.router))
     prom.install(app)

@@ -279,6 +279,12 @@ def _field_errors(exc: ValidationError) -> list[dict]:
     return out
 
 
+# public name for the other recipe parsers (services/common/contracts/experiments.py)
+def field_errors(exc: ValidationError) -> list[dict]:
+    """Each pydantic error as {field: dotted path, message}."""
+    return _field_errors(exc)
+
+
 def parse_manifest(source: str | bytes | dict) -> Manifest:
     """Parse YAML/JSON text or a dict into a Manifest.
 

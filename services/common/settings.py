@@ -86,6 +86,8 @@ class ApiSettings(StoreSettings):
 
 class TrainerSettings(StoreSettings):
     dispatch_interval: float = Field(1.0, gt=0, le=60, description="seconds between queue passes")
+    experiment_interval: float = Field(2.0, gt=0, le=60, description="longest wait between experiment-driver "
+                                       "passes (a trial's state change wakes it sooner)")
     lcm_timeout: float = Field(30.0, gt=0, le=600, description="seconds an LCM call may take")
     webhook_max_tries: int = Field(8, ge=1, le=100, description="POSTs of one webhook delivery before it fails")
     webhook_backoff: float = Field(1.0, gt=0, le=3600, description="seconds before a failed delivery's first retry; "

@@ -80,6 +80,9 @@ class JobRecord(_Frozen):
     active_since: float | None = None
     gpu_seconds: float = 0.0
     cpu_seconds: float = 0.0
+    # a trial of an experiment (services/trainer/experiments/): its id and the trial's index; "" / -1 otherwise
+    experiment_id: str = ""
+    trial: int = -1
     # oldest first
     history: tuple[StatusEvent, ...] = ()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,14 @@ from services.common.settings import TrainerSettings
 from services.common.states import JobState
 from services.common.webhooks import Outbox, TeamWebhooks
 from services.trainer.dispatcher import ADMISSIONS, Dispatcher
+from services.trainer.experiments.driver import ExperimentDriver, TrialChanged
+from services.trainer.experiments.metrics import LogStoreMetrics, MetricsReader
+from services.trainer.experiments.service import ExperimentService
+from services.trainer.experiments.store import COLLECTION as EXPERIMENT_COLLECTION
+from services.trainer.experiments.store import ExperimentStore
+from services.trainer.experiments.workflow_store import COLLECTION as WORKFLOW_COLLECTION
+from services.trainer.experiments.workflow_store import WorkflowStore
+from services.trainer.experiments.workflows import WorkflowRunner, WorkflowService
 from services.trainer.lcm_client import GrpcLcm, Lcm
 from services.trainer.notifier import ANNOUNCED, RECONCILE_WINDOW, Notifier
 from services.trainer.quotas import COLLECTION as QUOTA_COLLECTION
@@ -59,6 +68,9 @@ class Trainer:
     notifier: Notifier | None = None
     metrics_port: int = -1  # where /metrics is served once started (-1: not served)
     _metrics: MetricsEndpoint | None = None
+    experiments: ExperimentStore | None = None
+    driver: ExperimentDriver | None = None
+    workflows: WorkflowStore | None = None
 
     @property
     def address(self) -> str:
@@ -67,11 +79,17 @@ class Trainer:
     def start(self) -> Trainer:
         try:
             self.store.ensure_indexes()
+            if self.experiments is not None:
+                self.experiments.ensure_indexes()
+            if self.workflows is not None:
+                self.workflows.ensure_indexes()
             self.service.reconcile()
         except Unavailable:
             self.stop(grace=0)
             raise
         self.dispatcher.start()
+        if self.driver is not None:
+            self.driver.start()
         if self.notifier is not None:
             self.notifier.start()
             self._reconcile_notifications()
@@ -96,6 +114,8 @@ class Trainer:
         if self._metrics is not None:
             self._metrics.stop()
         self.server.stop(grace).wait()
+        if self.driver is not None:
+            self.driver.stop()
         self.dispatcher.stop()
         if self.notifier is not None:
             self.notifier.stop()
@@ -105,7 +125,8 @@ class Trainer:
 
 
 def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | None = None,
-          collection: str = COLLECTION, quota_collection: str = QUOTA_COLLECTION) -> Trainer:
+          collection: str = COLLECTION, quota_collection: str = QUOTA_COLLECTION,
+          metrics: MetricsReader | None = None, experiment_collection: str = EXPERIMENT_COLLECTION) -> Trainer:
     """A Trainer bound to `settings.trainer_address` (port 0 picks a free one), not yet started."""
     closers: list[Callable[[], None]] = []
     if db is None:
@@ -123,15 +144,30 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
     quotas = QuotaStore(db, quota_collection)
     notifier = Notifier(Outbox(db), TeamWebhooks(db, box), max_tries=settings.webhook_max_tries,
                         initial_backoff=settings.webhook_backoff)
+    experiments_wake = threading.Event()
     dispatcher = Dispatcher(store, lcm, quotas=quotas, interval=settings.dispatch_interval,
-                            rules=(*DEFAULT_RULES, Announce(notifier.enqueue)))
+                            rules=(*DEFAULT_RULES, Announce(notifier.enqueue), TrialChanged(experiments_wake)))
     service = JobService(store, dispatcher, quotas)
+    if metrics is None:
+        reader = LogStoreMetrics(settings.logstore_url, settings.logstore_index)
+        closers.append(reader.close)
+        metrics = reader
+    experiments = ExperimentStore(db, experiment_collection)
+    driver = ExperimentDriver(experiments, store, service, metrics, interval=settings.experiment_interval,
+                              wake=experiments_wake)
+    experiment_service = ExperimentService(experiments, store, service, driver)
+    # a test that names its own experiment collection gets its own workflow collection beside it
+    workflow_store = WorkflowStore(db, WORKFLOW_COLLECTION if experiment_collection == EXPERIMENT_COLLECTION
+                                   else f"{experiment_collection}_workflows")
+    driver.workflows = WorkflowRunner(workflow_store, experiment_service)
+    workflow_service = WorkflowService(workflow_store, experiment_service, driver.wake)
     server, port = rpc.make_server(settings.trainer_address)
-    trainer_pb2_grpc.add_TrainerServicer_to_server(TrainerServicer(service), server)
+    trainer_pb2_grpc.add_TrainerServicer_to_server(TrainerServicer(service, experiment_service, workflow_service), server)
     add_health(server, ["trainforge.Trainer"])
     host = settings.trainer_address.rsplit(":", 1)[0]
     return Trainer(server, port, host, store, dispatcher, service, closers, notifier,
-                   metrics_port=settings.metrics_port)
+                   metrics_port=settings.metrics_port, experiments=experiments, driver=driver,
+                   workflows=workflow_store)
 
 
 def trainer_registry(store: JobStore) -> CollectorRegistry:
@@ -155,6 +191,8 @@ def trainer_registry(store: JobStore) -> CollectorRegistry:
 
 
 def serve(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | None = None,
-          collection: str = COLLECTION, quota_collection: str = QUOTA_COLLECTION) -> Trainer:
+          collection: str = COLLECTION, quota_collection: str = QUOTA_COLLECTION,
+          metrics: MetricsReader | None = None, experiment_collection: str = EXPERIMENT_COLLECTION) -> Trainer:
     """A running Trainer; `.server`, `.port` and `.address` say where, `.stop()` ends it."""
-    return build(settings, lcm=lcm, db=db, collection=collection, quota_collection=quota_collection).start()
+    return build(settings, lcm=lcm, db=db, collection=collection, quota_collection=quota_collection,
+                 metrics=metrics, experiment_collection=experiment_collection).start()

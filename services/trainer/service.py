@@ -56,7 +56,8 @@ class JobService:
         self._lifecycle = dispatcher.lifecycle
 
     def submit(self, team: str, manifest_source: str, *, code_uri: str = "", submitted_by: str = "",
-               job_id: str = "", idempotency_key: str = "") -> JobRecord:
+               job_id: str = "", idempotency_key: str = "", experiment_id: str = "",
+               trial: int = -1) -> JobRecord:
         """Validate, persist (PENDING) and admit (QUEUED) a job; the dispatcher takes it from there.
 
         With an idempotency key, a team's second submit returns its first
@@ -72,10 +73,10 @@ class JobService:
         manifest = parse_manifest(manifest_source)
         if idempotency_key and (first := self._store.find_by_key(team, idempotency_key)) is not None:
             return self._resubmitted(first, manifest, idempotency_key)
-        self._refuse_if_never_fits(team, manifest)
+        self.refuse_if_never_fits(team, manifest)
         try:
             self._store.insert(job_id, team, manifest, code_uri=code_uri, submitted_by=submitted_by,
-                               idempotency_key=idempotency_key)
+                               idempotency_key=idempotency_key, experiment_id=experiment_id, trial=trial)
         except AlreadySubmitted as e:  # a concurrent retry inserted first
             return self._resubmitted(e.job, manifest, idempotency_key)
         return self._admit(job_id, "admitted; waiting for the dispatcher")
@@ -90,7 +91,8 @@ class JobService:
             return self._admit(first.id, "admitted; waiting for the dispatcher")
         return first
 
-    def _refuse_if_never_fits(self, team: str, manifest: Manifest) -> None:
+    def refuse_if_never_fits(self, team: str, manifest: Manifest) -> None:
+        """InvalidArgument naming each resource when the job is bigger than the backend or the team's quota."""
         need = admission.demand(manifest)
         gpu_type = manifest.resources.gpu_type or ""
         problems = {}

@@ -16,11 +16,14 @@ from collections.abc import Iterable
 import grpc
 
 from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, Unavailable
 from services.common.rpc import handler
 from services.common.states import JobState
 from services.trainer.accounting import TeamReport
 from services.trainer.admission import Quota
+from services.trainer.experiments.service import ExperimentService
+from services.trainer.experiments.wire import experiment_to_proto, view_to_proto, workflow_to_proto
+from services.trainer.experiments.workflows import WorkflowService
 from services.trainer.record import JobRecord, LearnerReport
 from services.trainer.service import JobService
 
@@ -90,8 +93,16 @@ def job_state(value: int, field: str) -> JobState:
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
-    def __init__(self, service: JobService):
+    def __init__(self, service: JobService, experiments: ExperimentService | None = None,
+                 workflows: WorkflowService | None = None):
         self._service = service
+        self._experiments = experiments
+        self._workflows = workflows
+
+    def _exp(self) -> ExperimentService:
+        if self._experiments is None:
+            raise Unavailable("experiments are not served by this Trainer")
+        return self._experiments
 
     @handler
     def SubmitJob(self, request: trainer_pb2.SubmitJobRequest, context: Ctx) -> common_pb2.Job:
@@ -151,3 +162,61 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     @handler
     def ListUsage(self, request: trainer_pb2.ListUsageRequest, context: Ctx) -> trainer_pb2.ListUsageResponse:
         return trainer_pb2.ListUsageResponse(teams=[usage_to_proto(r) for r in self._service.list_usage()])
+
+    # -- experiments --------------------------------------------------------
+
+    @handler
+    def SubmitExperiment(self, request: trainer_pb2.SubmitExperimentRequest, context: Ctx) -> trainer_pb2.Experiment:
+        return view_to_proto(self._exp().submit(request.team, request.recipe, code_uri=request.code_uri,
+                                                submitted_by=request.submitted_by,
+                                                experiment_id=request.experiment_id))
+
+    @handler
+    def GetExperiment(self, request: trainer_pb2.GetExperimentRequest, context: Ctx) -> trainer_pb2.Experiment:
+        return view_to_proto(self._exp().get(request.team, request.experiment_id))
+
+    @handler
+    def ListExperiments(self, request: trainer_pb2.ListExperimentsRequest,
+                        context: Ctx) -> trainer_pb2.ListExperimentsResponse:
+        found = self._exp().list(request.team, request.limit)
+        return trainer_pb2.ListExperimentsResponse(experiments=[experiment_to_proto(e) for e in found])
+
+    @handler
+    def CancelExperiment(self, request: trainer_pb2.ExperimentAction, context: Ctx) -> trainer_pb2.Experiment:
+        return view_to_proto(self._exp().cancel(request.team, request.experiment_id, request.actor))
+
+    @handler
+    def HaltExperiment(self, request: trainer_pb2.ExperimentAction, context: Ctx) -> trainer_pb2.Experiment:
+        return view_to_proto(self._exp().halt(request.team, request.experiment_id, request.actor))
+
+    @handler
+    def ResumeExperiment(self, request: trainer_pb2.ExperimentAction, context: Ctx) -> trainer_pb2.Experiment:
+        return view_to_proto(self._exp().resume(request.team, request.experiment_id, request.actor))
+
+    # -- workflows ----------------------------------------------------------
+
+    def _wf(self) -> WorkflowService:
+        if self._workflows is None:
+            raise Unavailable("workflows are not served by this Trainer")
+        return self._workflows
+
+    @handler
+    def SubmitWorkflow(self, request: trainer_pb2.SubmitWorkflowRequest, context: Ctx) -> trainer_pb2.Workflow:
+        wf = self._wf().submit(request.team, request.recipe, code_uri=request.code_uri,
+                               submitted_by=request.submitted_by, workflow_id=request.workflow_id)
+        return workflow_to_proto(wf, self._wf().nodes(wf))
+
+    @handler
+    def GetWorkflow(self, request: trainer_pb2.GetWorkflowRequest, context: Ctx) -> trainer_pb2.Workflow:
+        wf = self._wf().get(request.team, request.workflow_id)
+        return workflow_to_proto(wf, self._wf().nodes(wf))
+
+    @handler
+    def ListWorkflows(self, request: trainer_pb2.ListWorkflowsRequest, context: Ctx) -> trainer_pb2.ListWorkflowsResponse:
+        return trainer_pb2.ListWorkflowsResponse(
+            workflows=[workflow_to_proto(w) for w in self._wf().list(request.team, request.limit)])
+
+    @handler
+    def CancelWorkflow(self, request: trainer_pb2.WorkflowAction, context: Ctx) -> trainer_pb2.Workflow:
+        wf = self._wf().cancel(request.team, request.workflow_id, request.actor)
+        return workflow_to_proto(wf, self._wf().nodes(wf))

@@ -146,6 +146,7 @@ class JobStore:
     def ensure_indexes(self) -> None:
         self._jobs.create_index([("team", ASCENDING), ("created_at", DESCENDING)])
         self._jobs.create_index([("state", ASCENDING)])
+        self._jobs.create_index([("experiment_id", ASCENDING)])
         # partial: jobs without a key are not indexed, so any number of them may coexist
         self._jobs.create_index([("team", ASCENDING), ("idempotency_key", ASCENDING)], unique=True,
                                 name="team_idempotency_key",
@@ -157,7 +158,8 @@ class JobStore:
 
     @mapped
     def insert(self, job_id: str, team: str, manifest: Manifest, *, code_uri: str = "",
-               submitted_by: str = "", idempotency_key: str = "") -> JobRecord:
+               submitted_by: str = "", idempotency_key: str = "", experiment_id: str = "",
+               trial: int = -1) -> JobRecord:
         """Persist a new PENDING job.
 
         AlreadySubmitted when the team already has a job with this
@@ -190,6 +192,8 @@ class JobStore:
         }
         if idempotency_key:
             doc["idempotency_key"] = idempotency_key
+        if experiment_id:
+            doc["experiment_id"], doc["trial"] = experiment_id, trial
         try:
             self._jobs.insert_one(doc)
         except DuplicateKeyError:
@@ -241,6 +245,12 @@ class JobStore:
             query["$or"] = [{"created_at": {"$lt": before[0]}}, {"created_at": before[0], "_id": {"$lt": before[1]}}]
         cursor = self._jobs.find(query).sort([("created_at", DESCENDING), ("_id", DESCENDING)])
         return _records(cursor.limit(limit))
+
+    @mapped
+    def of_experiment(self, experiment_id: str) -> list[JobRecord]:
+        """An experiment's trials (without history and learners), in trial order."""
+        cursor = self._jobs.find({"experiment_id": experiment_id}, {"history": 0, "learners": 0})
+        return sorted(_records(cursor), key=lambda j: (j.trial, j.created_at))
 
     @mapped
     def in_states(self, wanted: Iterable[JobState], fields: Iterable[str] | None = None) -> list[JobRecord]:

@@ -38,7 +38,8 @@ def bearer(key: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def make_platform(mongo_db, logstore, tmp_path, *, limiter: RateLimiter | None = None, **settings):
+def make_platform(mongo_db, logstore, tmp_path, *, limiter: RateLimiter | None = None, experiments=None,  # noqa: ANN001
+                  **settings):
     identity = IdentityStore(mongo_db, touch_interval=0)
     keys = {}
     for team in ("alpha", "beta", "ops"):
@@ -49,7 +50,7 @@ def make_platform(mongo_db, logstore, tmp_path, *, limiter: RateLimiter | None =
     keys["platform"] = identity.issue_key("ops", "root", Role.PLATFORM_ADMIN)
     trainer = InMemoryTrainer()
     app = create_app(ApiSettings(dev_mode=True, **settings), trainer=trainer, identity=identity, logs=logstore,
-                     objects=LocalStore(tmp_path / "objects"), limiter=limiter)
+                     objects=LocalStore(tmp_path / "objects"), limiter=limiter, experiments=experiments)
     with serve_app(app) as url, httpx.Client(base_url=url, timeout=30) as client:
         yield SimpleNamespace(client=client, app=app, identity=identity, trainer=trainer, db=mongo_db,
                               keys=keys, h={name: bearer(key) for name, key in keys.items()})

@@ -35,12 +35,16 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from services.api.app import create_app
+from services.api.experiments import ExperimentCalls
 from services.api.identity import IdentityStore, Role
 from services.common.adapters.logstore import LogStore
 from services.common.adapters.mongo import connect
 from services.common.adapters.objectstore import LocalStore
-from services.common.settings import ApiSettings
+from services.common.settings import ApiSettings, TrainerSettings
+from services.trainer.admission import Capacity, Usage
+from services.trainer.server import serve
 from tests.fakes.trainer_memory import InMemoryTrainer
+from tests.integration.test_trainer_dispatcher import ScriptedLcm
 from tests.servers import serve_app
 
 # Not among the checks: positive_data_acceptance (a valid-looking request may
@@ -66,11 +70,21 @@ def served(mongo_server, osmem_server, tmp_path_factory):
     trainer = InMemoryTrainer()
     trainer.submit_job(team="ops", manifest_json=json.dumps({"name": "x"}), code_uri="", submitted_by="x",
                        job_id="j-000000000001")
+    # experiments go to a real Trainer (scripted LCM: nothing is deployed) on the same MongoDB-wire server
+    real = serve(TrainerSettings(state_dir=tmp_path_factory.mktemp("trainer"), dev_mode=True, mongo_url=mongo_server.url,
+                                 mongo_db=f"tfst{unique}", trainer_address="127.0.0.1:0",
+                                 logstore_url=osmem_server.url, logstore_index=f"tf-logs-st-{unique}"),
+                 lcm=ScriptedLcm(Capacity(Usage(cpus=8, memory=32 * 2**30, learners=8))))
+    experiments = ExperimentCalls(real.address)
     settings = ApiSettings(dev_mode=True, rate_limit_per_second=0, max_upload_bytes=4096)
     app = create_app(settings, trainer=trainer, identity=identity, logs=logs,
-                     objects=LocalStore(tmp_path_factory.mktemp("objects")))
-    with serve_app(app) as url:
-        yield SimpleNamespace(url=url, key=key, app=app)
+                     objects=LocalStore(tmp_path_factory.mktemp("objects")), experiments=experiments)
+    try:
+        with serve_app(app) as url:
+            yield SimpleNamespace(url=url, key=key, app=app)
+    finally:
+        experiments.close()
+        real.stop(grace=0)
     logs.close()
     db.client.close()
 

@@ -21,25 +21,47 @@ import re
 
 import pytest
 
+from services.api.experiments import ExperimentCalls
 from services.api.identity import Role, key_id_of
+from services.common.settings import TrainerSettings
+from services.trainer.admission import Capacity, Usage
+from services.trainer.server import serve
 from tests.integration.test_api_admin import make_platform
+from tests.integration.test_trainer_dispatcher import ScriptedLcm
 
 JOB = json.dumps({"name": "secret-model", "framework": "custom", "command": "true"})
 PARAM = re.compile(r"\{([^}]+)\}")
 RANK = {r.value: r.rank for r in Role}
 # ids that exist nowhere, to compare each 404 with
 MISSING = {"job_id": "j-ffffffffffff", "key_id": "0badf00d", "team": "no-such-team", "rank": "0",
-           "path": "model.pt", "step": "1", "name": "no-such-secret"}
+           "path": "model.pt", "step": "1", "name": "no-such-secret", "experiment_id": "x-ffffffffffff",
+           "workflow_id": "w-ffffffffffff"}
+EXPERIMENT = json.dumps({"kind": "experiment", "name": "secret-sweep", "framework": "custom",
+                         "command": "true {{lr}}", "parameters": {"lr": [1, 2]}})
+WORKFLOW = json.dumps({"kind": "workflow", "name": "secret-flow", "experiments": {
+    "a": {"framework": "custom", "command": "true"}, "b": {"framework": "custom", "command": "true",
+                                                          "depends_on": ["a"]}}})
 # Path parameters that name something inside the caller's own team (a secret's name), not an id of alpha's:
 # another team using the same name reaches its own, so only leaks are checked for them.
 OWN_NAMESPACE = {"name"}
 
 
 @pytest.fixture
-def p(mongo_db, logstore, tmp_path):
-    # every route for every key: far more requests than one key may make per second in production
-    with make_platform(mongo_db, logstore, tmp_path, rate_limit_burst=100_000, rate_limit_per_second=100_000) as platform:
-        yield platform
+def p(mongo_server, osmem_server, mongo_db, logstore, tmp_path, unique):
+    # experiments and workflows are served by a real Trainer (scripted LCM: nothing is deployed)
+    trainer = serve(TrainerSettings(state_dir=tmp_path / "trainer", dev_mode=True, mongo_url=mongo_server.url,
+                                    mongo_db=f"tf{unique}", trainer_address="127.0.0.1:0",
+                                    logstore_url=osmem_server.url, logstore_index=f"tf-logs-{unique}"),
+                    lcm=ScriptedLcm(Capacity(Usage(cpus=8, memory=32 * 2**30, learners=8))))
+    experiments = ExperimentCalls(trainer.address)
+    try:
+        # every route for every key: far more requests than one key may make per second in production
+        with make_platform(mongo_db, logstore, tmp_path, rate_limit_burst=100_000, rate_limit_per_second=100_000,
+                           experiments=experiments) as platform:
+            yield platform
+    finally:
+        experiments.close()
+        trainer.stop(grace=0)
 
 
 def operations(spec: dict):
@@ -81,9 +103,11 @@ def test_every_route_hides_another_teams_resources(p):
     key = p.client.post("/v1/team/keys", json={"name": "alpha-ci"}, headers=p.h["alpha_admin"]).json()
     secret = "alpha-secret-value-0123456789"
     assert p.client.put("/v1/team/secrets/wandb", json={"value": secret}, headers=p.h["alpha_admin"]).is_success
+    experiment = p.client.post("/v1/experiments", data={"recipe": EXPERIMENT}, headers=p.h["alpha_member"]).json()
+    workflow = p.client.post("/v1/workflows", data={"recipe": WORKFLOW}, headers=p.h["alpha_member"]).json()
     fill = {"job_id": job["id"], "key_id": key["key_id"], "team": "alpha", "rank": "0", "path": "model.pt",
-            "step": "1", "name": "wandb"}
-    alpha_ids = [job["id"], key["key_id"], *(key_id_of(p.keys[k]) for k in ("alpha_member", "alpha_admin")),
+            "step": "1", "name": "wandb", "experiment_id": experiment["id"], "workflow_id": workflow["id"]}
+    alpha_ids = [job["id"], key["key_id"], experiment["id"], workflow["id"], *(key_id_of(p.keys[k]) for k in ("alpha_member", "alpha_admin")),
                  secret]
 
     callers = {"beta member": ("beta_member", "member"), "beta team admin": ("beta_admin", "team_admin"),
@@ -136,6 +160,9 @@ def test_every_route_hides_another_teams_resources(p):
     assert not any(k["revoked"] for k in keys)
     assert p.client.get("/v1/jobs", headers={"Authorization": f"Bearer {key['key']}"}).status_code == 200
     assert p.trainer.quota_requests == []
+    got = p.client.get(f"/v1/experiments/{experiment['id']}", headers=p.h["alpha_member"]).json()
+    assert got["state"] == "running"
+    assert p.client.get(f"/v1/workflows/{workflow['id']}", headers=p.h["alpha_member"]).json()["state"] == "running"
 
 
 def test_the_example_body_generator_satisfies_every_json_body(p):

@@ -39,3 +39,13 @@ def new_job_id(team: str = "", idempotency_key: str | None = None) -> str:
     if idempotency_key:
         return "j-" + hashlib.sha256(f"{team}\0{idempotency_key}".encode()).hexdigest()[:12]
     return "j-" + secrets.token_hex(6)
+
+
+def new_experiment_id() -> str:
+    """A fresh experiment id; its trials' job ids are `<experiment>-<index>[-<gen>]`, so it is kept short."""
+    return "x-" + secrets.token_hex(6)
+
+
+def new_workflow_id() -> str:
+    """A fresh workflow id; node i's experiment is `<workflow>-<i>`."""
+    return "w-" + secrets.token_hex(6)

@@ -9,6 +9,7 @@ here, so the layout can be read (and changed) in one place:
     jobs/<job>/logs/<rank>-<attempt>.jsonl          a learner's complete log archive, per attempt
     jobs/<job>/metrics/<rank>-<attempt>.jsonl       a learner's training metrics (stream "metric"), per attempt
     jobs/<job>/checkpoints/<rank>/<step:012d>/...   a learner's verified checkpoint copies
+    experiments/<experiment>/code.tar.gz            an experiment's code archive, shared by its trials
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ def job_prefix(job_id: str) -> str:
 
 def code_key(job_id: str) -> str:
     return f"jobs/{job_id}/code.tar.gz"
+
+
+def experiment_code_key(experiment_id: str) -> str:
+    """Every trial of the experiment runs this code (its jobs' `code_uri`)."""
+    return f"experiments/{experiment_id}/code.tar.gz"
 
 
 def outputs_root(job_id: str) -> str:

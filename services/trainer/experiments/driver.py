@@ -1,0 +1,324 @@
+"""The experiment driver: a Trainer thread that moves every open experiment on, from the store alone.
+
+Each pass reads an experiment and its trial jobs and does what is due:
+records each trial's objective and ASHA rung results, halts a trial ASHA
+stops, resumes one ASHA promotes, submits the next planned trials up to
+`max_parallel`, and settles the experiment once no trial is left to run.
+Nothing lives in the driver's memory: a Trainer killed at any point starts
+again from what MongoDB holds. Trial job ids are deterministic
+(`<experiment>-<index>[-<gen>]`), so a submit repeated after a crash finds
+the job it made (Conflict on the id) instead of starting a second one, and
+every decision is written before it is acted on (the stopped rung before the
+halt, the promotion before the resume), so a repeated pass repeats the act,
+which is idempotent, never the decision.
+
+A halted experiment halts its running trials and cancels its queued ones
+(bumping their generation, so resume submits them again); a cancelled one
+cancels every trial. The pass is woken when a trial's job changes state
+(`TrialChanged`, a rule) and otherwise every `interval` seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+from services.common import states
+from services.common.contracts.experiments import ExperimentSpec, ExperimentState
+from services.common.contracts.sampling import trial_manifest
+from services.common.errors import Conflict, InvalidArgument, TrainforgeError
+from services.common.states import JobState
+from services.trainer.experiments import asha
+from services.trainer.experiments.metrics import MetricsReader, last_value, points
+from services.trainer.experiments.store import ExperimentRecord, ExperimentStore
+from services.trainer.record import JobRecord
+from services.trainer.rules import Rule
+from services.trainer.service import JobService
+from services.trainer.store import JobStore
+
+log = logging.getLogger(__name__)
+ACTOR = "experiment-driver"
+# a trial job in one of these still needs (or holds) a slot
+BUSY = frozenset({JobState.PENDING, JobState.QUEUED, JobState.DEPLOYING, JobState.RUNNING, JobState.STORING,
+                  JobState.HALTING, JobState.RESTARTING})
+_WAITING = frozenset({JobState.PENDING, JobState.QUEUED})
+_HALTABLE = frozenset({JobState.DEPLOYING, JobState.RUNNING})
+# whose metrics may still change what the driver knows
+_REPORTING = frozenset({JobState.RUNNING, JobState.STORING, JobState.COMPLETED, JobState.HALTING,
+                        JobState.HALTED})
+OPEN = (ExperimentState.EXPERIMENT_RUNNING, ExperimentState.EXPERIMENT_HALTED, ExperimentState.EXPERIMENT_CANCELLED)
+
+
+class TrialChanged(Rule):
+    """Any state change of a trial's job wakes the experiment driver (the wiring adds it with the driver's wake)."""
+
+    def __init__(self, wake: threading.Event):
+        self._wake = wake
+
+    def after(self, frm: JobState, job: JobRecord, actions: object) -> None:
+        if job.experiment_id:
+            self._wake.set()
+
+
+class ExperimentDriver:
+    def __init__(self, experiments: ExperimentStore, jobs: JobStore, service: JobService,
+                 metrics: MetricsReader | None, *, interval: float = 2.0, wake: threading.Event | None = None):
+        self._experiments = experiments
+        self._jobs = jobs
+        self._service = service
+        self._metrics = metrics
+        self._interval = interval
+        self._wake = wake or threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # the workflow runner (services/trainer/experiments/workflows.py), set by the wiring
+        self.workflows: object | None = None
+
+    # -- the loop ---------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="experiment-driver", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - one bad pass must not end the driver; the next one retries
+                log.exception("experiment pass failed")
+
+    def tick(self) -> None:
+        """One pass over every experiment that is not settled."""
+        for experiment in self._experiments.unsettled(OPEN):
+            try:
+                self.advance(experiment)
+            except TrainforgeError as e:
+                log.warning("experiment %s: pass stopped: %s", experiment.id, e.message)
+        if self.workflows is not None:
+            try:
+                self.workflows.tick()  # type: ignore[attr-defined]
+            except TrainforgeError as e:
+                log.warning("workflow pass stopped: %s", e.message)
+
+    # -- one experiment -----------------------------------------------------------
+
+    def _trial_jobs(self, exp: ExperimentRecord) -> tuple[dict[int, JobRecord], list[JobRecord]]:
+        """The current generation's job per trial, and the jobs of earlier generations."""
+        current, stray = {}, []
+        for job in self._jobs.of_experiment(exp.id):
+            if job.id == exp.trial_job_id(job.trial):
+                current[job.trial] = job
+            else:
+                stray.append(job)
+        return current, stray
+
+    def advance(self, exp: ExperimentRecord) -> None:
+        jobs, stray = self._trial_jobs(exp)
+        for job in stray:  # a halt bumped the generation and died before cancelling the old job
+            if not states.is_terminal(job.state):
+                self._service.cancel(exp.team, job.id, ACTOR)
+        if exp.state == ExperimentState.EXPERIMENT_CANCELLED:
+            self._cancel_all(exp, jobs)
+        elif exp.state == ExperimentState.EXPERIMENT_HALTED:
+            self._halt_all(exp, jobs)
+        else:
+            self._run_experiment(exp, exp.parsed(), jobs)
+
+    def _cancel_all(self, exp: ExperimentRecord, jobs: dict[int, JobRecord]) -> None:
+        pending = [j for j in jobs.values() if not states.is_terminal(j.state)]
+        for job in pending:
+            self._service.cancel(exp.team, job.id, ACTOR)
+        if not pending:  # settled once a pass finds nothing left to do
+            self._experiments.settle(exp.id, ExperimentState.EXPERIMENT_CANCELLED)
+
+    def _halt_all(self, exp: ExperimentRecord, jobs: dict[int, JobRecord]) -> None:
+        acted = False
+        for index, job in jobs.items():
+            if job.state in _HALTABLE:
+                # noted first, so resume knows which halted trials the experiment's halt stopped
+                self._experiments.set_trial(exp.id, index, held=True)
+                self._service.halt(exp.team, job.id, ACTOR)
+                acted = True
+            elif job.state in _WAITING:
+                # nothing to checkpoint: the trial goes back to "not submitted" under a new generation
+                self._experiments.set_trial(exp.id, index, gen=exp.progress(index).gen + 1)
+                self._service.cancel(exp.team, job.id, ACTOR)
+                acted = True
+            elif job.state in (JobState.RESTARTING, JobState.HALTING):
+                acted = True  # look again once it settles
+        if not acted:
+            self._experiments.settle(exp.id, ExperimentState.EXPERIMENT_HALTED)
+
+    def _run_experiment(self, exp: ExperimentRecord, spec: ExperimentSpec, jobs: dict[int, JobRecord]) -> None:
+        observed = self._observe(exp, spec, jobs)
+        if observed is not None:
+            exp = observed
+            jobs, _ = self._trial_jobs(exp)
+        busy = sum(1 for j in jobs.values() if j.state in BUSY)
+        free = spec.max_parallel - busy
+        for index, job in sorted(jobs.items()):
+            if not exp.progress(index).held:
+                continue
+            if job.state != JobState.HALTED:
+                self._experiments.set_trial(exp.id, index, held=False)  # resumed by an earlier pass
+            elif free > 0:
+                self._service.resume(exp.team, job.id, ACTOR)  # halted with the experiment: resumed with it
+                free -= 1
+        ladder = self._ladder(exp)
+        if free > 0 and spec.early_stopping is not None and spec.objective is not None:
+            for index, _rung in asha.promotable(ladder, spec.objective, spec.early_stopping.asha):
+                job = jobs.get(index)
+                if free <= 0 or job is None or job.state != JobState.HALTED:
+                    continue
+                self._experiments.set_trial(exp.id, index, stopped_at=None)
+                self._service.resume(exp.team, job.id, ACTOR)
+                free -= 1
+        for index in range(len(exp.plan)):
+            if free <= 0:
+                break
+            if index in jobs:
+                continue
+            self._submit(exp, spec, index)
+            free -= 1
+        if free >= 0 and self._finished(exp, spec, jobs):
+            self._settle(exp, spec)
+
+    def _submit(self, exp: ExperimentRecord, spec: ExperimentSpec, index: int) -> None:
+        manifest = trial_manifest(spec, index, exp.plan[index], exp.id)
+        try:
+            self._service.submit(exp.team, manifest.model_dump_json(), code_uri=exp.code_uri,
+                                 submitted_by=exp.submitted_by, job_id=exp.trial_job_id(index),
+                                 experiment_id=exp.id, trial=index)
+        except Conflict as e:
+            if "already taken" not in e.message:
+                raise
+            # made by a pass that died before it could see it: the job exists once, as it should
+        except InvalidArgument as e:
+            # the trial can never run (the team's quota shrank below it, say): the experiment fails, saying why
+            reason = f"trial {index} cannot be submitted: {e.message}"
+            if self._experiments.move(exp.id, ExperimentState.EXPERIMENT_FAILED, reason,
+                                      only_from=[ExperimentState.EXPERIMENT_RUNNING]) is not None:
+                self._experiments.settle(exp.id, ExperimentState.EXPERIMENT_FAILED)
+            raise
+
+    def _observe(self, exp: ExperimentRecord, spec: ExperimentSpec,
+                 jobs: dict[int, JobRecord]) -> ExperimentRecord | None:
+        """Record objectives and rung results; halt the trials ASHA stops. The experiment re-read, if it changed."""
+        objective = spec.objective
+        if objective is None or self._metrics is None:
+            return None
+        changed = False
+        for index, job in sorted(jobs.items()):
+            progress = exp.progress(index)
+            if job.state not in _REPORTING:
+                continue
+            mark = f"{int(job.state)}:{job.attempt}"
+            if job.state in (JobState.COMPLETED, JobState.HALTED) and progress.read == mark:
+                continue  # a settled trial's metrics were read once it settled; they do not change
+            records = self._metrics.records(job.id, exp.team)
+            value = last_value(records, objective.metric)
+            if value is not None and value != progress.objective:
+                self._experiments.set_trial(exp.id, index, objective=value)
+                changed = True
+            if spec.early_stopping is not None and progress.stopped_at is None:
+                changed = self._climb(exp, spec, index, job, records) or changed
+            if job.state in (JobState.COMPLETED, JobState.HALTED):
+                self._experiments.set_trial(exp.id, index, read=mark)
+                changed = True
+        return self._experiments.find(exp.id) if changed else None
+
+    def _climb(self, exp: ExperimentRecord, spec: ExperimentSpec, index: int, job: JobRecord,
+               records: list[dict]) -> bool:
+        """Record the rungs the trial reached since the last pass; stop (halt) it where ASHA says so."""
+        ladder_spec, objective = spec.early_stopping.asha, spec.objective  # type: ignore[union-attr]
+        progress = exp.progress(index)
+        seen = asha.reached(points(records, ladder_spec.resource, objective.metric), ladder_spec.rungs())  # type: ignore[union-attr]
+        new = sorted(k for k in seen if k not in progress.rungs)
+        for rung in new:
+            self._experiments.set_trial(exp.id, index, rungs={rung: seen[rung]})
+            if job.state != JobState.RUNNING:
+                continue  # finished or halting: counted at the rung, nothing to decide
+            fresh = self._experiments.find(exp.id) or exp
+            if not asha.continues(self._ladder(fresh), index, rung, objective, ladder_spec):  # type: ignore[arg-type]
+                self._experiments.set_trial(exp.id, index, stopped_at=rung)
+                log.info("experiment %s: trial %d stopped at rung %d (%s=%g)", exp.id, index, rung,
+                         objective.metric, seen[rung])  # type: ignore[union-attr]
+                try:
+                    self._service.halt(exp.team, job.id, ACTOR)
+                except Conflict:
+                    # it finished (or failed) since this pass read it: nothing is left to stop
+                    self._experiments.set_trial(exp.id, index, stopped_at=None)
+                break
+        return bool(new)
+
+    def _ladder(self, exp: ExperimentRecord) -> dict[int, asha.TrialRungs]:
+        return {i: asha.TrialRungs(values=t.rungs, stopped_at=t.stopped_at) for i, t in exp.trials.items()}
+
+    def _finished(self, exp: ExperimentRecord, spec: ExperimentSpec, jobs: dict[int, JobRecord]) -> bool:
+        if len(jobs) < len(exp.plan):
+            return False
+        if any(j.state in BUSY or (j.state == JobState.HALTED and exp.progress(i).held) for i, j in jobs.items()):
+            return False
+        fresh = self._experiments.find(exp.id) or exp
+        if spec.objective is not None and self._metrics is not None and any(
+                fresh.progress(i).read != f"{int(j.state)}:{j.attempt}" for i, j in jobs.items()
+                if j.state in (JobState.COMPLETED, JobState.HALTED)):
+            return False  # a trial ended after this pass read its metrics: the next pass reads its last values
+        if spec.early_stopping is not None and spec.objective is not None:
+            waiting = [i for i, _ in asha.promotable(self._ladder(fresh), spec.objective, spec.early_stopping.asha)
+                       if jobs[i].state == JobState.HALTED]
+            if waiting:
+                return False
+        return True
+
+    def _settle(self, exp: ExperimentRecord, spec: ExperimentSpec) -> None:
+        exp = self._experiments.find(exp.id) or exp
+        jobs, _ = self._trial_jobs(exp)
+        done = [i for i, j in jobs.items() if j.state == JobState.COMPLETED]
+        failed = [i for i, j in jobs.items() if j.state == JobState.FAILED]
+        stopped = [i for i in jobs if exp.progress(i).stopped_at is not None]
+        parts = [f"{len(done)} of {len(exp.plan)} trials completed"]
+        if stopped:
+            parts.append(f"{len(stopped)} stopped early")
+        if failed:
+            parts.append(f"{len(failed)} failed (trial {failed[0]}: {jobs[failed[0]].reason})")
+        best = best_trial(exp, spec, jobs)
+        if best is not None and spec.objective is not None:
+            parts.append(f"best trial {best} ({spec.objective.metric}={exp.progress(best).objective:g})")
+        to = ExperimentState.EXPERIMENT_COMPLETED if done else ExperimentState.EXPERIMENT_FAILED
+        self._experiments.set_best(exp.id, best)
+        moved = self._experiments.move(exp.id, to, "; ".join(parts), only_from=[ExperimentState.EXPERIMENT_RUNNING])
+        if moved is not None:
+            self._experiments.settle(exp.id, to)
+            log.info("experiment %s: %s: %s", exp.id, to.name, moved.reason)
+
+
+def best_trial(exp: ExperimentRecord, spec: ExperimentSpec, jobs: dict[int, JobRecord]) -> int | None:
+    """The trial with the best objective, among completed trials when any completed; None without values."""
+    if spec.objective is None:
+        return None
+    scored = {i: exp.progress(i).objective for i in jobs if exp.progress(i).objective is not None}
+    completed = {i: v for i, v in scored.items() if jobs[i].state == JobState.COMPLETED}
+    pool = completed or scored
+    if not pool:
+        return None
+    sign = 1.0 if spec.objective.goal.value == "minimize" else -1.0
+    return min(pool, key=lambda i: (sign * pool[i], i))  # type: ignore[operator]
+
+
+def params_json(exp: ExperimentRecord, index: int) -> str:
+    return json.dumps(exp.plan[index]) if index < len(exp.plan) else "{}"

@@ -1,0 +1,134 @@
+"""The experiment use cases behind the Trainer's experiment RPCs: submit, get, list, cancel, halt, resume.
+
+Submit validates the recipe (services/common/contracts/experiments.py),
+plans every trial from the seed (services/common/contracts/sampling.py),
+refuses a trial that could never fit (the job service's own check, on the
+first trial), and stores the experiment RUNNING; the driver submits the
+trials. Cancel, halt and resume only move the experiment's state (a
+compare-and-set) and wake the driver, which does it to the trials, so a
+Trainer that dies right after still does it when it comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from services.common.contracts.experiments import EXPERIMENT_ENDED, ExperimentSpec, ExperimentState
+from services.common.contracts.ids import check_job_id, new_experiment_id
+from services.common.contracts.recipes import experiment_from_recipe
+from services.common.contracts.sampling import trial_manifest
+from services.common.errors import Conflict, InvalidArgument
+from services.trainer.experiments.driver import ExperimentDriver, best_trial
+from services.trainer.experiments.store import ExperimentRecord, ExperimentStore
+from services.trainer.record import JobRecord
+from services.trainer.service import JobService
+from services.trainer.store import JobStore
+
+log = logging.getLogger(__name__)
+_MAX_LIST = 1000
+# the longest experiment id: a trial's job id adds "-<index>-<gen>" and must stay a job id
+MAX_ID = 28
+
+
+@dataclass(frozen=True)
+class ExperimentView:
+    """An experiment with its current trial jobs and its best trial."""
+
+    experiment: ExperimentRecord
+    jobs: dict[int, JobRecord]
+    best: int | None
+
+
+class ExperimentService:
+    def __init__(self, experiments: ExperimentStore, jobs: JobStore, job_service: JobService,
+                 driver: ExperimentDriver):
+        self._experiments = experiments
+        self._jobs = jobs
+        self._job_service = job_service
+        self._driver = driver
+
+    def submit(self, team: str, recipe: str, *, code_uri: str = "", submitted_by: str = "",
+               experiment_id: str = "", workflow_id: str = "") -> ExperimentView:
+        if not team:
+            raise InvalidArgument("team is required", details=[{"field": "team", "message": "required"}])
+        planned = experiment_from_recipe(recipe)
+        return self.create(team, planned.spec, planned.trials, code_uri=code_uri, submitted_by=submitted_by,
+                           experiment_id=experiment_id or new_experiment_id(), workflow_id=workflow_id,
+                           notes=planned.notes)
+
+    def create(self, team: str, spec: ExperimentSpec, plan: list[dict], *, code_uri: str, submitted_by: str,
+               experiment_id: str, workflow_id: str = "", notes: list[str] | tuple[str, ...] = ()) -> ExperimentView:
+        """Store a validated, planned experiment (RUNNING) and wake the driver; Conflict when the id is taken."""
+        check_job_id(experiment_id, "experiment_id")
+        if len(experiment_id) > MAX_ID:
+            raise InvalidArgument(f"experiment_id: at most {MAX_ID} characters",
+                                  details=[{"field": "experiment_id", "message": f"at most {MAX_ID} characters"}])
+        self._job_service.refuse_if_never_fits(team, trial_manifest(spec, 0, plan[0], experiment_id))
+        exp = self._experiments.insert(experiment_id, team, spec, plan, code_uri=code_uri,
+                                       submitted_by=submitted_by, workflow_id=workflow_id,
+                                       reason=f"{len(plan)} trials planned; at most {spec.max_parallel} at once"
+                                       + "".join(f"; translated {n}" for n in notes))
+        log.info("experiment %s (%s): %d trials planned", exp.id, exp.name, len(plan))
+        self._driver.wake()
+        return self.view(exp)
+
+    def find_view(self, experiment_id: str) -> ExperimentView | None:
+        """Any team's experiment with its trials (for the platform itself: the workflow runner)."""
+        exp = self._experiments.find(experiment_id)
+        return None if exp is None else self.view(exp)
+
+    def view(self, exp: ExperimentRecord) -> ExperimentView:
+        jobs = {j.trial: j for j in self._jobs.of_experiment(exp.id) if j.id == exp.trial_job_id(j.trial)}
+        return ExperimentView(exp, jobs, best_trial(exp, exp.parsed(), jobs))
+
+    def get(self, team: str, experiment_id: str) -> ExperimentView:
+        return self.view(self._experiments.get(team, experiment_id))
+
+    def list(self, team: str, limit: int = 0) -> list[ExperimentRecord]:
+        if limit < 0:
+            raise InvalidArgument("limit must not be negative", details=[{"field": "limit", "message": "must be >= 0"}])
+        return self._experiments.list(team, min(limit or 100, _MAX_LIST))
+
+    def cancel(self, team: str, experiment_id: str, actor: str) -> ExperimentView:
+        exp = self._experiments.get(team, experiment_id)
+        if exp.state == ExperimentState.EXPERIMENT_CANCELLED:
+            return self.view(exp)
+        moved = self._experiments.move(exp.id, ExperimentState.EXPERIMENT_CANCELLED,
+                                       f"cancelled by {actor or 'user'}",
+                                       only_from=[ExperimentState.EXPERIMENT_RUNNING, ExperimentState.EXPERIMENT_HALTED])
+        if moved is None:
+            raise Conflict(f"experiment {experiment_id!r} already {_name(exp.state)}; only a running or halted "
+                           "experiment can be cancelled")
+        self._driver.wake()
+        return self.view(moved)
+
+    def halt(self, team: str, experiment_id: str, actor: str) -> ExperimentView:
+        exp = self._experiments.get(team, experiment_id)
+        if exp.state == ExperimentState.EXPERIMENT_HALTED:
+            return self.view(exp)
+        moved = self._experiments.move(exp.id, ExperimentState.EXPERIMENT_HALTED,
+                                       f"halted by {actor or 'user'}; running trials checkpoint and stop",
+                                       only_from=[ExperimentState.EXPERIMENT_RUNNING])
+        if moved is None:
+            raise Conflict(f"experiment {experiment_id!r} is {_name(exp.state)}; only a running experiment "
+                           "can be halted")
+        self._driver.wake()
+        return self.view(moved)
+
+    def resume(self, team: str, experiment_id: str, actor: str) -> ExperimentView:
+        exp = self._experiments.get(team, experiment_id)
+        if exp.state == ExperimentState.EXPERIMENT_RUNNING:
+            return self.view(exp)
+        moved = self._experiments.move(exp.id, ExperimentState.EXPERIMENT_RUNNING,
+                                       f"resumed by {actor or 'user'}; continues where it stopped",
+                                       only_from=[ExperimentState.EXPERIMENT_HALTED])
+        if moved is None:
+            why = "has ended" if exp.state in EXPERIMENT_ENDED else f"is {_name(exp.state)}"
+            raise Conflict(f"experiment {experiment_id!r} {why}; only a halted experiment can be resumed")
+        self._driver.wake()
+        return self.view(moved)
+
+
+def _name(state: ExperimentState) -> str:
+    return state.name.removeprefix("EXPERIMENT_").lower()

@@ -1,0 +1,155 @@
+"""Workflows: DAGs of experiments (stored by workflow_store.py), advanced by the experiment driver's passes.
+
+Node i's experiment has the deterministic id
+`<workflow>-<i>`, so a pass repeated after a crash finds the experiment it
+made (Conflict on the id) instead of starting a second one. A pass starts a
+node once every node it depends on completed, with their chosen trials'
+outputs as `data:` (services/common/contracts/workflows.py `inputs_for`);
+skips it, naming the upstream node and its reason, once one of them failed,
+was cancelled or skipped; and settles the workflow when every node ended.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from services.common.contracts.experiments import (
+    EXPERIMENT_ENDED,
+    ExperimentState,
+    load_recipe,
+    parse_experiment,
+)
+from services.common.contracts.ids import check_job_id, new_workflow_id
+from services.common.contracts.sampling import plan_trials
+from services.common.contracts.workflows import Take, inputs_for, parse_workflow, with_inputs
+from services.common.errors import Conflict, InvalidArgument
+from services.common.states import JobState
+from services.trainer.experiments.workflow_store import NodeRecord, WorkflowRecord, WorkflowStore
+
+log = logging.getLogger(__name__)
+# a node's experiment id is "<workflow>-<node>", and its trials' job ids add "-<trial>-<gen>"
+MAX_WORKFLOW_ID = 24
+_FAILED = (ExperimentState.EXPERIMENT_FAILED, ExperimentState.EXPERIMENT_CANCELLED)
+
+
+class WorkflowRunner:
+    """One pass over a workflow; `experiments` is the ExperimentService (create, view, cancel)."""
+
+    def __init__(self, store: WorkflowStore, experiments: Any):
+        self._store = store
+        self._experiments = experiments
+
+    def tick(self) -> None:
+        for wf in self._store.unsettled():
+            self.advance(wf)
+
+    def advance(self, wf: WorkflowRecord) -> None:
+        views = {i: self._experiments.find_view(wf.experiment_id(i)) for i in range(len(wf.nodes))}
+        if wf.state == ExperimentState.EXPERIMENT_CANCELLED:
+            for i, view in views.items():
+                if view is not None and view.experiment.state not in EXPERIMENT_ENDED:
+                    self._experiments.cancel(wf.team, wf.experiment_id(i), "workflow")
+            self._store.settle(wf.id)
+            return
+        index_of = {n.name: i for i, n in enumerate(wf.nodes)}
+        for i, node in enumerate(wf.nodes):
+            if views[i] is not None or node.skipped:
+                continue
+            ups = [index_of[d] for d in node.depends_on]
+            bad = next((u for u in ups if wf.nodes[u].skipped or (views[u] is not None and
+                                                                   views[u].experiment.state in _FAILED)), None)
+            if bad is not None:
+                up = wf.nodes[bad]
+                why = f"skipped: {up.name} was skipped" if up.skipped else \
+                    f"{up.name} {_name(views[bad].experiment.state)}: {views[bad].experiment.reason}"
+                self._store.skip(wf.id, i, f"not run: upstream {why}")
+                wf = wf.model_copy(update={"nodes": tuple(n.model_copy(update={"skipped": "upstream"}) if k == i
+                                                          else n for k, n in enumerate(wf.nodes))})
+                continue
+            if all(views[u] is not None and views[u].experiment.state == ExperimentState.EXPERIMENT_COMPLETED
+                   for u in ups):
+                self._start(wf, i, node, [(wf.nodes[u], views[u]) for u in ups])
+        self._maybe_finish(wf, views)
+
+    def _start(self, wf: WorkflowRecord, index: int, node: NodeRecord, upstream: list) -> None:
+        spec = parse_experiment(node.recipe)
+        data = []
+        for up, view in upstream:
+            done = [(t, view.jobs[t].id) for t in sorted(view.jobs) if view.jobs[t].state == JobState.COMPLETED]
+            if node.take == Take.BEST and view.best is not None:
+                done = [(view.best, view.jobs[view.best].id)]
+            data += inputs_for(up.name, node.take, done)
+        spec = with_inputs(spec, data)
+        try:
+            self._experiments.create(wf.team, spec, plan_trials(spec), code_uri=wf.code_uri,
+                                     submitted_by=wf.submitted_by, experiment_id=wf.experiment_id(index),
+                                     workflow_id=wf.id)
+            log.info("workflow %s: started %s as %s", wf.id, node.name, wf.experiment_id(index))
+        except Conflict as e:
+            if "already taken" not in e.message:
+                raise  # made by a pass that died before it could see it: it exists once
+        except InvalidArgument as e:  # e.g. bigger than the team's quota: it can never run
+            self._store.skip(wf.id, index, f"not run: {e.message}")
+
+    def _maybe_finish(self, wf: WorkflowRecord, views: dict) -> None:
+        fresh = self._store.get(wf.team, wf.id)
+        views = {i: self._experiments.find_view(wf.experiment_id(i)) for i in range(len(fresh.nodes))}
+        ended = all(n.skipped or (views[i] is not None and views[i].experiment.state in EXPERIMENT_ENDED)
+                    for i, n in enumerate(fresh.nodes))
+        if not ended:
+            return
+        bad = [n.name for i, n in enumerate(fresh.nodes)
+               if n.skipped or views[i].experiment.state != ExperimentState.EXPERIMENT_COMPLETED]
+        to = ExperimentState.EXPERIMENT_FAILED if bad else ExperimentState.EXPERIMENT_COMPLETED
+        reason = f"{len(fresh.nodes) - len(bad)} of {len(fresh.nodes)} experiments completed" + \
+            (f"; not completed: {', '.join(bad)}" if bad else "")
+        self._store.move(wf.id, to, reason, only_from=[ExperimentState.EXPERIMENT_RUNNING])
+
+
+def _name(state: ExperimentState) -> str:
+    return state.name.removeprefix("EXPERIMENT_").lower()
+
+
+class WorkflowService:
+    """The workflow use cases behind the RPCs: submit (validated DAG), get, list, cancel."""
+
+    def __init__(self, store: WorkflowStore, experiments: Any, wake: Any):
+        self._store = store
+        self._experiments = experiments
+        self._wake = wake
+
+    def submit(self, team: str, recipe: str, *, code_uri: str = "", submitted_by: str = "",
+               workflow_id: str = "") -> WorkflowRecord:
+        if not team:
+            raise InvalidArgument("team is required", details=[{"field": "team", "message": "required"}])
+        spec = parse_workflow(load_recipe(recipe))
+        workflow_id = check_job_id(workflow_id or new_workflow_id(), "workflow_id")
+        if len(workflow_id) > MAX_WORKFLOW_ID:
+            raise InvalidArgument(f"workflow_id: at most {MAX_WORKFLOW_ID} characters",
+                                  details=[{"field": "workflow_id", "message": f"at most {MAX_WORKFLOW_ID} characters"}])
+        wf = self._store.insert(workflow_id, team, spec, code_uri=code_uri, submitted_by=submitted_by)
+        self._wake()
+        return wf
+
+    def get(self, team: str, workflow_id: str) -> WorkflowRecord:
+        return self._store.get(team, workflow_id)
+
+    def nodes(self, wf: WorkflowRecord) -> list[Any]:
+        """Each node's experiment view (None while not started)."""
+        return [self._experiments.find_view(wf.experiment_id(i)) for i in range(len(wf.nodes))]
+
+    def list(self, team: str, limit: int = 0) -> list[WorkflowRecord]:
+        return self._store.list(team, min(limit or 100, 1000))
+
+    def cancel(self, team: str, workflow_id: str, actor: str) -> WorkflowRecord:
+        wf = self._store.get(team, workflow_id)
+        if wf.state == ExperimentState.EXPERIMENT_CANCELLED:
+            return wf
+        moved = self._store.move(wf.id, ExperimentState.EXPERIMENT_CANCELLED, f"cancelled by {actor or 'user'}",
+                                 only_from=[ExperimentState.EXPERIMENT_RUNNING])
+        if moved is None:
+            raise Conflict(f"workflow {workflow_id!r} already {_name(wf.state)}; only a running workflow can be "
+                           "cancelled")
+        self._wake()
+        return moved
