@@ -209,3 +209,17 @@ def test_testnode_marks_a_pod_that_does_not_fit_unschedulable(core, ns, kube_nod
     core.create_namespaced_pod(ns, _pod("fits", [PY, "-c", "pass"], container={"resources": fits},
                                         nodeSelector={"trainforge.io/gpu-type": "test"}))
     _wait_pod(core, ns, "fits", lambda p: p.status.phase == "Succeeded", "the fitting pod to succeed")
+
+
+def test_testnode_restarts_a_failing_container_under_on_failure(core, ns, kube_node):
+    # fails on the first run, succeeds on the second: the emptyDir keeps the marker across the restart
+    script = "import os, sys; m = '/scratch/ran'; first = not os.path.exists(m); open(m, 'w'); sys.exit(1 if first else 0)"
+    spec = _pod("flaky", [PY, "-c", script], container={"volumeMounts": [{"name": "s", "mountPath": "/scratch"}]},
+                volumes=[{"name": "s", "emptyDir": {}}])
+    spec["spec"]["restartPolicy"] = "OnFailure"
+    core.create_namespaced_pod(ns, spec)
+    pod = _wait_pod(core, ns, "flaky", lambda p: p.status.phase == "Succeeded", "the restarted pod to succeed")
+    status = pod.status.container_statuses[0]
+    assert status.restart_count == 1
+    assert status.last_state.terminated.exit_code == 1
+    assert status.state.terminated.exit_code == 0

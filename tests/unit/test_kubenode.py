@@ -99,3 +99,11 @@ def test_cluster_dns_names_become_the_loopback_address():
 
     assert loopback("job-1-0.job-1.team-a.svc.cluster.local:29500 http://s3.store.svc:9000/x svc.example.com") == (
         "127.0.0.1:29500 http://127.0.0.1:9000/x svc.example.com")
+
+
+def test_missing_binaries_fail_with_the_command_to_run(tmp_path, monkeypatch):
+    from tests.kube import KubeUnavailable, bin_dir
+
+    monkeypatch.setenv("TF_KUBE_BIN", str(tmp_path))
+    with pytest.raises(KubeUnavailable, match=r"kube-apiserver is missing: run `make kube`"):
+        bin_dir()
