@@ -223,3 +223,16 @@ def test_testnode_restarts_a_failing_container_under_on_failure(core, ns, kube_n
     assert status.restart_count == 1
     assert status.last_state.terminated.exit_code == 1
     assert status.state.terminated.exit_code == 0
+
+
+def test_testnode_killed_leaves_its_pods_and_the_fixture_ends_their_processes(core, ns, kube_node):
+    script = "import os, time; print(os.getpid(), flush=True); time.sleep(600)"
+    core.create_namespaced_pod(ns, _pod("orphan", [PY, "-c", script]))
+    pod = _wait_pod(core, ns, "orphan", lambda p: p.status.phase == "Running", "the pod to run")
+    pid = int(wait_for(lambda: _log(kube_node, pod).strip(), 30, "the process to print its pid"))
+    kube_node.kill()  # a lost node: nobody reports for the pod any more, its process keeps running
+    assert psutil.pid_exists(pid)
+    assert core.read_namespaced_pod("orphan", ns).status.phase == "Running"
+    kube_node.stop()  # what the fixture's teardown does: the recorded process groups are killed
+    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10,
+             "the orphaned process to be killed")
