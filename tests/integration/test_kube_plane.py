@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from tests.kube import api_client, external_cluster
-from tests.servers import wait_for
+from tests.servers import free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 PY = sys.executable
@@ -236,3 +236,35 @@ def test_testnode_killed_leaves_its_pods_and_the_fixture_ends_their_processes(co
     kube_node.stop()  # what the fixture's teardown does: the recorded process groups are killed
     wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10,
              "the orphaned process to be killed")
+
+
+def test_testnode_pods_rendezvous_through_the_headless_service_name(core, ns, kube_node):
+    # the DDP pattern: rank 0 listens on MASTER_PORT, rank 1 reaches it by its Service DNS name, which the test
+    # node rewrites to the loopback address every pod shares (there is no cluster DNS)
+    port = free_port()
+    core.create_namespaced_service(ns, {"metadata": {"name": "job-1"},
+                                        "spec": {"clusterIP": "None", "selector": {"job": "1"},
+                                                 "ports": [{"name": "ddp", "port": port}]}})
+    master = f"job-1-0.job-1.{ns}.svc.cluster.local"
+    env = [{"name": "MASTER_ADDR", "value": master}, {"name": "MASTER_PORT", "value": str(port)}]
+    server = ("import os, socket; s = socket.create_server(('', int(os.environ['MASTER_PORT']))); "
+              "c, _ = s.accept(); print(c.recv(100).decode(), flush=True)")
+    client = ("import os, socket, time\n"
+              "deadline = time.monotonic() + 30\n"
+              "while True:\n"
+              "    try:\n"
+              "        c = socket.create_connection((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])))\n"
+              "        break\n"
+              "    except OSError:\n"
+              "        if time.monotonic() > deadline: raise\n"
+              "        time.sleep(0.1)\n"
+              "c.sendall(b'hello from rank 1 via ' + os.environ['MASTER_ADDR'].encode())\n")
+    for rank, script in ((0, server), (1, client)):
+        spec = _pod(f"job-1-{rank}", [PY, "-c", script], container={"env": env}, hostname=f"job-1-{rank}",
+                    subdomain="job-1")
+        spec["metadata"]["labels"]["job"] = "1"
+        core.create_namespaced_pod(ns, spec)
+    pods = [_wait_pod(core, ns, f"job-1-{r}", lambda p: p.status.phase in ("Succeeded", "Failed"), "the ranks")
+            for r in (0, 1)]
+    assert [p.status.phase for p in pods] == ["Succeeded", "Succeeded"], [_log(kube_node, p) for p in pods]
+    assert _log(kube_node, pods[0]) == "hello from rank 1 via 127.0.0.1\n"
