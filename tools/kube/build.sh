@@ -34,7 +34,6 @@ if have_bins; then
 fi
 
 command -v apt-get >/dev/null || die "apt-get is needed to fetch Debian's kubernetes source and Go toolchain"
-command -v dpkg-source >/dev/null || die "dpkg-source (dpkg-dev) is needed to unpack the kubernetes source package"
 
 # The Debian mirror: the one the system's apt already uses for bookworm (tools/engine/setup.sh fetches its
 # packages through the same configuration), or TF_DEBIAN_MIRROR.
@@ -63,14 +62,20 @@ apt-get "${APT[@]}" update -qq || die "apt-get update of the private configurati
 say "fetching kubernetes $KUBE_DEB_VERSION source"
 (cd "$WORK/src" && apt-get "${APT[@]}" source -qq --download-only "kubernetes=$KUBE_DEB_VERSION") \
   || die "apt-get source kubernetes=$KUBE_DEB_VERSION failed; the mirror offers: $(apt-cache "${APT[@]}" showsrc kubernetes 2>/dev/null | awk '/^Version:/ {print $2}' | tr '\n' ' ')"
-dsc=$(ls "$WORK"/src/kubernetes_*.dsc)
-dpkg-source --no-check -x "$dsc" "$WORK/src/kubernetes" >/dev/null || die "dpkg-source -x $dsc failed"
-SRC="$WORK/src/kubernetes"
 
 say "fetching the Go toolchain ($GO_PKG) and build helpers"
+# dpkg-source (dpkg-dev, libdpkg-perl) and patch unpack the source package; slim images lack them
+helpers=()
+command -v dpkg-source >/dev/null || helpers+=(dpkg-dev libdpkg-perl)
+command -v patch >/dev/null || helpers+=(patch)
 (cd "$WORK/debs" && apt-get "${APT[@]}" download -qq "$GO_PKG-go" "$GO_PKG-src" rsync libpopt0 \
-  golang-github-modern-go-reflect2-dev) || die "apt-get download of the Go toolchain failed"
+  golang-github-modern-go-reflect2-dev "${helpers[@]}") || die "apt-get download of the Go toolchain failed"
 for deb in "$WORK"/debs/*.deb; do dpkg -x "$deb" "$WORK/tc"; done
+
+dsc=$(ls "$WORK"/src/kubernetes_*.dsc)
+PATH="$PATH:$WORK/tc/usr/bin" PERL5LIB="$WORK/tc/usr/share/perl5" \
+  dpkg-source --no-check -x "$dsc" "$WORK/src/kubernetes" >/dev/null || die "dpkg-source -x $dsc failed"
+SRC="$WORK/src/kubernetes"
 GOROOT="$WORK/tc/usr/lib/go-${GO_PKG#golang-}"
 [ -x "$GOROOT/bin/go" ] || die "no go binary in the unpacked $GO_PKG-go ($GOROOT/bin/go)"
 
