@@ -65,7 +65,7 @@ def doc(state: LearnerState, **kw) -> LearnerStatus:
 def test_the_stored_status_keeps_the_wire_format():
     d = LearnerStatus(state=LearnerState.LEARNER_FAILED, attempt=2, exit_code=3, message="m", tail=["a"]).value()
     assert set(d) == {"state", "attempt", "exit_code", "ts", "message", "tail", "outputs_uri", "step", "checkpoint_uri",
-                      "isolation", "lines_archived", "lines_shipped"}
+                      "isolation", "lines_archived", "lines_shipped", "timed_out"}
     assert (d["state"], d["attempt"], d["exit_code"], d["tail"]) == (int(LearnerState.LEARNER_FAILED), 2, 3, ["a"])
     assert type(d["state"]) is int
     assert abs(d["ts"] - time.time()) < 5
