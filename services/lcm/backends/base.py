@@ -55,6 +55,8 @@ class Handle:
 class Observed:
     handle: Handle
     alive: bool
+    # the backend's own words on why it ended or is stuck (a cluster's "OOMKilled: ...", "Unschedulable: ...")
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def capacity(self) -> Capacity:
         """The backend's total resources (not what is free: the lifecycle and the Trainer account for usage)."""
+
+    def recover(self) -> list[AttemptPlan]:
+        """Plans of attempts the backend can find without the lifecycle's records (e.g. by label); none here."""
+        return []
 
     def close(self) -> None:  # noqa: B027 - optional hook; most backends hold nothing
         """Release connections. Running jobs are left running."""

@@ -2,8 +2,8 @@
 
 Pure functions from an `AttemptPlan` to plain dicts (the API's JSON shapes).
 
-- The root is a ConfigMap `tf-<job>-a<attempt>` holding the attempt's specs
-  (`monitor.json`, `learner-<r>.json`, secret values left out). Every other
+- The root is a ConfigMap `tf-<job>-a<attempt>` holding the attempt's plan
+  (`plan.json`, secret values left out; a restarted LCM adopts from it). Every other
   object names it as its owner, so deleting the root lets the garbage
   collector remove the whole attempt.
 - One pod per rank, `tf-<job>-a<attempt>-r<rank>`, whose hostname and
@@ -28,6 +28,9 @@ import base64
 from services.common.contracts.specs import LearnerSpec
 from services.lcm.backends.base import AttemptPlan
 from services.lcm.backends.kubernetes import naming
+
+# what the injected entrypoint reads: the spec as JSON, and each team secret as TF_SECRET__<VAR>
+from services.lcm.backends.kubernetes.entry import ATTEMPT_DIR_ENV, SECRET_PREFIX, SPEC_ENV
 from services.lcm.backends.kubernetes.naming import (
     CONTAINER,
     GPU_RESOURCE,
@@ -50,10 +53,7 @@ from services.lcm.backends.kubernetes.team import (
 )
 
 ENTRY_MODULE = "services.lcm.backends.kubernetes.entry"
-# what the injected entrypoint reads: the spec as JSON, and each team secret as TF_SECRET__<VAR>
-SPEC_ENV = "TF_SPEC"
-SECRET_PREFIX = "TF_SECRET__"
-ATTEMPT_DIR_ENV = "TF_ATTEMPT_DIR"
+PLAN_KEY = "plan.json"
 RUN_AS = 1000
 ROLE_LEARNER = "learner"
 ROLE_MONITOR = "monitor"
@@ -65,8 +65,8 @@ def pod_spec_of(spec: LearnerSpec) -> LearnerSpec:
 
 
 def root_object(plan: AttemptPlan, opts: KubeOptions) -> dict:
-    data = {"monitor.json": plan.monitor.to_json()}
-    data.update({f"learner-{s.rank}.json": pod_spec_of(s).to_json() for s in plan.learners})
+    # the whole plan (secret values excluded by its model): a restarted LCM adopts the attempt from it
+    data = {PLAN_KEY: plan.model_dump_json()}
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": attempt_name(plan.job_id, plan.attempt), "namespace": namespace(opts, plan.team),
                          "labels": attempt_labels(opts, plan.team, plan.job_id, plan.attempt)},
