@@ -85,6 +85,9 @@ def translate(status: int, body: str, what: str) -> TrainforgeError:
     message = _message(status, body)
     if status == 403 and "exceeded quota" in message:
         return ResourceExhausted(message)
+    if status == 403 and "status unknown for quota" in message:
+        # a quota just made, not yet counted by the controller manager: asking again soon succeeds
+        return Unavailable(f"{what}: {message}")
     if status == 403:
         return PermissionDenied(f"{what}: {message}")
     if status == 404:
