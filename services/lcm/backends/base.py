@@ -90,6 +90,22 @@ class Site:
     master_port: int
 
 
+class TeamQuota(BaseModel):
+    """A team's quota as the Trainer holds it (DeployJobRequest.team_quota); None: no limit on that dimension.
+
+    Backends that mirror quotas into where they run (kubernetes: the team namespace's ResourceQuotas) bring
+    them in step at each deploy; the others ignore it (the Trainer's admission enforces it either way).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    gpus: int | None = Field(None, ge=0)
+    cpus: float | None = Field(None, ge=0)
+    memory: int | None = Field(None, ge=0)
+    jobs: int | None = Field(None, ge=0)
+    gpus_by_type: dict[str, int] = Field(default_factory=dict)
+
+
 class JobDeployment(BaseModel):
     """One attempt of one job, as the Trainer asked for it (validated once, by the lifecycle)."""
 
@@ -104,6 +120,7 @@ class JobDeployment(BaseModel):
     # Team secrets for the learners' env (DeployJobRequest.secret_env): kept out of every dump, so the
     # attempt record the lifecycle persists never holds them.
     secret_env: dict[str, str] = Field(default_factory=dict, exclude=True, repr=False)
+    team_quota: TeamQuota | None = None
 
     @property
     def world_size(self) -> int:

@@ -86,7 +86,11 @@ class KubernetesBackend(Backend):
         return Site(attempt_dir=Path(s.kube_workdir) / job_id / str(attempt), master_addr=addr, master_port=port)
 
     def launch(self, plan: AttemptPlan) -> list[Handle]:
-        self.ensure_team(plan.team)
+        # the quota the Trainer sent with the deploy: the namespace's quotas follow an admin's change
+        if plan.team_quota is not None:
+            self.sync_team(plan.team, plan.team_quota)
+        else:
+            self.ensure_team(plan.team)
         res = plan.manifest.resources
         if res.gpus and res.gpu_type:
             self._kube.apply(team.priority_class(self.opts, res.gpu_type))

@@ -24,9 +24,10 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from services.lcm.backends.base import TeamQuota
 from services.lcm.backends.kubernetes.naming import JOB, KubeOptions, dns_label, namespace, team_labels
+
+__all__ = ["TeamQuota"]
 
 QUOTA_NAME = "tf-quota"
 LIMITS_NAME = "tf-limits"
@@ -37,18 +38,6 @@ POLICY_DENY = "tf-default-deny"
 POLICY_SAME_JOB = "tf-allow-same-job"
 POLICY_DNS = "tf-allow-dns"
 POLICY_PLATFORM = "tf-allow-platform"
-
-
-class TeamQuota(BaseModel):
-    """A team's quota in the Trainer's terms (trainer.proto `Quota`); None: no limit on that dimension."""
-
-    model_config = ConfigDict(frozen=True)
-
-    gpus: int | None = Field(None, ge=0)
-    cpus: float | None = Field(None, ge=0)
-    memory: int | None = Field(None, ge=0)
-    jobs: int | None = Field(None, ge=0)
-    gpus_by_type: dict[str, int] = Field(default_factory=dict)
 
 
 def gpu_class(gpu_type: str) -> str:
