@@ -182,3 +182,14 @@ def test_names_are_dns_labels_and_ports_are_spread_per_attempt():
     assert naming.master_port("j-abc", 1, 29500, 0) == 29500
     ports = {naming.master_port("j-abc", a, 30000, 1000) for a in range(1, 30)}
     assert all(30000 <= p < 31000 for p in ports) and len(ports) > 20
+
+
+def test_pods_are_told_the_platform_but_never_its_credentials(tmp_path):
+    from services.common.settings import LcmSettings
+
+    settings = LcmSettings(state_dir=tmp_path, etcd_endpoints="etcd:2379", s3_secret_key="sk", mongo_url="mongodb://x")
+    opts = KubeOptions.from_settings(settings, "s1")
+    assert opts.platform_env["TF_ETCD_ENDPOINTS"] == "etcd:2379"
+    # the LCM's own file:// store, resolved (a pod's TF_STATE_DIR is its attempt directory)
+    assert opts.platform_env["TF_OBJECTSTORE_URL"] == (tmp_path / "objects").resolve().as_uri()
+    assert "TF_S3_SECRET_KEY" not in opts.platform_env and "TF_MONGO_URL" not in opts.platform_env

@@ -59,6 +59,8 @@ class KubeOptions(BaseModel):
     @classmethod
     def from_settings(cls, settings: LcmSettings, stack: str) -> KubeOptions:
         env = {k: v for k, v in settings.to_env().items() if k in _PLATFORM_ENV}
+        # resolved here: a pod's own state directory is not the LCM's (an embedded stack's file:// store)
+        env["TF_OBJECTSTORE_URL"] = settings.objectstore()
         return cls(stack=stack, namespace_prefix=settings.kube_namespace_prefix, image=settings.kube_image,
                    platform_image=settings.kube_platform_image, pull_policy=settings.kube_image_pull_policy,
                    python=settings.kube_python, pythonpath=settings.kube_pythonpath, workdir=settings.kube_workdir,
