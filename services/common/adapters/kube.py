@@ -186,9 +186,11 @@ class Kube:
         return True
 
     def delete_all(self, kind: str, namespace: str, selector: str) -> int:
-        """Delete every object of `kind` in `namespace` matching the selector; how many there were."""
-        names = [o["metadata"]["name"] for o in self.list(kind, namespace, selector)]
-        return sum(self.delete(kind, namespace, n, grace=0 if kind == "Pod" else None) for n in names)
+        """Delete every object of `kind` in `namespace` matching the selector (pods with their own grace
+        period: a controller gets its SIGTERM and time to write its final status); how many there were."""
+        names = [o["metadata"]["name"] for o in self.list(kind, namespace, selector)
+                 if not o["metadata"].get("deletionTimestamp")]
+        return sum(self.delete(kind, namespace, n) for n in names)
 
     def patch_status(self, kind: str, namespace: str | None, name: str, patch: dict) -> dict:
         """Merge-patch an object's status subresource (node capacity in tests, pod status by a test node)."""
