@@ -7,6 +7,7 @@ import uuid
 import pytest
 
 from tests import servers
+from tests.kube import kube_cluster, kube_node  # noqa: F401 - the Kubernetes tier's fixtures, for every tier
 
 
 @pytest.fixture(scope="session")
