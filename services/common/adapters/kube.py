@@ -199,3 +199,9 @@ class Kube:
 
     def close(self) -> None:
         self._api.close()
+
+    def __enter__(self) -> Kube:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
