@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def kube_stack(kube_cluster):
     # one test node for the module's jobs (tests/kube.py's kube_node is per test)
     node_name = f"e2e-{secrets.token_hex(3)}"
-    node = start_node(kube_cluster, node_name, env={"PYTHONPATH": str(ROOT)})
+    node = start_node(kube_cluster, node_name, gpus=4, env={"PYTHONPATH": str(ROOT)})
     # not under /tmp: the test node rewrites a mount path (the pods' /tmp emptyDir) wherever it starts a path
     # in a pod's env, and the object store's file:// path is in the pods' env
     state = ROOT / ".cache" / f"kube-e2e-{secrets.token_hex(3)}"
@@ -43,7 +43,8 @@ def kube_stack(kube_cluster):
     env.update(TF_STATE_DIR=str(state), PYTHONUNBUFFERED="1", TF_BACKEND="kubernetes",
                TF_KUBE_CONFIG=str(kube_cluster.kubeconfig), TF_KUBE_PYTHON=sys.executable,
                TF_KUBE_PYTHONPATH=str(ROOT), TF_KUBE_WORKDIR=str(state / "pods"), TF_KUBE_MASTER_ADDR="127.0.0.1",
-               TF_KUBE_MASTER_PORT="31000", TF_KUBE_MASTER_PORT_SPAN="2000", TF_KUBE_NAMESPACE_PREFIX=PREFIX)
+               TF_KUBE_MASTER_PORT="31000", TF_KUBE_MASTER_PORT_SPAN="2000", TF_KUBE_NAMESPACE_PREFIX=PREFIX,
+               TF_KUBE_PENDING_TIMEOUT="15")
     kube = Kube(str(kube_cluster.kubeconfig))
     try:
         run_cli(env, "up", timeout=180)
@@ -55,6 +56,7 @@ def kube_stack(kube_cluster):
         with Kube(str(kube_cluster.kubeconfig)) as admin:
             admin.delete("Node", None, node_name)
         shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(node.workdir, ignore_errors=True)
 
 
 def job_pods(kube: Kube, job_id: str) -> list[dict]:
@@ -99,3 +101,19 @@ def test_halt_then_resume_on_pods_ends_with_the_uninterrupted_model(kube_stack, 
     assert job["state"] == "completed", job
     assert f"resuming from step {halted['checkpoint_step']}" in log_text(env, job_id)
     assert_bitwise_equal(model_of(state, job_id), reference[1])
+
+
+def test_an_unschedulable_learner_fails_the_job_with_the_schedulers_words(kube_stack, tmp_path):
+    env, _, kube = kube_stack
+    # the test node has GPUs but no `nvidia.com/gpu.product=a100` label: the scheduler cannot place the pod
+    work = tmp_path / "typed"
+    work.mkdir()
+    (work / "job.py").write_text("print('never runs')\n")
+    (work / "manifest.yaml").write_text("name: typed\ncode: .\ncommand: python job.py\n"
+                                        "resources: {gpus: 1, gpu_type: a100, cpus: 0.5, memory: 256Mi}\n")
+    job_id = cli_json(env, "submit", str(work / "manifest.yaml"))["id"]
+    job = wait_terminal(env, job_id, 180)
+    assert job["state"] == "failed", job
+    assert "Unschedulable: 0/1 nodes are available" in job["reason"], job
+    assert "(still pending after 15s)" in job["reason"], job
+    wait_for(lambda: not job_pods(kube, job_id), 60, "the failed job's pods removed")
