@@ -7,7 +7,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 TORCH := torch==2.13.0
 STAMP := $(VENV)/.stamp-installed
 
-.PHONY: demo test check unit integration e2e protos protos-check lock bench clean down engine browser kube
+.PHONY: demo test check unit integration e2e protos protos-check lock bench clean down engine browser kube kube-clients
 
 $(STAMP): requirements/runtime.lock requirements/dev.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,13 +46,17 @@ browser:
 kube: $(STAMP)
 	PYTHON=$(PY) tools/kube/build.sh
 
-test: check engine browser kube
+# helm v3.18 and kubectl for the chart's and the kubernetes backend's tests, cached in .cache/kube/clients/.
+kube-clients: $(STAMP)
+	PYTHON=$(PY) tools/kube/clients.sh
+
+test: check engine browser kube kube-clients
 	$(PY) -m pytest tests
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit
 
-integration: $(STAMP) engine kube
+integration: $(STAMP) engine kube kube-clients
 	$(PY) -m pytest tests/integration
 
 e2e: $(STAMP)

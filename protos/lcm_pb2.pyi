@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DeployJobRequest(_message.Message):
-    __slots__ = ("job_id", "team", "attempt", "manifest_json", "code_uri", "checkpoint_uri", "secret_env")
+    __slots__ = ("job_id", "team", "attempt", "manifest_json", "code_uri", "checkpoint_uri", "secret_env", "team_quota")
     class SecretEnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class DeployJobRequest(_message.Message):
     CODE_URI_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
     SECRET_ENV_FIELD_NUMBER: _ClassVar[int]
+    TEAM_QUOTA_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     team: str
     attempt: int
@@ -30,7 +31,29 @@ class DeployJobRequest(_message.Message):
     code_uri: str
     checkpoint_uri: str
     secret_env: _containers.ScalarMap[str, str]
-    def __init__(self, job_id: _Optional[str] = ..., team: _Optional[str] = ..., attempt: _Optional[int] = ..., manifest_json: _Optional[str] = ..., code_uri: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., secret_env: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    team_quota: TeamQuota
+    def __init__(self, job_id: _Optional[str] = ..., team: _Optional[str] = ..., attempt: _Optional[int] = ..., manifest_json: _Optional[str] = ..., code_uri: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., team_quota: _Optional[_Union[TeamQuota, _Mapping]] = ...) -> None: ...
+
+class TeamQuota(_message.Message):
+    __slots__ = ("gpus", "cpus", "memory", "jobs", "gpus_by_type")
+    class GpusByTypeEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_BY_TYPE_FIELD_NUMBER: _ClassVar[int]
+    gpus: int
+    cpus: float
+    memory: int
+    jobs: int
+    gpus_by_type: _containers.ScalarMap[str, int]
+    def __init__(self, gpus: _Optional[int] = ..., cpus: _Optional[float] = ..., memory: _Optional[int] = ..., jobs: _Optional[int] = ..., gpus_by_type: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class DeployJobResponse(_message.Message):
     __slots__ = ("handles",)

@@ -110,6 +110,46 @@ class LcmSettings(StoreSettings):
     docker_image: str = Field("trainforge/learner:bookworm", description="the docker backend's image for a manifest without `image:`")
     metrics_port: int = Field(-1, ge=-1, le=65535, description="port of the Prometheus /metrics endpoint "
                               "(-1: none, 0: any free port)")
+    # -- the kubernetes backend (docs/KUBERNETES.md) --
+    kube_config: str = Field("", description="kubeconfig file of the kubernetes backend (empty: the in-cluster "
+                                             "service account)")
+    kube_context: str = Field("", description="context in kube_config (empty: its current context)")
+    kube_namespace_prefix: str = Field("tf-", pattern="^[a-z0-9-]{0,20}$",
+                                       description="a team's namespace is this prefix + the team's name")
+    kube_image: str = Field("trainforge/learner:torch", min_length=1,
+                            description="learner image for a manifest without `image:` (it holds the platform)")
+    kube_platform_image: str = Field("trainforge/platform:latest", min_length=1,
+                                     description="image of the job monitor pods (the control-plane image)")
+    kube_image_pull_policy: str = Field("IfNotPresent", pattern="^(Always|IfNotPresent|Never)$",
+                                        description="imagePullPolicy of every pod the backend creates")
+    kube_python: str = Field("python3", min_length=1,
+                             description="interpreter the pods' injected entrypoint runs (in the image's PATH)")
+    kube_pythonpath: str = Field("", description="PYTHONPATH given to pods (empty: the image's own)")
+    kube_workdir: str = Field("/var/lib/trainforge/work", pattern="^/",
+                              description="absolute directory of learner workdirs inside a pod (an emptyDir)")
+    kube_gpu_type_label: str = Field("nvidia.com/gpu.product", min_length=1,
+                                     description="node label a manifest's gpu_type selects on, unless "
+                                                 "kube_gpu_node_selectors names the type")
+    kube_gpu_node_selectors: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description='node selector per GPU type, e.g. {"a100": {"gpu": "a100-80g"}}')
+    kube_gpu_tolerations: list[dict[str, str]] = Field(
+        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        description="tolerations of pods that ask for GPUs (Kubernetes Toleration objects)")
+    kube_master_addr: str = Field("", description="DDP rendezvous address given to learners (empty: rank 0's "
+                                                  "DNS name under the attempt's headless Service)")
+    kube_master_port: int = Field(29500, ge=1, le=65535, description="DDP rendezvous port (the first one)")
+    kube_master_port_span: int = Field(0, ge=0, le=30000,
+                                       description="ports above kube_master_port an attempt's rendezvous port is "
+                                                   "hashed into (0: every attempt uses kube_master_port; pods "
+                                                   "that share one network, like the test node's, need a span)")
+    kube_platform_namespace: str = Field("trainforge", description="namespace of the control plane: learners' "
+                                         "egress to it is allowed (etcd, trainer, log and object stores in-cluster)")
+    kube_egress_cidrs: list[str] = Field(default_factory=list,
+                                         description='platform endpoints outside the cluster learners may reach, '
+                                                     'as "CIDR" or "CIDR:port", e.g. "10.0.3.4/32:2379"')
+    kube_pending_timeout: float = Field(300.0, gt=0, le=86400,
+                                        description="seconds a pod may stay unschedulable or unable to pull its "
+                                                    "image before its learner counts as failed with that reason")
 
 
 class ControllerSettings(StoreSettings):

@@ -312,6 +312,9 @@ def _remove_containers(stack_id: str, done: Callable[[ComponentStatus], None]) -
     """With the docker backend: remove every container and network labelled with the stack (a learner whose
     runner was stopped with its controller leaves its container to this)."""
     settings = LcmSettings()
+    if settings.backend == "kubernetes":
+        _remove_pods(settings, stack_id, done)
+        return
     if settings.backend != "docker":
         return
     from services.common.adapters.docker_engine import Engine
@@ -329,6 +332,30 @@ def _remove_containers(stack_id: str, done: Callable[[ComponentStatus], None]) -
     if removed:
         done(ComponentStatus("docker containers", None, settings.docker_url, Status.STOPPED,
                              f"{removed} removed"))
+
+
+def _remove_pods(settings: LcmSettings, stack_id: str, done: Callable[[ComponentStatus], None]) -> None:
+    """With the kubernetes backend: delete the stack's attempts (their root ConfigMaps, whose owned objects the
+    garbage collector removes) and, should an owner reference have missed one, their pods."""
+    from services.common.adapters.kube import Kube
+
+    selector = f"app.kubernetes.io/managed-by=trainforge,tf.stack={stack_id},tf.job"
+    where = settings.kube_config or "in-cluster"
+    try:
+        kube = Kube(settings.kube_config, settings.kube_context)
+        try:
+            roots = kube.list("ConfigMap", None, selector)
+            for root in roots:
+                kube.delete("ConfigMap", root["metadata"]["namespace"], root["metadata"]["name"])
+            for ns in {p["metadata"]["namespace"] for p in kube.list("Pod", None, selector)}:
+                kube.delete_all("Pod", ns, selector)
+        finally:
+            kube.close()
+    except TrainforgeError as e:
+        done(ComponentStatus("kubernetes attempts", None, where, Status.UNHEALTHY, e.message))
+        return
+    if roots:
+        done(ComponentStatus("kubernetes attempts", None, where, Status.STOPPED, f"{len(roots)} removed"))
 
 
 def down(state_dir: str | Path, *, report: Report = _ignore, grace: float = 20.0) -> list[ComponentStatus]:

@@ -7,12 +7,12 @@ the LCM's gRPC errors into the platform's domain errors.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from protos import lcm_pb2, lcm_pb2_grpc
 from services.common import rpc
-from services.trainer.admission import Capacity, Usage
+from services.trainer.admission import Capacity, Quota, Usage
 
 
 class Lcm(Protocol):
@@ -33,17 +33,27 @@ class Lcm(Protocol):
         """What the backend can run at once."""
 
 
+def team_quota_to_proto(quota: Quota) -> lcm_pb2.TeamQuota:
+    limits = {k: v for k, v in (("gpus", quota.gpus), ("cpus", quota.cpus), ("memory", quota.memory),
+                                ("jobs", quota.jobs)) if v is not None}
+    return lcm_pb2.TeamQuota(**limits, gpus_by_type=dict(quota.gpus_by_type))
+
+
 class GrpcLcm:
-    def __init__(self, address: str, timeout: float = 30.0):
+    def __init__(self, address: str, timeout: float = 30.0, *, quota_of: Callable[[str], Quota] | None = None):
+        """`quota_of(team)`: the team's quota, sent with every deploy (DeployJobRequest.team_quota)."""
         self._channel = rpc.channel(address)
         self._stub = lcm_pb2_grpc.LifecycleManagerStub(self._channel)
         self._timeout = timeout
+        self._quota_of = quota_of
 
     def deploy_job(self, job_id: str, team: str, attempt: int, manifest_json: str, code_uri: str,
                    checkpoint_uri: str = "", *, secret_env: Mapping[str, str] | None = None) -> list[str]:
         request = lcm_pb2.DeployJobRequest(job_id=job_id, team=team, attempt=attempt,
                                            manifest_json=manifest_json, code_uri=code_uri,
                                            checkpoint_uri=checkpoint_uri, secret_env=dict(secret_env or {}))
+        if self._quota_of is not None:
+            request.team_quota.CopyFrom(team_quota_to_proto(self._quota_of(team)))
         return list(rpc.call(self._stub.DeployJob, request, self._timeout).handles)
 
     def kill_job(self, job_id: str, reason: str = "") -> int:

@@ -132,8 +132,10 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
     if db is None:
         db = connect(settings.mongo_url, settings.mongo_db)
         closers.append(db.client.close)
+    quotas = QuotaStore(db, quota_collection)
     if lcm is None:
-        grpc_lcm = GrpcLcm(settings.lcm_address, timeout=settings.lcm_timeout)
+        # every deploy carries the team's current quota (a kubernetes LCM mirrors it into the team's namespace)
+        grpc_lcm = GrpcLcm(settings.lcm_address, timeout=settings.lcm_timeout, quota_of=quotas.get)
         closers.append(grpc_lcm.close)
         lcm = grpc_lcm
     # the key is checked before anything else starts: without one (outside dev mode) no secret could be read
@@ -141,7 +143,6 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
     box = SecretBox(key)
     lcm = SecretResolvingLcm(lcm, SecretStore(db, box).reveal)
     store = JobStore(db, collection)
-    quotas = QuotaStore(db, quota_collection)
     notifier = Notifier(Outbox(db), TeamWebhooks(db, box), max_tries=settings.webhook_max_tries,
                         initial_backoff=settings.webhook_backoff)
     experiments_wake = threading.Event()

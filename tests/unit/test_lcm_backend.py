@@ -86,10 +86,13 @@ def test_children_get_the_lcms_settings_and_can_import_the_project(tmp_path, mon
     assert "TF_BACKEND" not in env  # the LCM's own settings are not the children's
 
 
-@pytest.mark.parametrize("name", ["kubernetes"])
-def test_backends_not_in_this_build_are_refused_clearly(name, tmp_path):
-    with pytest.raises(InvalidArgument, match=f"^backend {name} is not available in this build$"):
-        make_backend(LcmSettings(backend=name, state_dir=tmp_path))
+def test_the_kubernetes_backend_outside_a_cluster_without_a_kubeconfig_names_the_setting(tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(InvalidArgument, match="cannot load the Kubernetes configuration") as e:
+        make_backend(LcmSettings(backend="kubernetes", state_dir=tmp_path))
+    assert e.value.details[0]["field"].startswith("kube_config")
+    with pytest.raises(InvalidArgument, match="no-such.yaml"):
+        make_backend(LcmSettings(backend="kubernetes", state_dir=tmp_path, kube_config=str(tmp_path / "no-such.yaml")))
 
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning")

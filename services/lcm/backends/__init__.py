@@ -23,5 +23,9 @@ def make_backend(settings: LcmSettings) -> Backend:
         from services.lcm.backends.docker import DockerBackend
 
         return DockerBackend(settings)
+    if settings.backend == "kubernetes":
+        from services.lcm.backends.kubernetes.backend import KubernetesBackend
+
+        return KubernetesBackend(settings)
     raise InvalidArgument(f"backend {settings.backend} is not available in this build",
-                          details=[{"field": "backend", "message": "not available in this build; use local or docker"}])
+                          details=[{"field": "backend", "message": "not available in this build; use local, docker or kubernetes"}])

@@ -55,6 +55,8 @@ class Handle:
 class Observed:
     handle: Handle
     alive: bool
+    # the backend's own words on why it ended or is stuck (a cluster's "OOMKilled: ...", "Unschedulable: ...")
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,22 @@ class Site:
     master_port: int
 
 
+class TeamQuota(BaseModel):
+    """A team's quota as the Trainer holds it (DeployJobRequest.team_quota); None: no limit on that dimension.
+
+    Backends that mirror quotas into where they run (kubernetes: the team namespace's ResourceQuotas) bring
+    them in step at each deploy; the others ignore it (the Trainer's admission enforces it either way).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    gpus: int | None = Field(None, ge=0)
+    cpus: float | None = Field(None, ge=0)
+    memory: int | None = Field(None, ge=0)
+    jobs: int | None = Field(None, ge=0)
+    gpus_by_type: dict[str, int] = Field(default_factory=dict)
+
+
 class JobDeployment(BaseModel):
     """One attempt of one job, as the Trainer asked for it (validated once, by the lifecycle)."""
 
@@ -102,6 +120,7 @@ class JobDeployment(BaseModel):
     # Team secrets for the learners' env (DeployJobRequest.secret_env): kept out of every dump, so the
     # attempt record the lifecycle persists never holds them.
     secret_env: dict[str, str] = Field(default_factory=dict, exclude=True, repr=False)
+    team_quota: TeamQuota | None = None
 
     @property
     def world_size(self) -> int:
@@ -174,6 +193,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def capacity(self) -> Capacity:
         """The backend's total resources (not what is free: the lifecycle and the Trainer account for usage)."""
+
+    def recover(self) -> list[AttemptPlan]:
+        """Plans of attempts the backend can find without the lifecycle's records (e.g. by label); none here."""
+        return []
 
     def close(self) -> None:  # noqa: B027 - optional hook; most backends hold nothing
         """Release connections. Running jobs are left running."""

@@ -80,7 +80,16 @@ class Lifecycle:
     # -- restart --------------------------------------------------------------------
 
     def reconcile(self) -> None:
-        """Take over a previous LCM's records: adopt attempts still running or not yet reported; forget the rest."""
+        """Take over a previous LCM's records: adopt attempts still running or not yet reported; forget the rest.
+
+        Attempts the backend finds on its own (`recover`, e.g. by label) that no record names are recorded
+        first, so an LCM that lost its state directory adopts them too.
+        """
+        known = {r.job_id for r in self._records.load()}
+        for plan in self.backend.recover():
+            if plan.job_id not in known:
+                self._records.put(AttemptRecord(plan=plan))
+                known.add(plan.job_id)
         for record in self._records.load():
             view = self.backend.observe(record.plan)
             if view.alive:

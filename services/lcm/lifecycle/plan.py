@@ -9,12 +9,14 @@ once: each rank's `LearnerSpec` (workdir, rendezvous, its GPUs) and the
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 from protos import lcm_pb2
 from services.common.contracts.ids import check_job_id
-from services.common.contracts.specs import LearnerSpec, MonitorSpec
+from services.common.contracts.specs import LearnerSpec, MonitorSpec, problems
 from services.common.errors import InvalidArgument
 from services.common.manifest import parse_manifest
-from services.lcm.backends.base import AttemptPlan, JobDeployment, Site
+from services.lcm.backends.base import AttemptPlan, JobDeployment, Site, TeamQuota
 
 
 def check_attempt(attempt: int) -> int:
@@ -35,7 +37,21 @@ def deployment_from_request(request: lcm_pb2.DeployJobRequest) -> JobDeployment:
                               details=[{"field": "manifest_json", "message": "required"}])
     return JobDeployment(job_id=request.job_id, team=request.team, attempt=request.attempt,
                          manifest=parse_manifest(request.manifest_json), code_uri=request.code_uri,
-                         checkpoint_uri=request.checkpoint_uri, secret_env=dict(request.secret_env))
+                         checkpoint_uri=request.checkpoint_uri, secret_env=dict(request.secret_env),
+                         team_quota=team_quota_from_request(request))
+
+
+def team_quota_from_request(request: lcm_pb2.DeployJobRequest) -> TeamQuota | None:
+    """The team's quota the Trainer sent (None when it sent none); InvalidArgument names a bad field."""
+    if not request.HasField("team_quota"):
+        return None
+    q = request.team_quota
+    limits = {f: getattr(q, f) for f in ("gpus", "cpus", "memory", "jobs") if q.HasField(f)}
+    try:
+        return TeamQuota(**limits, gpus_by_type=dict(q.gpus_by_type))
+    except ValidationError as e:
+        raise InvalidArgument(f"invalid team_quota: {problems(e)}",
+                              details=[{"field": "team_quota", "message": problems(e)}]) from None
 
 
 def build_plan(job: JobDeployment, site: Site, gpus: list[int], *, lease_ttl: int,

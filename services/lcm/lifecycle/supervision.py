@@ -88,7 +88,8 @@ class Supervision:
                     or handle.rank in reported:
                 continue
             status = LearnerStatus(state=LearnerState.LEARNER_FAILED, attempt=record.attempt,
-                                   message=f"its controller ({handle}) ended without reporting the learner")
+                                   message=f"its controller ({handle}) ended without reporting the learner"
+                                   + (f": {observed.reason}" if observed.reason else ""))
             key = self._coord.keys.learner_status(record.job_id, handle.rank)
             try:
                 if self._coord.create(key, status.value()):

@@ -1,0 +1,68 @@
+{{- define "tf.name" -}}{{ .Release.Name | trunc 40 | trimSuffix "-" }}{{- end -}}
+
+{{- define "tf.labels" -}}
+app.kubernetes.io/name: trainforge
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: trainforge
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "tf.selector" -}}
+app.kubernetes.io/name: trainforge
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "tf.image" -}}{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}{{- end -}}
+
+{{- define "tf.trainerAddress" -}}{{ include "tf.name" . }}-trainer.{{ .Release.Namespace }}.svc:{{ .Values.trainer.port }}{{- end -}}
+{{- define "tf.lcmAddress" -}}{{ include "tf.name" . }}-lcm.{{ .Release.Namespace }}.svc:{{ .Values.lcm.port }}{{- end -}}
+
+{{/* The stores every service reads: plain values from the ConfigMap, credentials from Secrets. */}}
+{{- define "tf.storeEnv" -}}
+- name: TF_MONGO_URL
+{{- if .Values.mongo.existingSecret }}
+  valueFrom: {secretKeyRef: {name: {{ .Values.mongo.existingSecret }}, key: {{ .Values.mongo.secretKey }}}}
+{{- else }}
+  value: {{ .Values.mongo.url | quote }}
+{{- end }}
+- name: TF_LOGSTORE_URL
+{{- if .Values.logstore.existingSecret }}
+  valueFrom: {secretKeyRef: {name: {{ .Values.logstore.existingSecret }}, key: {{ .Values.logstore.secretKey }}}}
+{{- else }}
+  value: {{ .Values.logstore.url | quote }}
+{{- end }}
+- name: TF_S3_ACCESS_KEY
+  valueFrom: {secretKeyRef: {name: {{ .Values.objectstore.existingSecret }}, key: {{ .Values.objectstore.accessKeyKey }}}}
+- name: TF_S3_SECRET_KEY
+  valueFrom: {secretKeyRef: {name: {{ .Values.objectstore.existingSecret }}, key: {{ .Values.objectstore.secretKeyKey }}}}
+{{- end -}}
+
+{{- define "tf.podSecurity" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.runAsUser }}
+runAsGroup: {{ .Values.runAsUser }}
+fsGroup: {{ .Values.runAsUser }}
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}
+
+{{- define "tf.containerSecurity" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities: {drop: [ALL]}
+{{- end -}}
+
+{{/* Liveness/readiness of a gRPC service: the standard grpc.health.v1 service, natively or by command. */}}
+{{- define "tf.grpcProbe" -}}
+{{- if eq .root.Values.probes.mode "grpc" }}
+grpc: {port: {{ .port }}}
+{{- else }}
+exec:
+  command: [python3, -c, "import grpc,sys; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; c=grpc.insecure_channel('127.0.0.1:{{ .port }}'); sys.exit(0 if g.HealthStub(c).Check(h.HealthCheckRequest(), timeout=5).status == h.HealthCheckResponse.SERVING else 1)"]
+{{- end }}
+periodSeconds: {{ .root.Values.probes.periodSeconds }}
+failureThreshold: {{ .root.Values.probes.failureThreshold }}
+timeoutSeconds: 5
+{{- end -}}

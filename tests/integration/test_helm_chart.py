@@ -1,0 +1,108 @@
+"""The Helm chart `deploy/helm/trainforge`: `helm lint --strict` is clean, `helm template` output passes the
+upstream schemas strictly (kubernetes-validate, 1.33), the values schema refuses bad values naming them, and
+every value in values.yaml carries a comment. helm comes from `make kube-clients` (tools/kube/clients.sh);
+without it these tests fail, never skip. `helm install` against a real API server is in test_kube_backend.py."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "trainforge"
+HELM = ROOT / ".cache" / "kube" / "clients" / "helm"
+VERSION = "1.33.0"
+
+pytestmark = pytest.mark.integration
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    if not HELM.exists():
+        pytest.fail(f"{HELM} is missing: run `make kube-clients` (tools/kube/clients.sh)")
+    return subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=120, check=check)
+
+
+def rendered(*sets: str, kube_version: str = VERSION) -> list[dict]:
+    args = ["template", "tf", str(CHART), "--namespace", "trainforge", "--kube-version", kube_version]
+    for s in sets:
+        args += ["--set", s]
+    return [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+
+
+@pytest.mark.parametrize("kube_version", [VERSION, "1.20.2"])
+def test_helm_lint_strict_is_clean(kube_version):
+    out = helm("lint", "--strict", "--kube-version", kube_version, str(CHART), check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout
+
+
+@pytest.mark.parametrize("sets", [(), ("probes.mode=exec", "networkPolicy.enabled=false", "api.replicas=1"),
+                                  ("mongo.existingSecret=mongo-url", "logstore.existingSecret=es-url",
+                                   "imagePullSecrets={regcred}")])
+def test_every_rendered_object_passes_the_strict_schema(sets):
+    docs = rendered(*sets)
+    for doc in docs:
+        kubernetes_validate.validate(doc, VERSION, strict=True)
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds.count("Deployment") == 3 and kinds.count("PodDisruptionBudget") == 3
+    assert kinds.count("ServiceAccount") == 3 and "ClusterRole" in kinds
+
+
+def test_the_chart_sets_probes_resources_security_and_secret_references():
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in rendered()}
+    lcm = docs[("Deployment", "tf-lcm")]["spec"]["template"]["spec"]
+    container = lcm["containers"][0]
+    assert container["livenessProbe"]["grpc"] == {"port": 50052}
+    assert container["resources"]["limits"] == {"cpu": "1", "memory": "1Gi"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert lcm["securityContext"]["runAsNonRoot"] is True
+    env = {e["name"]: e for e in container["env"]}
+    assert env["TF_BACKEND"]["value"] == "kubernetes"
+    assert env["TF_S3_SECRET_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "trainforge-s3", "key": "secret-key"}
+    api = docs[("Deployment", "tf-api")]["spec"]["template"]["spec"]
+    assert api["automountServiceAccountToken"] is False
+    api_env = {e["name"]: e for e in api["containers"][0]["env"]}
+    assert api_env["TF_JWT_SECRET"]["valueFrom"]["secretKeyRef"]["name"] == "trainforge-keys"
+    exec_probe = {(d["kind"], d["metadata"]["name"]): d for d in rendered("probes.mode=exec")}
+    probe = exec_probe[("Deployment", "tf-trainer")]["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]
+    assert "grpc_health" in probe["exec"]["command"][-1] and "50051" in probe["exec"]["command"][-1]
+
+
+def test_the_lcm_role_is_least_privilege():
+    role = next(d for d in rendered() if d["kind"] == "ClusterRole")
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+        assert "pods/exec" not in rule["resources"]
+    nodes = next(r for r in role["rules"] if "nodes" in r["resources"])
+    assert set(nodes["verbs"]) == {"get", "list"}
+
+
+def test_a_pdb_version_the_cluster_has():
+    old = [d for d in rendered(kube_version="1.20.2") if d["kind"] == "PodDisruptionBudget"]
+    new = [d for d in rendered() if d["kind"] == "PodDisruptionBudget"]
+    assert {d["apiVersion"] for d in old} == {"policy/v1beta1"} and {d["apiVersion"] for d in new} == {"policy/v1"}
+
+
+@pytest.mark.parametrize(("value", "field"), [("lcm.replicas=2", "lcm.replicas"),
+                                               ("mongo.url=localhost", "mongo.url"),
+                                               ("probes.mode=http", "probes.mode"),
+                                               ("lcm.egressCidrs={not-a-cidr}", "lcm.egressCidrs")])
+def test_the_values_schema_names_a_bad_value(value, field):
+    out = helm("template", "tf", str(CHART), "--set", value, check=False)
+    assert out.returncode != 0 and field in out.stderr
+
+
+def test_every_value_has_a_comment():
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\s*)([A-Za-z][A-Za-z0-9]*):", line)
+        if not m:
+            continue
+        above = lines[i - 1].strip() if i else ""
+        assert above.startswith("#"), f"values.yaml line {i + 1} ({m.group(2)}) has no comment above it"

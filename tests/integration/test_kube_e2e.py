@@ -1,0 +1,119 @@
+"""End to end on the kubernetes backend: the embedded stack with `TF_BACKEND=kubernetes` against the real
+kube-apiserver and kube-controller-manager (tests/kube.py), with the pods run by the TEST NODE
+(tests/kubenode/: it binds pending pods and runs each pod's container command as local processes with the
+pod's env, reporting pod status through the API; not a kubelet). The example DDP job goes from
+`POST /v1/jobs` (through the CLI) to COMPLETED; halt then resume ends with the uninterrupted run's model.
+
+Every pod shares the test node's network (127.0.0.1), so the rendezvous address is 127.0.0.1 and each
+attempt's port is hashed into a span (TF_KUBE_MASTER_PORT_SPAN; docs/KUBERNETES.md).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.common.adapters.kube import Kube
+from tests.e2e.test_embedded_stack import cli_json, run_cli, wait_terminal
+from tests.e2e.test_halt_resume import assert_bitwise_equal, example, log_text, model_of
+from tests.kube import start_node
+from tests.servers import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFIX = "e2e-"
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def kube_stack(kube_cluster):
+    # one test node for the module's jobs (tests/kube.py's kube_node is per test)
+    node_name = f"e2e-{secrets.token_hex(3)}"
+    node = start_node(kube_cluster, node_name, gpus=4, env={"PYTHONPATH": str(ROOT)})
+    # not under /tmp: the test node rewrites a mount path (the pods' /tmp emptyDir) wherever it starts a path
+    # in a pod's env, and the object store's file:// path is in the pods' env
+    state = ROOT / ".cache" / f"kube-e2e-{secrets.token_hex(3)}"
+    state.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "TRAINFORGE_"))}
+    env.update(TF_STATE_DIR=str(state), PYTHONUNBUFFERED="1", TF_BACKEND="kubernetes",
+               TF_KUBE_CONFIG=str(kube_cluster.kubeconfig), TF_KUBE_PYTHON=sys.executable,
+               TF_KUBE_PYTHONPATH=str(ROOT), TF_KUBE_WORKDIR=str(state / "pods"), TF_KUBE_MASTER_ADDR="127.0.0.1",
+               TF_KUBE_MASTER_PORT="31000", TF_KUBE_MASTER_PORT_SPAN="2000", TF_KUBE_NAMESPACE_PREFIX=PREFIX,
+               TF_KUBE_PENDING_TIMEOUT="15")
+    kube = Kube(str(kube_cluster.kubeconfig))
+    try:
+        run_cli(env, "up", timeout=180)
+        yield env, state, kube
+    finally:
+        run_cli(env, "down", timeout=120, check=False)
+        kube.close()
+        node.stop()
+        with Kube(str(kube_cluster.kubeconfig)) as admin:
+            admin.delete("Node", None, node_name)
+        shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(node.workdir, ignore_errors=True)
+
+
+def job_pods(kube: Kube, job_id: str) -> list[dict]:
+    return kube.list("Pod", None, f"tf.job={job_id}")
+
+
+@pytest.fixture(scope="module")
+def reference(kube_stack, tmp_path_factory):
+    """The example DDP job, uninterrupted, as pods: its final model."""
+    env, state, kube = kube_stack
+    job_id = cli_json(env, "submit", str(example(tmp_path_factory.mktemp("ref"), "mnist-kube")))["id"]
+    pods = wait_for(lambda: len(p := job_pods(kube, job_id)) == 3 and p, 120, "the monitor and two learner pods")
+    names = sorted(p["metadata"]["name"] for p in pods)
+    assert names == [f"tf-{job_id}-a1-monitor", f"tf-{job_id}-a1-r0", f"tf-{job_id}-a1-r1"]
+    assert {p["metadata"]["namespace"] for p in pods} == {f"{PREFIX}local"}
+    job = wait_terminal(env, job_id, 500)
+    assert job["state"] == "completed", job
+    return job_id, model_of(state, job_id)
+
+
+def test_the_example_ddp_job_completes_on_pods(kube_stack, reference):
+    _, _, kube = kube_stack
+    job_id, model = reference
+    assert model
+    # the Trainer's clean-up (KillJob) of a finished job removes the attempt
+    wait_for(lambda: not job_pods(kube, job_id) and not kube.list("ConfigMap", None, f"tf.job={job_id}"), 60,
+             "the job's pods and root removed")
+
+
+def test_halt_then_resume_on_pods_ends_with_the_uninterrupted_model(kube_stack, reference, tmp_path):
+    env, state, kube = kube_stack
+    job_id = cli_json(env, "submit", str(example(tmp_path, "mnist-kube-halted")))["id"]
+    wait_for(lambda: "epoch 1/3" in log_text(env, job_id), 300, "the first epoch to end", interval=1.0)
+    halted = cli_json(env, "halt", job_id, timeout=180)
+    assert halted["state"] == "halted", halted
+    assert halted["checkpoint_step"] is not None and halted["checkpoint_step"] > 0
+    wait_for(lambda: not job_pods(kube, job_id), 60, "the halted attempt's pods gone")
+    assert cli_json(env, "resume", job_id)["attempt"] == 2
+    wait_for(lambda: any(p["metadata"]["name"] == f"tf-{job_id}-a2-r0" for p in job_pods(kube, job_id)), 120,
+             "attempt 2's pods")
+    job = wait_terminal(env, job_id, 400)
+    assert job["state"] == "completed", job
+    assert f"resuming from step {halted['checkpoint_step']}" in log_text(env, job_id)
+    assert_bitwise_equal(model_of(state, job_id), reference[1])
+
+
+def test_an_unschedulable_learner_fails_the_job_with_the_schedulers_words(kube_stack, tmp_path):
+    env, _, kube = kube_stack
+    # the test node has GPUs but no `nvidia.com/gpu.product=a100` label: the scheduler cannot place the pod
+    work = tmp_path / "typed"
+    work.mkdir()
+    (work / "job.py").write_text("print('never runs')\n")
+    (work / "manifest.yaml").write_text("name: typed\ncode: .\ncommand: python job.py\n"
+                                        "resources: {gpus: 1, gpu_type: a100, cpus: 0.5, memory: 256Mi}\n")
+    job_id = cli_json(env, "submit", str(work / "manifest.yaml"))["id"]
+    job = wait_terminal(env, job_id, 180)
+    assert job["state"] == "failed", job
+    assert "Unschedulable: 0/1 nodes are available" in job["reason"], job
+    assert "(still pending after 15s)" in job["reason"], job
+    wait_for(lambda: not job_pods(kube, job_id), 60, "the failed job's pods removed")
