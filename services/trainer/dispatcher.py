@@ -45,6 +45,7 @@ from services.common.states import JobState
 from services.trainer import admission
 from services.trainer.admission import Capacity, Plan
 from services.trainer.lcm_client import Lcm
+from services.trainer.queuenotes import QueueNotes
 from services.trainer.quotas import QuotaStore
 from services.trainer.record import JobRecord
 from services.trainer.rules import ACTOR, Lifecycle, Rule
@@ -52,10 +53,13 @@ from services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)
 
-# Least seconds between the starts of two passes: a pass reads the whole queue, so under a burst of
-# wake-ups (a storm of submits, many jobs ending) one pass that places many jobs beats many that place
-# one each; a lone wake-up after a quiet spell still runs at once.
+# Most seconds between the starts of two passes when woken: a pass reads the whole queue, so under a
+# burst of wake-ups (a storm of submits, many jobs ending) one pass that places many jobs beats many that
+# place one each. The gap actually kept is twice the last pass's duration within [MIN_SPACING, SPACING]:
+# cheap passes (a short queue) follow each other closely, so a submit right after another job's end is
+# not held back by a fixed gap; a lone wake-up after a quiet spell still runs at once.
 SPACING = 0.2
+MIN_SPACING = 0.05
 # What a pass reads of queued and of active jobs: a pass reads the whole queue, so not the manifests.
 _QUEUE_FIELDS = ("team", "resources", "gpu_type", "priority", "created_at", "attempt", "reason",
                  "queue_position", "not_before", "cleanup_pending", "restarts")
@@ -92,6 +96,7 @@ class Dispatcher:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._calls = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainer-lcm")
+        self._notes = QueueNotes(store)
         self._capacity: Capacity | None = None
         self._capacity_error = "the LCM has not reported its capacity yet"
         # cleanups in flight, and when a failed one may be tried again
@@ -112,6 +117,7 @@ class Dispatcher:
         than that (and a submit not at all: see `capacity`).
         """
         first = self._calls.submit(_logged, self._refresh_capacity)
+        self._notes.start()
         self._thread = threading.Thread(target=self._loop, name="trainer-dispatcher", daemon=True)
         self._thread.start()
         self.wake()
@@ -124,15 +130,16 @@ class Dispatcher:
         if self._thread is not None:
             self._thread.join(timeout)
         self._calls.shutdown(wait=True)
+        self._notes.stop(timeout)
 
     def wake(self) -> None:
         self._wake.set()
 
     def _loop(self) -> None:
-        last_pass = -self._spacing
+        last_pass, gap = -self._spacing, self._spacing
         while not self._stopping.is_set():
             self._wake.wait(self._interval)
-            self._stopping.wait(max(0.0, last_pass + self._spacing - time.monotonic()))
+            self._stopping.wait(max(0.0, last_pass + gap - time.monotonic()))
             self._wake.clear()
             if self._stopping.is_set():
                 return
@@ -143,6 +150,7 @@ class Dispatcher:
                 log.warning("dispatch pass skipped: %s", e.message)
             except Exception:
                 log.exception("dispatch pass failed")
+            gap = min(self._spacing, max(MIN_SPACING, 2 * (time.monotonic() - last_pass)))
 
     # -- capacity ----------------------------------------------------------
 
@@ -226,17 +234,18 @@ class Dispatcher:
             held[job_id] = job
             if (job.reason, job.queue_position) != (reason, 0):
                 notes.append((job_id, job.attempt, reason, 0))
-        self._store.note_queued(notes)
+        self._notes.add(notes)
         return held
 
     def _note_waiting(self, queued: dict[str, JobRecord], result: Plan) -> None:
-        """Store the reasons and positions that changed, in one batch: a reason names the use, so most do."""
+        """Hand the reasons and positions that changed to the note writer (queuenotes.py): a reason names
+        the use, so most do, and writing them is not the pass's business."""
         notes = []
         for job_id, (reason, position) in result.wait.items():
             job = queued[job_id]
             if (job.reason, job.queue_position) != (reason, position):
                 notes.append((job_id, job.attempt, reason, position))
-        self._store.note_queued(notes)
+        self._notes.add(notes)
 
     # -- LCM calls off the pass (the rules' Actions) -------------------------
 
