@@ -38,7 +38,8 @@ def main() -> int:
             while True:
                 info = client.get_job_info(job)
                 if info.status == JobStatus.RUNNING and seen_running is None:
-                    seen_running = (info.start_time or time.time() * 1000) / 1000 - t0
+                    # first seen RUNNING (polled every 20 ms): Ray's start_time is stamped at submission
+                    seen_running = time.time() - t0
                 if info.status.is_terminal():
                     break
                 time.sleep(0.02)
@@ -46,7 +47,8 @@ def main() -> int:
                 print(f"ray job {job} ended {info.status}: {info.message}", file=sys.stderr)
                 return 1
             completed.append(info.end_time / 1000 - t0)
-            running.append(seen_running if seen_running is not None else info.start_time / 1000 - t0)
+            # a job that ended between two polls was RUNNING at the latest when it ended
+            running.append(seen_running if seen_running is not None else info.end_time / 1000 - t0)
         print(json.dumps({"running": running, "completed": completed}))
         return 0
     finally:
