@@ -66,6 +66,10 @@ _QUEUE_FIELDS = ("team", "resources", "gpu_type", "priority", "created_at", "att
 # Most seconds between two tries of a failing KillJob, HaltJob or DeployJob.
 _MAX_RETRY = 30.0
 _HELD_FIELDS = ("team", "resources", "gpu_type")
+# Longest a pass reuses the capacity the LCM last reported instead of asking again: what a backend
+# offers in total changes rarely, while asking costs a round trip to an LCM that is busiest (starting
+# processes) exactly when passes come fastest. An LCM refusal (full, down) is waited out by the deploy.
+CAPACITY_TTL = 1.0
 
 
 # The admission passes' decisions in this process, by decision and reason kind ("held" per job and pass):
@@ -98,6 +102,7 @@ class Dispatcher:
         self._calls = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainer-lcm")
         self._notes = QueueNotes(store)
         self._capacity: Capacity | None = None
+        self._capacity_at = float("-inf")  # time.monotonic() of the last answer
         self._capacity_error = "the LCM has not reported its capacity yet"
         # cleanups in flight, and when a failed one may be tried again
         self._cleaning: set[str] = set()
@@ -157,7 +162,8 @@ class Dispatcher:
     def capacity(self) -> Capacity | None:
         """The backend's capacity as last reported (None: not known yet); never calls the LCM.
 
-        It is asked at start and by every pass with a queue, off any request's thread.
+        It is asked at start and by passes with a queue (at most once per CAPACITY_TTL), off any
+        request's thread.
         """
         return self._capacity
 
@@ -165,6 +171,7 @@ class Dispatcher:
         """This pass's capacity, or None when the LCM cannot say (then nothing is dispatched)."""
         try:
             self._capacity = self._lcm.get_capacity()
+            self._capacity_at = time.monotonic()
         except TrainforgeError as e:
             if e.message != self._capacity_error:
                 log.warning("LCM capacity unknown: %s", e.message)
@@ -196,7 +203,8 @@ class Dispatcher:
         if not queued:
             return Plan()
         queue = [job.queued() for job in queued.values()]
-        capacity = self._refresh_capacity()
+        fresh = self._capacity is not None and time.monotonic() - self._capacity_at < CAPACITY_TTL
+        capacity = self._capacity if fresh else self._refresh_capacity()
         if capacity is None:
             result = admission.hold(queue, f"waiting for the LCM: {self._capacity_error}")
         else:
