@@ -61,6 +61,9 @@ bench: $(STAMP)
 	$(PY) bench/halt_resume.py
 	$(PY) bench/checkpoint_upload.py
 	$(PY) bench/docker_overhead.py
+	$(PY) bench/burst.py
+	$(PY) bench/api_read.py
+	$(PY) bench/train_overhead.py
 
 # A separate venv for bench peers (Ray Jobs for `bench/submit_latency.py --peer ray`), never the project's own.
 BENCH_VENV := .cache/bench-venv
