@@ -7,7 +7,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 TORCH := torch==2.13.0
 STAMP := $(VENV)/.stamp-installed
 
-.PHONY: demo test check unit integration e2e protos protos-check lock bench clean down engine browser kube kube-clients
+.PHONY: demo test check unit integration e2e protos protos-check lock bench clean down engine browser kube kube-clients bench-venv
 
 $(STAMP): requirements/runtime.lock requirements/dev.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -76,6 +76,19 @@ bench: $(STAMP)
 	$(PY) bench/halt_resume.py
 	$(PY) bench/checkpoint_upload.py
 	$(PY) bench/docker_overhead.py
+	$(PY) bench/burst.py
+	$(PY) bench/api_read.py
+	$(PY) bench/train_overhead.py
+
+# A separate venv for bench peers (Ray Jobs for `bench/submit_latency.py --peer ray`), never the project's own.
+BENCH_VENV := .cache/bench-venv
+RAY := ray[default]==2.60.0
+$(BENCH_VENV)/.stamp-ray:
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip --disable-pip-version-check -q install "$(RAY)"
+	touch $@
+
+bench-venv: $(BENCH_VENV)/.stamp-ray
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

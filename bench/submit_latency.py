@@ -4,9 +4,13 @@ Starts a private embedded stack (`trainforge up` in a temporary state dir),
 submits N sequential one-learner jobs whose command is a trivial python,
 and prints p50/p99 of submit→RUNNING and submit→COMPLETED (from the job's
 status history, stamped by the Trainer) next to the wall time of running the
-same command directly, as ratios. Usage:
+same command directly, as ratios. With `--peer ray`, the same N jobs go
+through Ray Jobs on a private single-node Ray cluster in the same run, from
+the separate bench venv (`make bench-venv`, .cache/bench-venv; never the
+project's own environment), and the ratios platform / Ray are printed too.
+Usage:
 
-    .venv/bin/python bench/submit_latency.py [-n 20]
+    PYTHONPATH=$PWD .venv/bin/python bench/submit_latency.py [-n 20] [--peer ray]
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -22,11 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
+from _stack import machine_line
 
 from trainforge.sdk import Client
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCH_PYTHON = ROOT / ".cache" / "bench-venv" / "bin" / "python"
 COMMAND = "python -c \"print('hello from a trivial job')\""
 
 
@@ -43,7 +47,11 @@ def cli(env: dict, *args: str) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", type=int, default=20, help="jobs (and bare runs) to time")
+    ap.add_argument("--peer", choices=("ray",), help="also time the same jobs through Ray Jobs (make bench-venv)")
     args = ap.parse_args()
+    if args.peer and not BENCH_PYTHON.exists():
+        print(f"--peer ray needs {BENCH_PYTHON}: run `make bench-venv` first", file=sys.stderr)
+        return 2
 
     bare = []
     for _ in range(args.n):
@@ -80,9 +88,17 @@ def main() -> int:
     finally:
         cli(env, "down")
 
+    peer = None
+    if args.peer:
+        out = subprocess.run([str(BENCH_PYTHON), str(ROOT / "bench" / "_ray_peer.py"), str(args.n), COMMAND],
+                             capture_output=True, text=True, timeout=1800, check=False)
+        if out.returncode != 0:
+            print(f"the Ray peer failed:\n{out.stderr[-3000:]}", file=sys.stderr)
+            return 1
+        peer = json.loads(out.stdout.strip().splitlines()[-1])
+
     b50, b99 = pct(bare, 50), pct(bare, 99)
-    print(f"machine: {platform.machine()}, {psutil.cpu_count()} cores, "
-          f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}")
+    print(machine_line())
     print(f"{args.n} sequential one-learner jobs, command: {COMMAND}")
     print(f"{'':22}{'p50 s':>9}{'p99 s':>9}{'p50/bare':>10}{'p99/bare':>10}")
     print(f"{'bare command':22}{b50:9.3f}{b99:9.3f}{1:10.1f}{1:10.1f}")
@@ -90,6 +106,11 @@ def main() -> int:
         p50, p99 = pct(vals, 50), pct(vals, 99)
         print(f"{name:22}{p50:9.3f}{p99:9.3f}{p50 / b50:10.1f}{p99 / b99:10.1f}")
     print(f"mean submit -> COMPLETED {statistics.mean(to_completed):.3f} s")
+    if peer is not None:
+        for name, ours, theirs in (("submit -> RUNNING", to_running, peer["running"]),
+                                   ("submit -> COMPLETED", to_completed, peer["completed"])):
+            print(f"Ray Jobs {name:19}{pct(theirs, 50):9.3f}{pct(theirs, 99):9.3f}   Ray / ours p50 "
+                  f"{pct(theirs, 50) / pct(ours, 50):.1f}x, p99 {pct(theirs, 99) / pct(ours, 99):.1f}x")
     return 0
 
 

@@ -225,7 +225,8 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
         experiments = ExperimentCalls(settings.trainer_address)  # a channel connects on its first call
         owned.append(experiments.close)
     if identity is None:
-        identity = IdentityStore(mongo.connect(settings.mongo_url, settings.mongo_db))
+        identity = IdentityStore(mongo.connect(settings.mongo_url, settings.mongo_db),
+                                 cache_seconds=settings.auth_cache_seconds)
         owned.append(identity.close)
     if logs is None:
         logs = LogStore(settings.logstore_url, settings.logstore_index)

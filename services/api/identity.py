@@ -9,9 +9,12 @@ against a dummy hash, so timing does not tell which prefixes exist.
 
 There are no user accounts and no passwords: a person or a machine is known
 by the keys issued to them (a key's `name` says whose it is), and a key's
-role says what it may do. Every request reads the key's record and its
-team's record afresh, so a revoked key, an expired key or a disabled team
-is refused from the very next request on; nothing is cached.
+role says what it may do. Every request is authenticated; what a full check
+of a key found (its record and its team's read from the store) may be reused
+for at most `cache_seconds` (≤ 1 s, `authcache.py`), so a revoked key or a
+disabled team is refused within that bound (at once through this process),
+and an expired key from its expiry on. With `cache_seconds=0` every request
+reads both records afresh.
 
 A disabled team's keys (and tokens) are answered 401, exactly like revoked
 keys: the credentials no longer open anything until the team is enabled.
@@ -28,6 +31,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
+from services.api.authcache import AuthCache
 from services.common.adapters import mongo
 from services.common.adapters.mongo import Database, DuplicateKeyError, PyMongoError
 from services.common.errors import Conflict, InvalidArgument, NotFound, Unauthenticated
@@ -119,8 +123,9 @@ class IdentityStore:
     datetime written by `$set` into a string, a float survives both servers.
     """
 
-    def __init__(self, db: Database, *, touch_interval: float = 60.0):
+    def __init__(self, db: Database, *, touch_interval: float = 60.0, cache_seconds: float = 0.0):
         self._db = db
+        self._cache = AuthCache(cache_seconds)
         self._teams = db["teams"]
         self._keys = db["api_keys"]
         # last_used_at is bookkeeping, not security: writing it on every
@@ -181,6 +186,7 @@ class IdentityStore:
             raise mongo.translate(e, "identity store") from None
         if result.matched_count == 0:
             raise NotFound(f"team {name!r} not found")
+        self._cache.drop(team=name)
         return self.team(name)
 
     # -- keys ---------------------------------------------------------------
@@ -228,6 +234,7 @@ class IdentityStore:
             raise mongo.translate(e, "identity store") from None
         if doc is None:
             raise NotFound(f"API key {key_id} not found")
+        self._cache.drop(key_id=key_id)
         return public_key(doc)
 
     def list_keys(self, team: str) -> list[dict]:
@@ -246,18 +253,32 @@ class IdentityStore:
         if not m:
             raise Unauthenticated("malformed API key; expected tf_<id>_<secret>")
         key_id = m.group(1)
+        hashed = _hash(key)
+        cached = self._cache.get(hashed)
+        if cached is not None:
+            return cached
+        checked_at = time.monotonic()
         doc = self._find_key(key_id)
         stored = doc["hash"] if doc else _DUMMY_HASH
-        if not hmac.compare_digest(_hash(key), stored) or doc is None:
+        if not hmac.compare_digest(hashed, stored) or doc is None:
             raise Unauthenticated("invalid API key")
-        return self._live(doc, via="key")
+        tenant = self._live(doc, via="key")
+        self._cache.put(hashed, tenant, _opt_float(doc.get("expires_at")), checked_at)
+        return tenant
 
     def tenant_of(self, key_id: str, *, via: str) -> Tenant:
         """The caller behind a verified token's key id; Unauthenticated unless that key is still live."""
+        token = f"{via}:{key_id}"
+        cached = self._cache.get(token)
+        if cached is not None:
+            return cached
+        checked_at = time.monotonic()
         doc = self._find_key(key_id) if KEY_ID.match(key_id or "") else None
         if doc is None:
             raise Unauthenticated("the token's API key does not exist")
-        return self._live(doc, via=via)
+        tenant = self._live(doc, via=via)
+        self._cache.put(token, tenant, _opt_float(doc.get("expires_at")), checked_at)
+        return tenant
 
     def key_expiry(self, key_id: str) -> float | None:
         doc = self._find_key(key_id)

@@ -38,13 +38,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from services.common import states
-from services.common.errors import TrainforgeError, Unavailable
+from services.common.errors import ResourceExhausted, TrainforgeError, Unavailable
 from services.common.observability import LabelCounts
 from services.common.retry import Backoff, Stopped, retry_call
 from services.common.states import JobState
 from services.trainer import admission
 from services.trainer.admission import Capacity, Plan
 from services.trainer.lcm_client import Lcm
+from services.trainer.queuenotes import QueueNotes
 from services.trainer.quotas import QuotaStore
 from services.trainer.record import JobRecord
 from services.trainer.rules import ACTOR, Lifecycle, Rule
@@ -52,16 +53,23 @@ from services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)
 
-# Least seconds between the starts of two passes: a pass reads the whole queue, so under a burst of
-# wake-ups (a storm of submits, many jobs ending) one pass that places many jobs beats many that place
-# one each; a lone wake-up after a quiet spell still runs at once.
+# Most seconds between the starts of two passes when woken: a pass reads the whole queue, so under a
+# burst of wake-ups (a storm of submits, many jobs ending) one pass that places many jobs beats many that
+# place one each. The gap actually kept is twice the last pass's duration within [MIN_SPACING, SPACING]:
+# cheap passes (a short queue) follow each other closely, so a submit right after another job's end is
+# not held back by a fixed gap; a lone wake-up after a quiet spell still runs at once.
 SPACING = 0.2
+MIN_SPACING = 0.05
 # What a pass reads of queued and of active jobs: a pass reads the whole queue, so not the manifests.
 _QUEUE_FIELDS = ("team", "resources", "gpu_type", "priority", "created_at", "attempt", "reason",
                  "queue_position", "not_before", "cleanup_pending", "restarts")
 # Most seconds between two tries of a failing KillJob, HaltJob or DeployJob.
 _MAX_RETRY = 30.0
 _HELD_FIELDS = ("team", "resources", "gpu_type")
+# Longest a pass reuses the capacity the LCM last reported instead of asking again: what a backend
+# offers in total changes rarely, while asking costs a round trip to an LCM that is busiest (starting
+# processes) exactly when passes come fastest. An LCM refusal (full, down) is waited out by the deploy.
+CAPACITY_TTL = 1.0
 
 
 # The admission passes' decisions in this process, by decision and reason kind ("held" per job and pass):
@@ -92,7 +100,9 @@ class Dispatcher:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._calls = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainer-lcm")
+        self._notes = QueueNotes(store)
         self._capacity: Capacity | None = None
+        self._capacity_at = float("-inf")  # time.monotonic() of the last answer
         self._capacity_error = "the LCM has not reported its capacity yet"
         # cleanups in flight, and when a failed one may be tried again
         self._cleaning: set[str] = set()
@@ -112,6 +122,7 @@ class Dispatcher:
         than that (and a submit not at all: see `capacity`).
         """
         first = self._calls.submit(_logged, self._refresh_capacity)
+        self._notes.start()
         self._thread = threading.Thread(target=self._loop, name="trainer-dispatcher", daemon=True)
         self._thread.start()
         self.wake()
@@ -124,15 +135,16 @@ class Dispatcher:
         if self._thread is not None:
             self._thread.join(timeout)
         self._calls.shutdown(wait=True)
+        self._notes.stop(timeout)
 
     def wake(self) -> None:
         self._wake.set()
 
     def _loop(self) -> None:
-        last_pass = -self._spacing
+        last_pass, gap = -self._spacing, self._spacing
         while not self._stopping.is_set():
             self._wake.wait(self._interval)
-            self._stopping.wait(max(0.0, last_pass + self._spacing - time.monotonic()))
+            self._stopping.wait(max(0.0, last_pass + gap - time.monotonic()))
             self._wake.clear()
             if self._stopping.is_set():
                 return
@@ -143,13 +155,15 @@ class Dispatcher:
                 log.warning("dispatch pass skipped: %s", e.message)
             except Exception:
                 log.exception("dispatch pass failed")
+            gap = min(self._spacing, max(MIN_SPACING, 2 * (time.monotonic() - last_pass)))
 
     # -- capacity ----------------------------------------------------------
 
     def capacity(self) -> Capacity | None:
         """The backend's capacity as last reported (None: not known yet); never calls the LCM.
 
-        It is asked at start and by every pass with a queue, off any request's thread.
+        It is asked at start and by passes with a queue (at most once per CAPACITY_TTL), off any
+        request's thread.
         """
         return self._capacity
 
@@ -157,6 +171,7 @@ class Dispatcher:
         """This pass's capacity, or None when the LCM cannot say (then nothing is dispatched)."""
         try:
             self._capacity = self._lcm.get_capacity()
+            self._capacity_at = time.monotonic()
         except TrainforgeError as e:
             if e.message != self._capacity_error:
                 log.warning("LCM capacity unknown: %s", e.message)
@@ -169,36 +184,48 @@ class Dispatcher:
     def run_once(self) -> Plan:
         self._scan_cleanups()
         with self._pass_lock:
-            queued = {job.id: job for job in self._store.in_states([JobState.QUEUED], fields=_QUEUE_FIELDS)}
-            held_back = self._held_back(queued, time.time())
-            for job_id, job in held_back.items():
-                del queued[job_id]
-                ADMISSIONS.add("held", "cleanup" if job.cleanup_pending else "backoff")
-            if not queued:
-                return Plan()
-            queue = [job.queued() for job in queued.values()]
-            capacity = self._refresh_capacity()
-            if capacity is None:
-                result = admission.hold(queue, f"waiting for the LCM: {self._capacity_error}")
-            else:
-                active = self._store.in_states(states.ACTIVE, fields=_HELD_FIELDS)
-                held = [(j.team, j.resources, j.gpu_type) for j in active]
-                in_use = admission.total(need for _, need, _ in held)
-                quotas = self._quotas.all() if self._quotas is not None else {}
-                result = admission.plan(queue, in_use, capacity, quotas=quotas,
-                                        teams=admission.team_use(held))
-            for job_id in result.dispatch:
-                # QUEUED -> DEPLOYING holds the resources; the Deploy rule hands the call to a worker
-                self.lifecycle.move(job_id, JobState.DEPLOYING, "resources reserved; deploying", ACTOR,
-                                    attempt=queued[job_id].attempt)
-            for job_id, reason in result.reject.items():
-                self.lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt)
-            self._note_waiting(queued, result)
-            ADMISSIONS.add("dispatched", "", n=len(result.dispatch))
-            ADMISSIONS.add("rejected", "never_fits", n=len(result.reject))
-            for reason, _ in result.wait.values():
-                ADMISSIONS.add("held", admission.reason_kind(reason))
+            started = time.perf_counter()
+            result = self._pass()
+            if result.dispatch or result.wait or result.reject:
+                # the timing line bench/burst.py reads (admission pass p50/p99 with a queue)
+                log.info("admission pass: %d queued, %d dispatched in %.1f ms",
+                         len(result.dispatch) + len(result.wait) + len(result.reject), len(result.dispatch),
+                         (time.perf_counter() - started) * 1000)
             return result
+
+    def _pass(self) -> Plan:
+        """One admission pass; the caller holds `_pass_lock`."""
+        queued = {job.id: job for job in self._store.in_states([JobState.QUEUED], fields=_QUEUE_FIELDS)}
+        held_back = self._held_back(queued, time.time())
+        for job_id, job in held_back.items():
+            del queued[job_id]
+            ADMISSIONS.add("held", "cleanup" if job.cleanup_pending else "backoff")
+        if not queued:
+            return Plan()
+        queue = [job.queued() for job in queued.values()]
+        fresh = self._capacity is not None and time.monotonic() - self._capacity_at < CAPACITY_TTL
+        capacity = self._capacity if fresh else self._refresh_capacity()
+        if capacity is None:
+            result = admission.hold(queue, f"waiting for the LCM: {self._capacity_error}")
+        else:
+            active = self._store.in_states(states.ACTIVE, fields=_HELD_FIELDS)
+            held = [(j.team, j.resources, j.gpu_type) for j in active]
+            in_use = admission.total(need for _, need, _ in held)
+            quotas = self._quotas.all() if self._quotas is not None else {}
+            result = admission.plan(queue, in_use, capacity, quotas=quotas,
+                                    teams=admission.team_use(held))
+        for job_id in result.dispatch:
+            # QUEUED -> DEPLOYING holds the resources; the Deploy rule hands the call to a worker
+            self.lifecycle.move(job_id, JobState.DEPLOYING, "resources reserved; deploying", ACTOR,
+                                attempt=queued[job_id].attempt)
+        for job_id, reason in result.reject.items():
+            self.lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt)
+        self._note_waiting(queued, result)
+        ADMISSIONS.add("dispatched", "", n=len(result.dispatch))
+        ADMISSIONS.add("rejected", "never_fits", n=len(result.reject))
+        for reason, _ in result.wait.values():
+            ADMISSIONS.add("held", admission.reason_kind(reason))
+        return result
 
     def _held_back(self, queued: dict[str, JobRecord], now: float) -> dict[str, JobRecord]:
         """Queued jobs that may not be dispatched yet (restart backoff, previous learners not removed)."""
@@ -215,17 +242,18 @@ class Dispatcher:
             held[job_id] = job
             if (job.reason, job.queue_position) != (reason, 0):
                 notes.append((job_id, job.attempt, reason, 0))
-        self._store.note_queued(notes)
+        self._notes.add(notes)
         return held
 
     def _note_waiting(self, queued: dict[str, JobRecord], result: Plan) -> None:
-        """Store the reasons and positions that changed, in one batch: a reason names the use, so most do."""
+        """Hand the reasons and positions that changed to the note writer (queuenotes.py): a reason names
+        the use, so most do, and writing them is not the pass's business."""
         notes = []
         for job_id, (reason, position) in result.wait.items():
             job = queued[job_id]
             if (job.reason, job.queue_position) != (reason, position):
                 notes.append((job_id, job.attempt, reason, position))
-        self._store.note_queued(notes)
+        self._notes.add(notes)
 
     # -- LCM calls off the pass (the rules' Actions) -------------------------
 
@@ -276,7 +304,11 @@ class Dispatcher:
 
         DeployJob is idempotent per (job, attempt), so a call whose answer was
         lost (the LCM died mid-deploy) is simply made again; the restarted LCM
-        finishes what its predecessor started.
+        finishes what its predecessor started. A capacity refusal is waited
+        out too: the pass only reserves what fits the capacity the LCM
+        reported, so the LCM can only be full with attempts of jobs that
+        already ended and are being removed (a burst of short jobs shows it);
+        failing the job for that would lose it.
         """
         job_id, attempt = job.id, job.attempt
         deploying = frozenset({JobState.DEPLOYING, JobState.HALTING})
@@ -289,13 +321,14 @@ class Dispatcher:
 
         def waiting(e: BaseException, tries: int, delay: float) -> None:
             message = e.message if isinstance(e, TrainforgeError) else str(e)
-            log.warning("job %s attempt %d: LCM unavailable (%s); deploying again in %gs", job_id, attempt,
+            what = "LCM full" if isinstance(e, ResourceExhausted) else "LCM unavailable"
+            log.warning("job %s attempt %d: %s (%s); deploying again in %gs", job_id, attempt, what,
                         message, delay)
 
         try:
-            handles = retry_call(call, retry_on=Unavailable, initial=self._kill_backoff, maximum=_MAX_RETRY,
-                                 stop_event=self._stopping, on_retry=waiting)
-        except (Stopped, Unavailable):
+            handles = retry_call(call, retry_on=(Unavailable, ResourceExhausted), initial=self._kill_backoff,
+                                 maximum=_MAX_RETRY, stop_event=self._stopping, on_retry=waiting)
+        except (Stopped, Unavailable, ResourceExhausted):
             return  # stopping: the next Trainer resends it (reconcile)
         except Exception as e:  # noqa: BLE001 - any other failure of the call fails the attempt
             message = e.message if isinstance(e, TrainforgeError) else str(e) or type(e).__name__

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from services.common.errors import Unavailable
+from services.common.errors import ResourceExhausted, Unavailable
 from services.common.manifest import parse_manifest
 from services.common.states import JobState
 from services.trainer.admission import Capacity, Usage
@@ -21,8 +21,10 @@ GI = 2**30
 class ScriptedLcm:
     """An `Lcm` whose KillJob fails a given number of times first."""
 
-    def __init__(self, capacity: Capacity, kill_failures: int = 0, deploy_failures: int = 0):
+    def __init__(self, capacity: Capacity, kill_failures: int = 0, deploy_failures: int = 0,
+                 deploy_error: type[Exception] = Unavailable):
         self.capacity = capacity
+        self.deploy_error = deploy_error
         self.kill_failures = kill_failures
         self.deploy_failures = deploy_failures
         self.deploy_tries = 0
@@ -36,7 +38,9 @@ class ScriptedLcm:
         with self._lock:
             self.deploy_tries += 1
             if self.deploy_tries <= self.deploy_failures:
-                raise Unavailable("connection refused: the LCM is restarting")
+                raise self.deploy_error("connection refused: the LCM is restarting"
+                                        if self.deploy_error is Unavailable else
+                                        "needs 1 learner(s); the local backend runs at most 4 and 4 are running")
             self.deploys.append((job_id, attempt))
             self.checkpoint_uris[(job_id, attempt)] = checkpoint_uri
         return [f"pid:{job_id}"]
@@ -163,4 +167,19 @@ def test_a_deploy_waits_for_an_lcm_that_is_restarting(store):
     finally:
         dispatcher.stop()
     assert lcm.deploy_tries == 4
+    assert store.find("j").state == JobState.DEPLOYING
+
+
+def test_a_deploy_waits_for_an_lcm_still_removing_ended_attempts(store):
+    """The LCM counts learners of ended jobs until their KillJob; a full LCM is waited out, not a failure."""
+    lcm = ScriptedLcm(Capacity(Usage(cpus=4, memory=8 * GI, learners=4)), deploy_failures=2,
+                      deploy_error=ResourceExhausted)
+    dispatcher = Dispatcher(store, lcm, kill_backoff=0.01)
+    queue(store, "j", cpus=1)
+    try:
+        dispatcher.run_once()
+        wait_for(lambda: lcm.deploys == [("j", 1)], 10, "the deploy to get through")
+    finally:
+        dispatcher.stop()
+    assert lcm.deploy_tries == 3
     assert store.find("j").state == JobState.DEPLOYING

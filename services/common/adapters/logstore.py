@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 from dataclasses import dataclass
-
-from elastic_transport import ConnectionError as TransportConnectionError
-from elastic_transport import Urllib3HttpNode
-from elasticsearch import ApiError, Elasticsearch
+from typing import TYPE_CHECKING, Any
 
 from services.common.errors import Unavailable
+
+if TYPE_CHECKING:
+    from elasticsearch import Elasticsearch
 
 _COMPAT = re.compile(r"application/vnd\.elasticsearch\+([\w-]+)(;\s*compatible-with=\d+)?")
 
@@ -56,14 +57,37 @@ def metrics_index(log_index: str) -> str:
     return f"{log_index}-metrics"
 
 
-class _PlainJsonNode(Urllib3HttpNode):
-    def perform_request(self, method, target, body=None, headers=None, **kwargs):  # noqa: ANN001
-        if headers:
-            headers = headers.copy()
-            for name in ("accept", "content-type"):
-                if name in headers:
-                    headers[name] = _COMPAT.sub(r"application/\1", headers[name])
-        return super().perform_request(method, target, body=body, headers=headers, **kwargs)
+# The client library is imported on first use, not with this module: importing it costs about a
+# second of CPU (its transport package loads aiohttp, httpx and requests), which a controller would
+# otherwise pay before starting its learner; its shipper thread pays it beside the learner instead.
+def _client(url: str, timeout: float) -> Elasticsearch:
+    from elastic_transport import Urllib3HttpNode
+    from elasticsearch import Elasticsearch
+
+    class _PlainJsonNode(Urllib3HttpNode):
+        def perform_request(self, method, target, body=None, headers=None, **kwargs):  # noqa: ANN001
+            if headers:
+                headers = headers.copy()
+                for name in ("accept", "content-type"):
+                    if name in headers:
+                        headers[name] = _COMPAT.sub(r"application/\1", headers[name])
+            return super().perform_request(method, target, body=body, headers=headers, **kwargs)
+
+    return Elasticsearch(url, node_class=_PlainJsonNode, request_timeout=timeout, max_retries=1)
+
+
+def _api_error() -> type[Exception]:
+    from elasticsearch import ApiError
+
+    return ApiError
+
+
+def _errors() -> tuple[type[Exception], ...]:
+    """What the client raises when the store is unreachable or refuses (an `except` evaluates it only
+    when something was raised, so the library is imported by then)."""
+    from elastic_transport import ConnectionError as TransportConnectionError
+
+    return (TransportConnectionError, _api_error())
 
 
 @dataclass(frozen=True)
@@ -96,11 +120,21 @@ class LogPage:
 class LogStore:
     def __init__(self, url: str, index: str = "tf-logs", timeout: float = 10.0):
         self.url, self.index, self._timeout = url, index, timeout
-        self._es = Elasticsearch(url, node_class=_PlainJsonNode, request_timeout=timeout, max_retries=1)
+        self._es_client: Any = None
+        self._es_lock = threading.Lock()
         self._index_ready = False
 
+    @property
+    def _es(self) -> Elasticsearch:
+        if self._es_client is None:
+            with self._es_lock:
+                if self._es_client is None:
+                    self._es_client = _client(self.url, self._timeout)
+        return self._es_client
+
     def close(self) -> None:
-        self._es.close()
+        if self._es_client is not None:
+            self._es_client.close()
 
     def metrics_store(self) -> LogStore:
         """The store of training-metric records beside this log index, on the same server."""
@@ -119,10 +153,10 @@ class LogStore:
             if not self._es.indices.exists(index=self.index):
                 try:
                     self._es.indices.create(index=self.index, mappings=MAPPINGS)
-                except ApiError as e:
+                except _api_error() as e:
                     if "already_exists" not in str(e) and "exists" not in str(e):
                         raise
-        except (TransportConnectionError, ApiError) as e:
+        except _errors() as e:
             raise _unavailable(e) from None
         self._index_ready = True
 
@@ -151,7 +185,7 @@ class LogStore:
     def _bulk(self, operations: object, count: int, refresh: bool) -> None:
         try:
             resp = self._es.bulk(operations=operations, refresh=refresh)
-        except (TransportConnectionError, ApiError) as e:
+        except _errors() as e:
             raise _unavailable(e) from None
         if resp.get("errors"):
             failed = [i for i in resp.get("items", []) if next(iter(i.values())).get("error")]
@@ -168,7 +202,7 @@ class LogStore:
             if not self._es.indices.exists(index=self.index):
                 return 0
             return int(self._es.count(index=self.index, query={"bool": {"filter": filters}})["count"])
-        except (TransportConnectionError, ApiError) as e:
+        except _errors() as e:
             raise _unavailable(e) from None
 
     def delete_job(self, job: str) -> None:
@@ -176,13 +210,13 @@ class LogStore:
         try:
             if self._es.indices.exists(index=self.index):
                 self._es.delete_by_query(index=self.index, query={"term": {"job": job}}, refresh=True)
-        except (TransportConnectionError, ApiError) as e:
+        except _errors() as e:
             raise _unavailable(e) from None
 
     def refresh(self) -> None:
         try:
             self._es.indices.refresh(index=self.index)
-        except (TransportConnectionError, ApiError) as e:
+        except _errors() as e:
             raise _unavailable(e) from None
 
     def read(self, job: str, *, team: str | None = None, learner: int | None = None,
@@ -218,7 +252,7 @@ class LogStore:
                 return LogPage([], dict(after))
             resp = self._es.search(index=self.index, query=q, size=limit,
                                    sort=[{"ts": "asc"}, {"learner": "asc"}, {"attempt": "asc"}, {"seq": "asc"}])
-        except (TransportConnectionError, ApiError) as e:
+        except _errors() as e:
             raise _unavailable(e) from None
         lines = [h["_source"] for h in resp["hits"]["hits"]]
         if query:

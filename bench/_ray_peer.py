@@ -1,0 +1,80 @@
+"""The Ray Jobs peer of bench/submit_latency.py; runs under the bench venv's Python (`make bench-venv`).
+
+Starts a private single-node Ray cluster (head only, no dashboard UI build needed), submits N jobs whose
+entrypoint is the given command one after another through the Jobs SDK, polls each until it ends, and
+prints one JSON line {"running": [...], "completed": [...]} of seconds from submit, then stops the
+cluster. Usage: .cache/bench-venv/bin/python bench/_ray_peer.py N COMMAND
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    n, command = int(sys.argv[1]), sys.argv[2]
+    ray = str(Path(sys.executable).parent / "ray")
+    tmp = tempfile.mkdtemp(prefix="tf-ray-")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    port = _free_port()
+    subprocess.run([ray, "start", "--head", "--num-cpus", "2", "--temp-dir", tmp, "--include-dashboard", "true",
+                    "--dashboard-host", "127.0.0.1", "--dashboard-port", str(port)], check=True, env=env,
+                   stdout=subprocess.DEVNULL, timeout=300)
+    try:
+        from ray.job_submission import JobStatus, JobSubmissionClient
+
+        client = _client(JobSubmissionClient, f"http://127.0.0.1:{port}")
+        running, completed = [], []
+        for _ in range(n):
+            t0 = time.time()
+            job = client.submit_job(entrypoint=command)
+            seen_running = None
+            while True:
+                info = client.get_job_info(job)
+                if info.status == JobStatus.RUNNING and seen_running is None:
+                    # first seen RUNNING (polled every 20 ms): Ray's start_time is stamped at submission
+                    seen_running = time.time() - t0
+                if info.status.is_terminal():
+                    break
+                time.sleep(0.02)
+            if info.status != JobStatus.SUCCEEDED:
+                print(f"ray job {job} ended {info.status}: {info.message}", file=sys.stderr)
+                return 1
+            completed.append(info.end_time / 1000 - t0)
+            # a job that ended between two polls was RUNNING at the latest when it ended
+            running.append(seen_running if seen_running is not None else info.end_time / 1000 - t0)
+        print(json.dumps({"running": running, "completed": completed}))
+        return 0
+    finally:
+        subprocess.run([ray, "stop", "--force"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=120, check=False)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _client(cls, address: str):  # noqa: ANN001, ANN202
+    """The Jobs client, once the dashboard (which serves the Jobs API) answers."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            return cls(address)
+        except Exception:  # noqa: BLE001 - not up yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

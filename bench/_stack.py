@@ -1,0 +1,117 @@
+"""Shared pieces of the bench scripts: the machine line, percentiles, a private embedded stack.
+
+Every script starts its own stack (`trainforge up` in a temporary state dir) so
+what it measures is the code in this tree, and stops it (`trainforge down`)
+whatever happens. `extra_env` lets a script lift the API's rate limit or give
+the local backend more room; the stack's services read those TF_* variables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+def machine_line() -> str:
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (f"machine: {platform.machine()}, {psutil.cpu_count()} cores, "
+            f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}, "
+            f"load average {load}")
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+def spread(values: list[float]) -> str:
+    """median (min-max) of a list, for alternating rounds."""
+    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "TRAINFORGE_"))}
+    env.update(extra or {})
+    return env
+
+
+def cli(env: dict, *args: str) -> None:
+    subprocess.run([sys.executable, "-m", "trainforge.cli", *args], env=env, check=True, cwd=ROOT,
+                   stdout=subprocess.DEVNULL, timeout=300)
+
+
+@dataclass(frozen=True)
+class Stack:
+    state: Path
+    config: dict
+
+    @property
+    def api_url(self) -> str:
+        return self.config["api_url"]
+
+    @property
+    def api_key(self) -> str:
+        return self.config["api_key"]
+
+    def status(self) -> dict:
+        return json.loads((self.state / "stack.json").read_text())
+
+    def log(self, component: str) -> Path:
+        return self.state / "logs" / f"{component}.log"
+
+
+@contextlib.contextmanager
+def stack(extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
+    state = Path(tempfile.mkdtemp(prefix="tf-bench-"))
+    env = clean_env(extra_env)
+    env["TF_STATE_DIR"] = str(state)
+    cli(env, "up")
+    try:
+        yield Stack(state, json.loads((state / "config.json").read_text()))
+    finally:
+        cli(env, "down")
+
+
+def platform_procs(state: Path) -> dict[str, list[psutil.Process]]:
+    """The stack's monitors, controllers and guards by job (their spec or working directory is under
+    `<state>/work/<job>/`)."""
+    work = str(state / "work") + "/"
+    found: dict[str, list[psutil.Process]] = {}
+    for p in psutil.process_iter(["cmdline", "cwd"]):
+        cmd = p.info["cmdline"] or []
+        if not any(part.startswith(("services.controller", "services.jobmonitor")) for part in cmd):
+            continue
+        where = next((part for part in cmd if part.startswith(work)), p.info["cwd"] or "")
+        if where.startswith(work):
+            found.setdefault(where[len(work):].split("/")[0], []).append(p)
+    return found
+
+
+def pids(state: Path, *names: str) -> list[int]:
+    """The pids of the stack's components (`<state>/pids/<name>.pid`)."""
+    return [int((state / "pids" / f"{n}.pid").read_text().split()[0]) for n in names]
+
+
+def wait_until(test, timeout: float, what: str, every: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = test()
+        if value:
+            return value
+        time.sleep(every)
+    raise TimeoutError(f"no {what} within {timeout}s")

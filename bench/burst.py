@@ -1,0 +1,182 @@
+"""N trivial jobs submitted at once to a private embedded stack: outcomes, rates, admission passes, memory.
+
+Submits N one-learner jobs (`python -c "print(...)"`, 0.05 CPU each, so the
+backend's capacity is not what bounds the rate) from C client threads, then
+follows every job until it ends and prints:
+- outcomes: jobs lost (not found, or not completed) and jobs run twice (more
+  than one RUNNING or DEPLOYING in the job's status history, or attempt > 1);
+- submits/s accepted (API answers), starts/s (RUNNING entries per second
+  between the first and the last), seconds until all ended;
+- the Trainer's admission pass with jobs queued, p50/p99, from the pass
+  timing lines of its log (`admission pass: Q queued, ...`);
+- resident memory of the stack's services, and of monitors + controllers +
+  guards per running job, sampled every 0.5 s;
+- baseline in the same run: the same command run bare (one at a time), and
+  the sequential rate of the same submits (the first few jobs, alone).
+
+The API's rate limit is lifted for the run (TF_RATE_LIMIT_PER_SECOND=0) and the
+local backend offers room for the burst (TF_LOCAL_CPUS=1000, TF_LOCAL_MAX_LEARNERS=
+--max-learners). Usage:
+
+    PYTHONPATH=$PWD .venv/bin/python bench/burst.py [-n 200] [-c 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+from _stack import TERMINAL, machine_line, pct, pids, platform_procs, stack
+
+from trainforge.sdk import Client
+
+COMMAND = "python -c \"print('hello from a burst job')\""
+_PASS = re.compile(r"admission pass: (\d+) queued, (\d+) dispatched in (\d+(?:\.\d+)?) ms")
+
+
+class MemorySampler(threading.Thread):
+    """Peak RSS of the stack's services, and per running job of its monitor/controllers/guards."""
+
+    def __init__(self, state, services: list[int]):
+        super().__init__(daemon=True)
+        self.state, self.stop = state, threading.Event()
+        self.services = [psutil.Process(pid) for pid in services]
+        self.service_peak = 0.0
+        self.per_job: list[float] = []
+        self.service_samples: list[float] = []
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            try:
+                svc = sum(p.memory_info().rss for p in self.services)
+            except psutil.Error:
+                continue
+            self.service_peak = max(self.service_peak, svc)
+            self.service_samples.append(svc)
+            jobs: dict[str, float] = collections.defaultdict(float)
+            for job, procs in platform_procs(self.state).items():
+                for p in procs:
+                    try:
+                        jobs[job] += p.memory_info().rss
+                    except psutil.Error:
+                        continue
+            if jobs:
+                self.per_job.append(statistics.mean(jobs.values()))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-n", type=int, default=200, help="jobs submitted at once")
+    ap.add_argument("-c", type=int, default=16, help="client threads submitting")
+    ap.add_argument("--max-learners", type=int, default=8, help="learners the local backend runs at once")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds the whole burst may take")
+    args = ap.parse_args()
+
+    bare = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        subprocess.run(COMMAND, shell=True, check=True, stdout=subprocess.DEVNULL)  # noqa: S602 - fixed command
+        bare.append(time.perf_counter() - t0)
+
+    extra = {"TF_RATE_LIMIT_PER_SECOND": "0", "TF_LOCAL_CPUS": "1000",
+             "TF_LOCAL_MAX_LEARNERS": str(args.max_learners)}
+    manifest = {"name": "burst", "framework": "custom", "resources": {"cpus": 0.05, "memory": "64Mi"},
+                "command": COMMAND}
+    with stack(extra) as st:
+        clients = [Client(st.api_url, st.api_key) for _ in range(args.c)]
+        sampler = MemorySampler(st.state, pids(st.state, "api", "trainer", "lcm"))
+        sampler.start()
+        accepted: list[float] = []
+        ids: list[str] = []
+        errors: list[str] = []
+        lock = threading.Lock()
+
+        def submit(i: int) -> None:
+            try:
+                job = clients[i % args.c].submit(manifest, idempotency_key=f"burst-{i}")
+            except Exception as e:  # noqa: BLE001 - a refused submit is an outcome to print
+                with lock:
+                    errors.append(f"{type(e).__name__}: {e}")
+                return
+            with lock:
+                ids.append(job["id"])
+                accepted.append(time.monotonic())
+
+        t0 = time.monotonic()
+        t0_wall = time.time()
+        with ThreadPoolExecutor(args.c) as pool:
+            list(pool.map(submit, range(args.n)))
+        submit_secs = time.monotonic() - t0
+
+        pending = set(ids)
+        final: dict[str, dict] = {}
+        reader = clients[0]
+        deadline = time.monotonic() + args.timeout
+        while pending and time.monotonic() < deadline:
+            for job_id in list(pending):
+                job = reader.get(job_id)
+                if job["state"] in TERMINAL:
+                    final[job_id] = job
+                    pending.discard(job_id)
+            if pending:
+                time.sleep(0.2)
+        sampler.stop.set()
+        sampler.join()
+        for c in clients:
+            c.close()
+        passes = [(int(q), int(d), float(ms)) for q, d, ms in _PASS.findall(st.log("trainer").read_text())]
+
+    running_at, lost, twice = [], [], []
+    ended_at = []
+    for job_id in ids:
+        job = final.get(job_id)
+        if job is None or job["state"] != "completed":
+            lost.append(job_id)
+            if job is None:
+                continue
+        tos = [h["to"] for h in job["history"]]
+        if tos.count("running") > 1 or tos.count("deploying") > 1 or job.get("attempt", 1) > 1:
+            twice.append(job_id)
+        running_at += [h["timestamp"] for h in job["history"] if h["to"] == "running"][:1]
+        ended_at += [h["timestamp"] for h in job["history"] if h["to"] in TERMINAL][:1]
+    starts = sorted(running_at)
+    start_rate = (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 and starts[-1] > starts[0] else 0.0
+    all_ended = (max(ended_at) - t0_wall) if ended_at else float("nan")
+    queued_passes = [ms for q, _, ms in passes if q > 0]
+
+    print(machine_line())
+    print(f"{args.n} trivial one-learner jobs submitted at once from {args.c} threads; command: {COMMAND}")
+    print(f"outcomes: {len(ids)} accepted, {len(errors)} refused, {len(lost)} lost (not completed), "
+          f"{len(twice)} run twice, {len(pending)} still running at the deadline")
+    for e in errors[:5]:
+        print(f"  refused: {e}")
+    for job_id in lost[:5]:
+        job = final.get(job_id)
+        print(f"  not completed: {job_id} {job['state'] if job else 'unknown'}: {job['reason'] if job else ''}")
+    print(f"submits accepted/s        {len(ids) / submit_secs:9.1f}   ({submit_secs:.2f} s for {len(ids)})")
+    print(f"starts/s (RUNNING)        {start_rate:9.2f}")
+    print(f"time until all ended      {all_ended:9.1f} s   (bare command x N in sequence: "
+          f"{statistics.median(bare) * args.n:.1f} s; ratio {all_ended / (statistics.median(bare) * args.n):.2f})")
+    if queued_passes:
+        print(f"admission pass, queue > 0 p50 {pct(queued_passes, 50):.1f} ms  p99 {pct(queued_passes, 99):.1f} ms  "
+              f"({len(queued_passes)} passes, most queued {max(q for q, _, _ in passes)})")
+    else:
+        print("admission pass: no timing lines in the Trainer's log")
+    print(f"service RSS (api+trainer+lcm) peak {sampler.service_peak / 2**20:.0f} MiB, first "
+          f"{(sampler.service_samples or [0])[0] / 2**20:.0f} MiB, last {(sampler.service_samples or [0])[-1] / 2**20:.0f} MiB")
+    if sampler.per_job:
+        print(f"RSS per running job (monitor + controller + guard) median {statistics.median(sampler.per_job) / 2**20:.0f}"
+              f" MiB, max {max(sampler.per_job) / 2**20:.0f} MiB")
+    return 1 if (lost or twice or errors or pending) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Writes the waiting jobs' reasons and queue positions off the admission pass, coalesced.
+
+A pass rewrites most of the queue's reasons (a reason names the use, which
+every reservation changes), so with a long queue the writes cost more than the
+decision: with 1,000 queued, one batch of 1,000 updates per pass. Holding the
+pass (and every dispatch behind it) for them buys nothing: reservations are
+what must be exact, reasons are what a user reads. So a pass hands its notes
+here and moves on; one writer thread stores the newest note of each job (a
+later pass's note replaces an unwritten earlier one), in batches, each update
+filtered on the job still being QUEUED on that attempt (store.note_queued),
+so a job dispatched or cancelled in between is left alone. Batches are at
+least `INTERVAL` apart, so passes that follow each other closely (a storm)
+share one write instead of each rewriting the queue: a note is stored within
+about `INTERVAL` plus one batch write of the pass that made it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from services.trainer.store import JobStore
+
+log = logging.getLogger(__name__)
+
+Note = tuple[str, int, str, int]  # (job, attempt, reason, position)
+INTERVAL = 0.5
+
+
+class QueueNotes:
+    def __init__(self, store: JobStore):
+        self._store = store
+        self._pending: dict[str, Note] = {}
+        self._lock = threading.Lock()
+        self._flushing = threading.Lock()  # one batch write at a time keeps the newest note last
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="trainer-queue-notes", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.flush()
+
+    def add(self, notes: list[Note]) -> None:
+        if not notes:
+            return
+        with self._lock:
+            for note in notes:
+                self._pending[note[0]] = note
+        if self._thread is None:
+            self.flush()  # not started (a test driving passes by hand): store them now
+        else:
+            self._wake.set()
+
+    def flush(self) -> None:
+        with self._flushing:
+            with self._lock:
+                notes, self._pending = list(self._pending.values()), {}
+            if notes:
+                self._store.note_queued(notes)
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            try:
+                self.flush()
+            except Exception as e:  # noqa: BLE001 - reasons are refreshed by the next pass's notes
+                log.warning("queue notes not stored: %s", e)
+            self._stopping.wait(INTERVAL)

@@ -1,0 +1,52 @@
+"""Each bench script runs end to end with a tiny N, so the scripts keep working; no timing is asserted.
+
+Every script starts its own private embedded stack; these check that it ran
+(exit 0: every job completed, nothing lost or run twice, no error answers)
+and printed its machine line and its comparison against the baseline.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bench(script: str, *args: str, timeout: float = 600) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "TRAINFORGE_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"{script} exited {out.returncode}:\n{out.stdout}\n{out.stderr[-3000:]}"
+    assert out.stdout.startswith("machine: "), out.stdout
+    return out.stdout
+
+
+def test_submit_latency():
+    out = bench("submit_latency.py", "-n", "2")
+    assert "submit -> RUNNING" in out and "p50/bare" in out
+
+
+def test_burst():
+    out = bench("burst.py", "-n", "4", "-c", "2")
+    assert "outcomes: 4 accepted, 0 refused, 0 lost (not completed), 0 run twice" in out
+    assert "submits accepted/s" in out and "starts/s" in out and "admission pass, queue > 0 p50" in out
+    assert "RSS per running job" in out or "service RSS" in out
+
+
+def test_api_read():
+    out = bench("api_read.py", "-c", "2", "-d", "1", "-r", "1")
+    assert "ratio real / bare" in out and "non-200: 0" in out
+
+
+def test_train_overhead():
+    out = bench("train_overhead.py", "-r", "1", "--epochs", "1", "--train-samples", "200", "--test-samples", "100",
+                timeout=900)
+    assert "RUNNING -> COMPLETED / bare" in out and "controller + guard CPU per learner" in out
