@@ -21,7 +21,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -303,6 +303,25 @@ class ProcessWatch:
         for (job, attempt, role), found in units.items():
             if len(found) > 1:
                 self.duplicates.append((job, attempt, role, sorted(found)))
+
+
+def diagnose(state: Path, job_ids: Iterable[str], lines: int = 15) -> str:
+    """What the stack's logs say of jobs that did not end: each attempt's monitor log tail, and the
+    service log lines naming the job (a CI failure then tells why, not only that)."""
+    out = []
+    service_logs = sorted((state / "logs").glob("*.log"))
+    for job_id in job_ids:
+        out.append(f"== job {job_id}")
+        for log_path in sorted(state.rglob(f"work/{job_id}/*/*.log")):
+            tail = log_path.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"-- {log_path.relative_to(state)} (last {len(tail)} lines)")
+            out.extend(tail)
+        for log_path in service_logs:
+            named = [ln for ln in log_path.read_text(errors="replace").splitlines() if job_id in ln][-lines:]
+            if named:
+                out.append(f"-- {log_path.name}, lines naming the job")
+                out.extend(named)
+    return "\n".join(out)
 
 
 # -- checks ---------------------------------------------------------------------------

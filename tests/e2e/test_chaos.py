@@ -43,6 +43,7 @@ from tests.chaos_support import (
     ProcessWatch,
     assert_everything_agrees,
     check_history,
+    diagnose,
 )
 from tests.servers import wait_for
 
@@ -179,7 +180,8 @@ def test_fifty_jobs_survive_every_service_being_sigkilled_in_turn(chaos):
         except TimeoutError:
             stuck = {i: (j["name"], j["state"], j["attempt"], j["reason"][:160]) for i, j in chaos.jobs().items()
                      if j["state"] not in TERMINAL}
-            raise AssertionError(f"killed {chaos.kills}; jobs that did not end: {stuck}") from None
+            raise AssertionError(f"killed {chaos.kills}; jobs that did not end: {stuck}\n"
+                                 f"{diagnose(chaos.state, list(stuck)[:3])}") from None
         elapsed = time.monotonic() - started
     jobs_now = {i: j for i, j in chaos.jobs().items() if i in ours}
 
