@@ -90,6 +90,11 @@ class TrainerStub:
                 request_serializer=protos_dot_trainer__pb2.ListUsageRequest.SerializeToString,
                 response_deserializer=protos_dot_trainer__pb2.ListUsageResponse.FromString,
                 _registered_method=True)
+        self.GetCluster = channel.unary_unary(
+                '/trainforge.v1.Trainer/GetCluster',
+                request_serializer=protos_dot_trainer__pb2.GetClusterRequest.SerializeToString,
+                response_deserializer=protos_dot_trainer__pb2.Cluster.FromString,
+                _registered_method=True)
         self.SubmitExperiment = channel.unary_unary(
                 '/trainforge.v1.Trainer/SubmitExperiment',
                 request_serializer=protos_dot_trainer__pb2.SubmitExperimentRequest.SerializeToString,
@@ -226,6 +231,13 @@ class TrainerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCluster(self, request, context):
+        """The backend's capacity as the LCM last reported it, and what active jobs hold of it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SubmitExperiment(self, request, context):
         """Experiments: a job template swept over parameters (services/common/contracts/experiments.py).
         Store the experiment and its planned trials; the Trainer's experiment driver submits them as jobs.
@@ -351,6 +363,11 @@ def add_TrainerServicer_to_server(servicer, server):
                     servicer.ListUsage,
                     request_deserializer=protos_dot_trainer__pb2.ListUsageRequest.FromString,
                     response_serializer=protos_dot_trainer__pb2.ListUsageResponse.SerializeToString,
+            ),
+            'GetCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCluster,
+                    request_deserializer=protos_dot_trainer__pb2.GetClusterRequest.FromString,
+                    response_serializer=protos_dot_trainer__pb2.Cluster.SerializeToString,
             ),
             'SubmitExperiment': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitExperiment,
@@ -700,6 +717,33 @@ class Trainer:
             '/trainforge.v1.Trainer/ListUsage',
             protos_dot_trainer__pb2.ListUsageRequest.SerializeToString,
             protos_dot_trainer__pb2.ListUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.Trainer/GetCluster',
+            protos_dot_trainer__pb2.GetClusterRequest.SerializeToString,
+            protos_dot_trainer__pb2.Cluster.FromString,
             options,
             channel_credentials,
             insecure,

@@ -289,6 +289,24 @@ class TeamUsage(BaseModel):
     cpu_seconds: float
 
 
+class Amounts(BaseModel):
+    gpus: int = Field(ge=0)
+    cpus: float = Field(ge=0)
+    memory: int = Field(ge=0, description="bytes")
+    learners: int = Field(ge=0, description="learner processes")
+
+
+class Cluster(BaseModel):
+    backend: str = Field(description="the LCM's backend; empty while its capacity is not known")
+    known: bool = Field(description="whether the LCM has reported its capacity")
+    unknown_reason: str = Field(description="why the capacity is not known; empty when it is")
+    capacity: Amounts | None = Field(description="what the backend runs at once, as the LCM last reported it")
+    held: Amounts = Field(description="what every team's active jobs hold now")
+    free: Amounts | None = Field(description="capacity less what is held")
+    active_jobs: int
+    queued_jobs: int
+
+
 class UsageList(BaseModel):
     teams: list[TeamUsage]
     accounting: UsageReport | None = Field(None, description="per-day accounting; present when `since` is given")

@@ -41,6 +41,8 @@ class TrainerApi(Protocol):
 
     def list_usage(self) -> list[dict]: ...
 
+    def cluster(self) -> dict: ...
+
     def health(self) -> str: ...
 
     def close(self) -> None: ...
@@ -109,6 +111,17 @@ def usage_to_json(usage: trainer_pb2.TeamUsage) -> dict:
             "gpu_seconds": usage.gpu_seconds, "cpu_seconds": usage.cpu_seconds}
 
 
+def cluster_to_json(c: trainer_pb2.Cluster) -> dict:
+    def amounts(q: trainer_pb2.Quota) -> dict:
+        return {"gpus": q.gpus, "cpus": q.cpus, "memory": q.memory, "learners": q.jobs}
+
+    known = c.HasField("capacity")
+    capacity, held = (amounts(c.capacity) if known else None), amounts(c.held)
+    free = {k: max(0, capacity[k] - held[k]) for k in capacity} if capacity else None
+    return {"backend": c.backend, "known": known, "unknown_reason": c.unknown_reason, "capacity": capacity,
+            "held": held, "free": free, "active_jobs": c.active_jobs, "queued_jobs": c.queued_jobs}
+
+
 class TrainerClient:
     """TrainerApi over gRPC; failures come back as domain errors (services.common.errors)."""
 
@@ -165,6 +178,9 @@ class TrainerClient:
     def list_usage(self) -> list[dict]:
         resp = rpc.call(self._stub.ListUsage, trainer_pb2.ListUsageRequest(), self._timeout)
         return [usage_to_json(u) for u in resp.teams]
+
+    def cluster(self) -> dict:
+        return cluster_to_json(rpc.call(self._stub.GetCluster, trainer_pb2.GetClusterRequest(), self._timeout))
 
     def health(self) -> str:
         return rpc.call(self._stub.Health, trainer_pb2.HealthRequest(), self._health_timeout).status

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from services.common import states
 from services.common.states import JobState
-from services.trainer.admission import Quota, TeamUse
+from services.trainer.admission import Capacity, Quota, TeamUse, Usage
 from services.trainer.record import JobRecord
 
 
@@ -31,6 +31,17 @@ class TeamReport:
     @property
     def active_jobs(self) -> int:
         return self.held.jobs
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The backend's capacity as last reported (None: unknown, and why) and what active jobs hold of it."""
+
+    capacity: Capacity | None
+    unknown_reason: str
+    held: Usage
+    active_jobs: int
+    queued_jobs: int
 
 
 @dataclass

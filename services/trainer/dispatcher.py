@@ -167,6 +167,11 @@ class Dispatcher:
         """
         return self._capacity
 
+    @property
+    def capacity_problem(self) -> str:
+        """Why the capacity is not known when `capacity()` is None."""
+        return self._capacity_error
+
     def _refresh_capacity(self) -> Capacity | None:
         """This pass's capacity, or None when the LCM cannot say (then nothing is dispatched)."""
         try:

@@ -26,7 +26,7 @@ from services.common.errors import Conflict, InvalidArgument, NotFound
 from services.common.manifest import Manifest, parse_manifest
 from services.common.states import JobState
 from services.trainer import accounting, admission
-from services.trainer.accounting import TeamReport
+from services.trainer.accounting import ClusterView, TeamReport
 from services.trainer.admission import Quota
 from services.trainer.attempts import next_attempt
 from services.trainer.dispatcher import Dispatcher
@@ -132,6 +132,15 @@ class JobService:
     def list_usage(self) -> list[TeamReport]:
         """Every team that has a quota or any job, by name."""
         return accounting.reports(self._store.usage_rows(), self._quotas.all(), time.time())
+
+    def cluster(self) -> ClusterView:
+        """The backend's capacity as the LCM last reported it (never asked here) and what every team holds."""
+        reports = self.list_usage()
+        held = sum((r.held.usage for r in reports), admission.Usage())
+        capacity = self._dispatcher.capacity()
+        return ClusterView(capacity=capacity, unknown_reason="" if capacity else self._dispatcher.capacity_problem,
+                           held=held, active_jobs=sum(r.active_jobs for r in reports),
+                           queued_jobs=sum(r.queued_jobs for r in reports))
 
     def get(self, team: str, job_id: str) -> JobRecord:
         return self._store.get(team, job_id)

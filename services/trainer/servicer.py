@@ -19,8 +19,8 @@ from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
 from services.common.errors import InvalidArgument, Unavailable
 from services.common.rpc import handler
 from services.common.states import JobState
-from services.trainer.accounting import TeamReport
-from services.trainer.admission import Quota
+from services.trainer.accounting import ClusterView, TeamReport
+from services.trainer.admission import Quota, Usage
 from services.trainer.experiments.service import ExperimentService
 from services.trainer.experiments.wire import experiment_to_proto, view_to_proto, workflow_to_proto
 from services.trainer.experiments.workflows import WorkflowService
@@ -82,6 +82,16 @@ def usage_to_proto(report: TeamReport) -> trainer_pb2.TeamUsage:
     return trainer_pb2.TeamUsage(team=report.team, quota=quota_to_proto(report.quota), in_use=in_use,
                                  queued_jobs=report.queued_jobs, active_jobs=report.active_jobs,
                                  gpu_seconds=report.gpu_seconds, cpu_seconds=report.cpu_seconds)
+
+
+def cluster_to_proto(view: ClusterView) -> trainer_pb2.Cluster:
+    def amounts(u: Usage) -> trainer_pb2.Quota:
+        return trainer_pb2.Quota(gpus=u.gpus, cpus=u.cpus, memory=u.memory, jobs=u.learners)
+
+    cap = view.capacity
+    return trainer_pb2.Cluster(backend=cap.backend if cap else "", unknown_reason=view.unknown_reason,
+                               capacity=amounts(cap.total) if cap else None, held=amounts(view.held),
+                               active_jobs=view.active_jobs, queued_jobs=view.queued_jobs)
 
 
 def job_state(value: int, field: str) -> JobState:
@@ -162,6 +172,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     @handler
     def ListUsage(self, request: trainer_pb2.ListUsageRequest, context: Ctx) -> trainer_pb2.ListUsageResponse:
         return trainer_pb2.ListUsageResponse(teams=[usage_to_proto(r) for r in self._service.list_usage()])
+
+    @handler
+    def GetCluster(self, request: trainer_pb2.GetClusterRequest, context: Ctx) -> trainer_pb2.Cluster:
+        return cluster_to_proto(self._service.cluster())
 
     # -- experiments --------------------------------------------------------
 

@@ -123,6 +123,9 @@ def test_an_admin_edits_a_quota_and_the_teams_page_shows_it(platform, pages, art
     # the cluster's running and queued jobs, every team's
     expect(admin.locator(f'#cluster-jobs tr[data-job="{beta_job}"]')).to_contain_text("deploying", timeout=10_000)
     expect(admin.locator("#cluster-totals")).to_contain_text("1 jobs")
+    # the backend's capacity as the LCM reported it to the Trainer, and what is free of it
+    expect(admin.locator("#cluster-capacity")).to_contain_text("Capacity (fake backend): 8 GPUs, 64 CPUs, 256Gi memory, 32 learners")
+    expect(admin.locator("#cluster-capacity")).to_contain_text("free now:")
     expect(admin.locator("#quota-form[data-loaded]")).to_have_count(1, timeout=10_000)  # the page's first load
     admin.select_option("#q-team", "alpha")
     expect(admin.locator('#quota-form[data-loaded="alpha"]')).to_have_count(1, timeout=10_000)

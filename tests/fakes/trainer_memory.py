@@ -34,6 +34,8 @@ class InMemoryTrainer:
         self.submissions: list[dict] = []  # every SubmitJob request as received
         self._quotas: dict[str, dict] = {}
         self.quota_requests: list[dict] = []  # every SetQuota request as received
+        # what the backend runs at once ({gpus, cpus, memory, learners}); None: the LCM has not said
+        self.capacity: dict | None = None
 
     def close(self) -> None:
         pass
@@ -131,6 +133,20 @@ class InMemoryTrainer:
         with self._lock:
             teams = set(self._quotas) | {j["team"] for j in self._jobs.values()}
             return [self._usage(t) for t in sorted(teams)]
+
+    def cluster(self) -> dict:
+        with self._lock:
+            reports = [self._usage(t) for t in sorted(set(self._quotas) | {j["team"] for j in self._jobs.values()})]
+            learners = sum(int(j["manifest"].get("learners") or 1) for j in self._jobs.values()
+                           if j["state"] in _HOLDING)
+        held = {"gpus": sum(r["in_use"]["gpus"] for r in reports), "cpus": sum(r["in_use"]["cpus"] for r in reports),
+                "memory": sum(r["in_use"]["memory"] for r in reports), "learners": learners}
+        cap = copy.deepcopy(self.capacity)
+        return {"backend": "memory" if cap else "", "known": cap is not None,
+                "unknown_reason": "" if cap else "the LCM has not reported its capacity yet", "capacity": cap,
+                "held": held, "free": {k: max(0, cap[k] - held[k]) for k in cap} if cap else None,
+                "active_jobs": sum(r["active_jobs"] for r in reports),
+                "queued_jobs": sum(r["queued_jobs"] for r in reports)}
 
     def _usage(self, team: str) -> dict:
         quota = copy.deepcopy(self._quotas.get(team) or {"gpus": None, "cpus": None, "memory": None, "jobs": None,

@@ -243,6 +243,16 @@ def test_set_quota_calls_the_trainer_and_reports_usage(p):
     assert again["quota"] == {"gpus": 2, "cpus": None, "memory": None, "jobs": None, "gpus_by_type": {}}
 
 
+def test_the_cluster_view_is_for_platform_admins(p):
+    p.trainer.capacity = {"gpus": 4, "cpus": 16.0, "memory": 64 * 2**30, "learners": 8}
+    submit(p, "alpha_member")
+    view = p.client.get("/v1/admin/cluster", headers=p.h["platform"]).json()
+    assert view["known"] and view["capacity"]["gpus"] == 4 and view["queued_jobs"] == 1
+    assert view["free"] == view["capacity"]  # a queued job holds nothing
+    for who in ("alpha_member", "alpha_admin"):
+        assert_error_shape(p.client.get("/v1/admin/cluster", headers=p.h[who]), 403, "permission_denied")
+
+
 def test_quota_fields_are_validated_by_name(p):
     body = {"gpus": -1, "cpus": "many", "memory": "lots", "jobs": 2**40, "gpus_by_type": {"A100": 1, "h100": -2},
             "gpu": 4}

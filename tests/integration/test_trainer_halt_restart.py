@@ -181,3 +181,22 @@ def test_the_backoff_holds_the_job_back_with_a_reason(trainer):
     assert (JobState(doc.state), doc.attempt) == (JobState.QUEUED, 2)
     assert (job, 2) not in lcm.deploys
     assert JobState(service.cancel(TEAM, job, "user").state) == JobState.CANCELLED
+
+
+def test_the_cluster_view_has_the_lcm_s_capacity_and_what_active_jobs_hold(trainer):
+    service, store, lcm = trainer
+    wait_for(lambda: service.cluster().capacity is not None, 10, "the LCM's capacity to be known")
+    job = submit(service, resources={"cpus": 1.5, "memory": "1Gi"})
+    submit(service, learners=8)  # cannot fit beside the first: stays queued
+    running(service, store, job)
+    view = service.cluster()
+    assert view.capacity.total == Usage(cpus=8, memory=32 * GI, learners=8) and view.unknown_reason == ""
+    assert view.held == Usage(gpus=0, cpus=3.0, memory=2 * GI, learners=2)
+    assert (view.active_jobs, view.queued_jobs) == (1, 1)
+
+    from services.api.trainer_client import cluster_to_json
+    from services.trainer.servicer import cluster_to_proto
+
+    wire = cluster_to_json(cluster_to_proto(view))
+    assert wire["known"] and wire["capacity"] == {"gpus": 0, "cpus": 8.0, "memory": 32 * GI, "learners": 8}
+    assert wire["free"] == {"gpus": 0, "cpus": 5.0, "memory": 30 * GI, "learners": 6}

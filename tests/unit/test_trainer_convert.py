@@ -60,3 +60,17 @@ def test_the_learners_isolation_survives_the_trainer_and_reaches_the_api():
     wire = list(job_to_proto(stored_job().model_copy(update={"learners": learners})).learners)
     assert wire == reported
     assert learner_to_json(wire[0])["isolation"] == "sandbox"
+
+
+def test_an_unknown_capacity_says_why_and_has_nothing_free():
+    from services.api.trainer_client import cluster_to_json
+    from services.trainer.accounting import ClusterView
+    from services.trainer.admission import Usage
+    from services.trainer.servicer import cluster_to_proto
+
+    view = ClusterView(capacity=None, unknown_reason="the LCM is unreachable", held=Usage(cpus=2.0, learners=1),
+                       active_jobs=1, queued_jobs=3)
+    wire = cluster_to_json(cluster_to_proto(view))
+    assert wire == {"backend": "", "known": False, "unknown_reason": "the LCM is unreachable", "capacity": None,
+                    "held": {"gpus": 0, "cpus": 2.0, "memory": 0, "learners": 1}, "free": None,
+                    "active_jobs": 1, "queued_jobs": 3}

@@ -18,6 +18,7 @@ from services.api.deps import AuditDep, IdentityDep, PlatformAdminDep, TrainerDe
 from services.api.schemas import (
     ApiKey,
     AuditPage,
+    Cluster,
     IssuedKey,
     KeyIn,
     KeyList,
@@ -85,6 +86,13 @@ Since = Annotated[str | None, Query(max_length=40, description=(
     "accounting from this time: ISO-8601 (UTC when no offset; a date is its midnight) or unix seconds"))]
 Until = Annotated[str | None, Query(max_length=40, description="accounting until this time (exclusive); default now")]
 GroupBy = Annotated[str, Query(max_length=20, description="only 'day' (UTC)")]
+
+
+@router.get("/cluster", response_model=Cluster, summary="The backend's capacity and what every team holds of it")
+def cluster(_: PlatformAdminDep, trainer: TrainerDep) -> dict:
+    """The capacity as the LCM last reported it to the Trainer (`known` false, with the reason, before it
+    has), what active jobs of every team hold now, what is free, and the active and queued job counts."""
+    return trainer.cluster()
 
 
 @router.get("/usage", response_model=UsageList, summary="Every team's quota and usage; per-day accounting",

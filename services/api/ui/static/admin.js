@@ -19,7 +19,8 @@
   }
 
   async function refreshTeams() {
-    const [list, usage] = await Promise.all([api("GET", "/v1/admin/teams"), api("GET", "/v1/admin/usage")]);
+    const [list, usage, cluster] = await Promise.all([api("GET", "/v1/admin/teams"), api("GET", "/v1/admin/usage"),
+      api("GET", "/v1/admin/cluster")]);
     teams = list.teams;
     const byTeam = Object.fromEntries(usage.teams.map(u => [u.team, u]));
     const use = (u, k, f) => (u ? f(u.in_use[k] || 0) : "0") + " / " + (u && u.quota[k] !== null ? f(u.quota[k]) : "∞");
@@ -40,6 +41,11 @@
     $("cluster-totals").textContent = `Held now across teams: ${sum("gpus")} GPUs, ${sum("cpus")} CPUs, ` +
       `${size(sum("memory"))} memory, ${sum("jobs")} jobs; ` +
       `${usage.teams.reduce((a, u) => a + u.queued_jobs, 0)} jobs queued.`;
+    const c = cluster.capacity, f = cluster.free;
+    $("cluster-capacity").textContent = cluster.known
+      ? `Capacity (${cluster.backend} backend): ${c.gpus} GPUs, ${c.cpus} CPUs, ${size(c.memory)} memory, ` +
+        `${c.learners} learners; free now: ${f.gpus} GPUs, ${f.cpus} CPUs, ${size(f.memory)}, ${f.learners} learners.`
+      : `Capacity not known: ${cluster.unknown_reason}`;
     const states = "deploying,running,storing,halting,restarting,queued";
     const lists = await Promise.all(teams.map(t =>
       api("GET", `/v1/admin/teams/${encodeURIComponent(t.name)}/jobs?limit=200&state=${states}`)));
