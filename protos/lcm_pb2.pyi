@@ -55,6 +55,20 @@ class TeamQuota(_message.Message):
     gpus_by_type: _containers.ScalarMap[str, int]
     def __init__(self, gpus: _Optional[int] = ..., cpus: _Optional[float] = ..., memory: _Optional[int] = ..., jobs: _Optional[int] = ..., gpus_by_type: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
+class SyncTeamRequest(_message.Message):
+    __slots__ = ("team", "quota")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    quota: TeamQuota
+    def __init__(self, team: _Optional[str] = ..., quota: _Optional[_Union[TeamQuota, _Mapping]] = ...) -> None: ...
+
+class SyncTeamResponse(_message.Message):
+    __slots__ = ("mirrored",)
+    MIRRORED_FIELD_NUMBER: _ClassVar[int]
+    mirrored: bool
+    def __init__(self, mirrored: _Optional[bool] = ...) -> None: ...
+
 class DeployJobResponse(_message.Message):
     __slots__ = ("handles",)
     HANDLES_FIELD_NUMBER: _ClassVar[int]

@@ -54,6 +54,11 @@ class LifecycleManagerStub:
                 request_serializer=protos_dot_lcm__pb2.GetCapacityRequest.SerializeToString,
                 response_deserializer=protos_dot_lcm__pb2.Capacity.FromString,
                 _registered_method=True)
+        self.SyncTeam = channel.unary_unary(
+                '/trainforge.v1.LifecycleManager/SyncTeam',
+                request_serializer=protos_dot_lcm__pb2.SyncTeamRequest.SerializeToString,
+                response_deserializer=protos_dot_lcm__pb2.SyncTeamResponse.FromString,
+                _registered_method=True)
         self.Health = channel.unary_unary(
                 '/trainforge.v1.LifecycleManager/Health',
                 request_serializer=protos_dot_lcm__pb2.LcmHealthRequest.SerializeToString,
@@ -94,6 +99,13 @@ class LifecycleManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SyncTeam(self, request, context):
+        """A team's quota changed: a backend that mirrors quotas (kubernetes) brings them in step now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Health(self, request, context):
         """Liveness.
         """
@@ -123,6 +135,11 @@ def add_LifecycleManagerServicer_to_server(servicer, server):
                     servicer.GetCapacity,
                     request_deserializer=protos_dot_lcm__pb2.GetCapacityRequest.FromString,
                     response_serializer=protos_dot_lcm__pb2.Capacity.SerializeToString,
+            ),
+            'SyncTeam': grpc.unary_unary_rpc_method_handler(
+                    servicer.SyncTeam,
+                    request_deserializer=protos_dot_lcm__pb2.SyncTeamRequest.FromString,
+                    response_serializer=protos_dot_lcm__pb2.SyncTeamResponse.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
                     servicer.Health,
@@ -238,6 +255,33 @@ class LifecycleManager:
             '/trainforge.v1.LifecycleManager/GetCapacity',
             protos_dot_lcm__pb2.GetCapacityRequest.SerializeToString,
             protos_dot_lcm__pb2.Capacity.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SyncTeam(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.LifecycleManager/SyncTeam',
+            protos_dot_lcm__pb2.SyncTeamRequest.SerializeToString,
+            protos_dot_lcm__pb2.SyncTeamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -15,8 +15,9 @@ import grpc
 
 from protos import common_pb2, lcm_pb2, lcm_pb2_grpc
 from services.common.contracts.ids import check_job_id
+from services.common.errors import InvalidArgument
 from services.common.rpc import handler
-from services.lcm.lifecycle import Lifecycle, check_attempt, deployment_from_request
+from services.lcm.lifecycle import Lifecycle, check_attempt, deployment_from_request, team_quota_from_proto
 
 log = logging.getLogger(__name__)
 Ctx = grpc.ServicerContext
@@ -50,6 +51,16 @@ class LcmServicer(lcm_pb2_grpc.LifecycleManagerServicer):
         cap = self._lifecycle.capacity()
         return lcm_pb2.Capacity(backend=cap.backend, max_learners=cap.max_learners,
                                 total=common_pb2.Resources(gpus=cap.gpus, cpus=cap.cpus, memory=cap.memory))
+
+    @handler
+    def SyncTeam(self, request: lcm_pb2.SyncTeamRequest, context: Ctx) -> lcm_pb2.SyncTeamResponse:
+        if not request.team:
+            raise InvalidArgument("team is required", details=[{"field": "team", "message": "required"}])
+        quota = team_quota_from_proto(request.quota, "quota")
+        mirrored = self._lifecycle.sync_team(request.team, quota)
+        if mirrored:
+            log.info("team %s: quota brought in step with %s", request.team, quota.model_dump(exclude_none=True))
+        return lcm_pb2.SyncTeamResponse(mirrored=mirrored)
 
     @handler
     def Health(self, request: lcm_pb2.LcmHealthRequest, context: Ctx) -> lcm_pb2.LcmHealthResponse:

@@ -43,7 +43,7 @@ from services.common.observability import LabelCounts
 from services.common.retry import Backoff, Stopped, retry_call
 from services.common.states import JobState
 from services.trainer import admission
-from services.trainer.admission import Capacity, Plan
+from services.trainer.admission import Capacity, Plan, Quota
 from services.trainer.lcm_client import Lcm
 from services.trainer.queuenotes import QueueNotes
 from services.trainer.quotas import QuotaStore
@@ -166,6 +166,11 @@ class Dispatcher:
         request's thread.
         """
         return self._capacity
+
+    def sync_team(self, team: str, quota: Quota) -> None:
+        """Tell the LCM a team's quota changed, off the caller's thread; a failure is logged (every deploy
+        sends the team's quota too, so the backend's copy catches up at the team's next job)."""
+        self._submit(self._lcm.sync_team, team, quota)
 
     @property
     def capacity_problem(self) -> str:

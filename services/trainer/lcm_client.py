@@ -32,6 +32,9 @@ class Lcm(Protocol):
     def get_capacity(self) -> Capacity:
         """What the backend can run at once."""
 
+    def sync_team(self, team: str, quota: Quota) -> bool:
+        """A team's quota changed: a backend that mirrors quotas brings its copy in step (False: it keeps none)."""
+
 
 def team_quota_to_proto(quota: Quota) -> lcm_pb2.TeamQuota:
     limits = {k: v for k, v in (("gpus", quota.gpus), ("cpus", quota.cpus), ("memory", quota.memory),
@@ -67,6 +70,10 @@ class GrpcLcm:
         cap = rpc.call(self._stub.GetCapacity, lcm_pb2.GetCapacityRequest(), self._timeout)
         total = Usage(cap.total.gpus, cap.total.cpus, cap.total.memory, cap.max_learners)
         return Capacity(total, cap.backend)
+
+    def sync_team(self, team: str, quota: Quota) -> bool:
+        request = lcm_pb2.SyncTeamRequest(team=team, quota=team_quota_to_proto(quota))
+        return rpc.call(self._stub.SyncTeam, request, self._timeout).mirrored
 
     def close(self) -> None:
         self._channel.close()

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from services.common.manifest import parse_manifest
-from services.trainer.admission import Capacity
+from services.trainer.admission import Capacity, Quota
 from services.trainer.lcm_client import Lcm
 
 # reveal(team, names) -> name -> value; NotFound naming the missing ones
@@ -48,6 +48,9 @@ class SecretResolvingLcm:
 
     def get_capacity(self) -> Capacity:
         return self._inner.get_capacity()
+
+    def sync_team(self, team: str, quota: Quota) -> bool:
+        return self._inner.sync_team(team, quota)
 
     def close(self) -> None:
         close = getattr(self._inner, "close", None)

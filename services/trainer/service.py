@@ -119,6 +119,7 @@ class JobService:
         """Replace a team's quota; the next dispatch pass applies it (running jobs keep running)."""
         self._quotas.put(team, quota, actor or "admin")
         log.info("team %s: quota set by %s: %s", team, actor or "admin", quota)
+        self._dispatcher.sync_team(team, quota)
         self._dispatcher.wake()
         return self.team_usage(team)
 

@@ -111,6 +111,30 @@ def test_team_namespace_quota_and_policies_are_created_and_kept_in_step(backend)
     assert kube.get("ResourceQuota", ns, "tf-gpu-a100") is None
 
 
+def test_an_admins_quota_change_reaches_the_namespace_at_once_through_the_lcm(backend, lifecycle, settings):
+    """The Trainer's SyncTeam call (sent when an admin sets a quota), over gRPC to a real LCM on this backend."""
+    from services.lcm.server import serve
+    from services.trainer.admission import Quota
+    from services.trainer.lcm_client import GrpcLcm
+
+    server, port = serve(settings.model_copy(update={"lcm_address": "127.0.0.1:0", "metrics_port": -1}), lifecycle)
+    lcm = GrpcLcm(f"127.0.0.1:{port}")
+    try:
+        assert lcm.sync_team("alpha", Quota(gpus=3, cpus=6, memory=8 * 2**30, jobs=1, gpus_by_type={"a100": 1}))
+        ns = naming.namespace(backend.opts, "alpha")
+        quota = wait_quota_counted(backend.kube, ns, "tf-quota")
+        assert quota["spec"]["hard"]["requests.nvidia.com/gpu"] == "3"
+        assert backend.kube.get("ResourceQuota", ns, "tf-gpu-a100")["spec"]["hard"]["requests.nvidia.com/gpu"] == "1"
+        # a bad quota is refused naming the field; the namespace keeps what it had
+        from services.common.errors import InvalidArgument
+        with pytest.raises(InvalidArgument, match="quota"):
+            lcm.sync_team("alpha", Quota(gpus=-1))
+        assert backend.kube.get("ResourceQuota", ns, "tf-quota")["spec"]["hard"]["requests.nvidia.com/gpu"] == "3"
+    finally:
+        lcm.close()
+        server.stop(0).wait()
+
+
 def test_a_gpu_job_over_the_teams_quota_is_refused_by_the_resourcequota_in_its_words(backend, lifecycle,
                                                                                     gpu_node):
     ns = backend.sync_team("alpha", TeamQuota(gpus=2))

@@ -78,6 +78,13 @@ def test_bad_requests_name_the_field(lcm, fake):  # noqa: F811
         rpc.call(lcm.DeployJob, deploy_request("j1", attempt=0))
     with pytest.raises(InvalidArgument, match="job_id"):
         rpc.call(lcm.KillJob, lcm_pb2.KillJobRequest(job_id=""))
+    with pytest.raises(InvalidArgument) as e:
+        rpc.call(lcm.SyncTeam, lcm_pb2.SyncTeamRequest(quota=lcm_pb2.TeamQuota(gpus=1)))
+    assert e.value.details == [{"field": "team", "message": "required"}]
+    with pytest.raises(InvalidArgument, match="invalid quota"):
+        rpc.call(lcm.SyncTeam, lcm_pb2.SyncTeamRequest(team="t", quota=lcm_pb2.TeamQuota(cpus=-2)))
+    # a backend that keeps no copy of quotas says so
+    assert not rpc.call(lcm.SyncTeam, lcm_pb2.SyncTeamRequest(team="t", quota=lcm_pb2.TeamQuota(gpus=1))).mirrored
     assert fake.runs() == []
 
 

@@ -32,6 +32,7 @@ class ScriptedLcm:
         self.kill_tries: list[str] = []
         self.halts: list[tuple[str, int]] = []
         self.checkpoint_uris: dict[tuple[str, int], str] = {}
+        self.synced: list[tuple[str, object]] = []  # every SyncTeam: (team, quota)
         self._lock = threading.Lock()
 
     def deploy_job(self, job_id, team, attempt, manifest_json, code_uri, checkpoint_uri=""):  # noqa: ANN001
@@ -58,6 +59,11 @@ class ScriptedLcm:
 
     def get_capacity(self) -> Capacity:
         return self.capacity
+
+    def sync_team(self, team, quota):  # noqa: ANN001
+        with self._lock:
+            self.synced.append((team, quota))
+        return True
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 
 from services.common.errors import Conflict
 from services.common.states import JobState, LearnerState
-from services.trainer.admission import Capacity, Usage
+from services.trainer.admission import Capacity, Quota, Usage
 from services.trainer.dispatcher import Dispatcher
 from services.trainer.quotas import QuotaStore
 from services.trainer.record import LearnerReport
@@ -200,3 +200,10 @@ def test_the_cluster_view_has_the_lcm_s_capacity_and_what_active_jobs_hold(train
     wire = cluster_to_json(cluster_to_proto(view))
     assert wire["known"] and wire["capacity"] == {"gpus": 0, "cpus": 8.0, "memory": 32 * GI, "learners": 8}
     assert wire["free"] == {"gpus": 0, "cpus": 5.0, "memory": 30 * GI, "learners": 6}
+
+
+def test_a_quota_an_admin_sets_is_sent_to_the_lcm(trainer):
+    service, store, lcm = trainer
+    service.set_quota(TEAM, Quota(gpus=2, jobs=1), "admin")
+    wait_for(lambda: lcm.synced, 10, "the LCM to be told")
+    assert lcm.synced == [(TEAM, Quota(gpus=2, jobs=1))]

@@ -194,6 +194,11 @@ class Backend(abc.ABC):
     def capacity(self) -> Capacity:
         """The backend's total resources (not what is free: the lifecycle and the Trainer account for usage)."""
 
+    def mirror_quota(self, team: str, quota: TeamQuota) -> bool:
+        """Bring the copy of a team's quota kept where jobs run in step with `quota`; False when the backend
+        keeps none (the Trainer's admission enforces quotas either way)."""
+        return False
+
     def recover(self) -> list[AttemptPlan]:
         """Plans of attempts the backend can find without the lifecycle's records (e.g. by label); none here."""
         return []

@@ -8,9 +8,14 @@
 
 from services.lcm.backends.base import JobDeployment
 from services.lcm.lifecycle.core import Lifecycle
-from services.lcm.lifecycle.plan import build_plan, check_attempt, deployment_from_request
+from services.lcm.lifecycle.plan import (
+           build_plan,
+           check_attempt,
+           deployment_from_request,
+           team_quota_from_proto,
+)
 from services.lcm.lifecycle.records import AttemptRecord
 from services.lcm.lifecycle.types import RunningJob
 
 __all__ = ["AttemptRecord", "JobDeployment", "Lifecycle", "RunningJob", "build_plan", "check_attempt",
-           "deployment_from_request"]
+           "deployment_from_request", "team_quota_from_proto"]

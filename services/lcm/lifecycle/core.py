@@ -26,7 +26,15 @@ from services.common.contracts.etcd import AttemptInfo, HaltRequest
 from services.common.contracts.ids import check_job_id
 from services.common.errors import Conflict, ResourceExhausted
 from services.common.settings import LcmSettings
-from services.lcm.backends.base import AttemptPlan, Backend, Capacity, Handle, JobDeployment, JobView
+from services.lcm.backends.base import (
+    AttemptPlan,
+    Backend,
+    Capacity,
+    Handle,
+    JobDeployment,
+    JobView,
+    TeamQuota,
+)
 from services.lcm.lifecycle.plan import build_plan, check_attempt
 from services.lcm.lifecycle.records import AttemptRecord, attempt_records
 from services.lcm.lifecycle.supervision import Supervision, unfinished
@@ -213,6 +221,10 @@ class Lifecycle:
     def capacity(self) -> Capacity:
         """The backend's total resources (not what is free: the Trainer accounts for usage)."""
         return self.backend.capacity()
+
+    def sync_team(self, team: str, quota: TeamQuota) -> bool:
+        """A team's quota changed: the backend's copy follows (False: the backend keeps none)."""
+        return self.backend.mirror_quota(team, quota)
 
     def view(self, job_id: str) -> JobView | None:
         record = self._records.get(job_id)

@@ -45,13 +45,17 @@ def team_quota_from_request(request: lcm_pb2.DeployJobRequest) -> TeamQuota | No
     """The team's quota the Trainer sent (None when it sent none); InvalidArgument names a bad field."""
     if not request.HasField("team_quota"):
         return None
-    q = request.team_quota
+    return team_quota_from_proto(request.team_quota)
+
+
+def team_quota_from_proto(q: lcm_pb2.TeamQuota, field: str = "team_quota") -> TeamQuota:
+    """A TeamQuota message as the model; InvalidArgument names `field` when a limit is invalid."""
     limits = {f: getattr(q, f) for f in ("gpus", "cpus", "memory", "jobs") if q.HasField(f)}
     try:
         return TeamQuota(**limits, gpus_by_type=dict(q.gpus_by_type))
     except ValidationError as e:
-        raise InvalidArgument(f"invalid team_quota: {problems(e)}",
-                              details=[{"field": "team_quota", "message": problems(e)}]) from None
+        raise InvalidArgument(f"invalid {field}: {problems(e)}",
+                              details=[{"field": field, "message": problems(e)}]) from None
 
 
 def build_plan(job: JobDeployment, site: Site, gpus: list[int], *, lease_ttl: int,

@@ -73,6 +73,10 @@ class KubernetesBackend(Backend):
                 self._kube.delete("ResourceQuota", ns, existing["metadata"]["name"])
         return ns
 
+    def mirror_quota(self, team_name: str, quota: team.TeamQuota) -> bool:
+        self.sync_team(team_name, quota)
+        return True
+
     def _team_selector(self, team_name: str) -> str:
         return ",".join(f"{k}={v}" for k, v in naming.team_labels(self.opts, team_name).items())
 
