@@ -44,6 +44,7 @@ from services.common.retry import Backoff, Stopped, retry_call
 from services.common.states import JobState
 from services.trainer import admission
 from services.trainer.admission import Capacity, Plan, Quota
+from services.trainer.capacity import CapacityCache
 from services.trainer.lcm_client import Lcm
 from services.trainer.queuenotes import QueueNotes
 from services.trainer.quotas import QuotaStore
@@ -66,10 +67,6 @@ _QUEUE_FIELDS = ("team", "resources", "gpu_type", "priority", "created_at", "att
 # Most seconds between two tries of a failing KillJob, HaltJob or DeployJob.
 _MAX_RETRY = 30.0
 _HELD_FIELDS = ("team", "resources", "gpu_type")
-# Longest a pass reuses the capacity the LCM last reported instead of asking again: what a backend
-# offers in total changes rarely, while asking costs a round trip to an LCM that is busiest (starting
-# processes) exactly when passes come fastest. An LCM refusal (full, down) is waited out by the deploy.
-CAPACITY_TTL = 1.0
 
 
 # The admission passes' decisions in this process, by decision and reason kind ("held" per job and pass):
@@ -101,9 +98,7 @@ class Dispatcher:
         self._thread: threading.Thread | None = None
         self._calls = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainer-lcm")
         self._notes = QueueNotes(store)
-        self._capacity: Capacity | None = None
-        self._capacity_at = float("-inf")  # time.monotonic() of the last answer
-        self._capacity_error = "the LCM has not reported its capacity yet"
+        self._capacity = CapacityCache(lcm)
         # cleanups in flight, and when a failed one may be tried again
         self._cleaning: set[str] = set()
         self._retry_at: dict[str, float] = {}
@@ -121,7 +116,7 @@ class Dispatcher:
         submit, while an LCM that is slow or down delays the start by no more
         than that (and a submit not at all: see `capacity`).
         """
-        first = self._calls.submit(_logged, self._refresh_capacity)
+        first = self._calls.submit(_logged, self._capacity.refresh)
         self._notes.start()
         self._thread = threading.Thread(target=self._loop, name="trainer-dispatcher", daemon=True)
         self._thread.start()
@@ -162,10 +157,10 @@ class Dispatcher:
     def capacity(self) -> Capacity | None:
         """The backend's capacity as last reported (None: not known yet); never calls the LCM.
 
-        It is asked at start and by passes with a queue (at most once per CAPACITY_TTL), off any
+        It is asked at start and by passes with a queue (services/trainer/capacity.py), off any
         request's thread.
         """
-        return self._capacity
+        return self._capacity.value
 
     def sync_team(self, team: str, quota: Quota) -> None:
         """Tell the LCM a team's quota changed, off the caller's thread; a failure is logged (every deploy
@@ -175,19 +170,7 @@ class Dispatcher:
     @property
     def capacity_problem(self) -> str:
         """Why the capacity is not known when `capacity()` is None."""
-        return self._capacity_error
-
-    def _refresh_capacity(self) -> Capacity | None:
-        """This pass's capacity, or None when the LCM cannot say (then nothing is dispatched)."""
-        try:
-            self._capacity = self._lcm.get_capacity()
-            self._capacity_at = time.monotonic()
-        except TrainforgeError as e:
-            if e.message != self._capacity_error:
-                log.warning("LCM capacity unknown: %s", e.message)
-            self._capacity_error = e.message
-            return None
-        return self._capacity
+        return self._capacity.problem
 
     # -- one pass ----------------------------------------------------------
 
@@ -213,10 +196,9 @@ class Dispatcher:
         if not queued:
             return Plan()
         queue = [job.queued() for job in queued.values()]
-        fresh = self._capacity is not None and time.monotonic() - self._capacity_at < CAPACITY_TTL
-        capacity = self._capacity if fresh else self._refresh_capacity()
+        capacity = self._capacity.current()
         if capacity is None:
-            result = admission.hold(queue, f"waiting for the LCM: {self._capacity_error}")
+            result = admission.hold(queue, f"waiting for the LCM: {self._capacity.problem}")
         else:
             active = self._store.in_states(states.ACTIVE, fields=_HELD_FIELDS)
             held = [(j.team, j.resources, j.gpu_type) for j in active]

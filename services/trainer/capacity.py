@@ -1,0 +1,56 @@
+"""The backend's capacity as the Trainer knows it: what the LCM last reported, asked at most once a second.
+
+What a backend offers in total changes rarely, while asking costs a round
+trip to an LCM that is busiest (starting processes) exactly when dispatch
+passes come fastest; so a pass reuses an answer younger than `ttl`. Requests
+(a submit's size check, the admin's cluster view) only read what is known and
+never call the LCM. When the LCM cannot say, `problem` tells why, and the
+queue waits with that reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from services.common.errors import TrainforgeError
+from services.trainer.admission import Capacity
+from services.trainer.lcm_client import Lcm
+
+log = logging.getLogger(__name__)
+
+# Longest a pass reuses the capacity the LCM last reported instead of asking again. An LCM refusal
+# (full, down) is waited out by the deploy.
+CAPACITY_TTL = 1.0
+
+
+class CapacityCache:
+    def __init__(self, lcm: Lcm, ttl: float = CAPACITY_TTL):
+        self._lcm = lcm
+        self._ttl = ttl
+        self._value: Capacity | None = None
+        self._at = float("-inf")  # time.monotonic() of the last answer
+        self.problem = "the LCM has not reported its capacity yet"
+
+    @property
+    def value(self) -> Capacity | None:
+        """The capacity as last reported (None: not known yet); never calls the LCM."""
+        return self._value
+
+    def refresh(self) -> Capacity | None:
+        """Ask the LCM now; None when it cannot say (`problem` then says why)."""
+        try:
+            self._value = self._lcm.get_capacity()
+            self._at = time.monotonic()
+        except TrainforgeError as e:
+            if e.message != self.problem:
+                log.warning("LCM capacity unknown: %s", e.message)
+            self.problem = e.message
+            return None
+        return self._value
+
+    def current(self) -> Capacity | None:
+        """For a pass: the last answer while it is younger than the TTL, else a new one."""
+        if self._value is not None and time.monotonic() - self._at < self._ttl:
+            return self._value
+        return self.refresh()
