@@ -13,7 +13,9 @@ ConfigMap raises `ConfigError`, which the node reports as the kubelet does
 Volumes have no mount namespace here: each emptyDir, secret and configMap
 volume is a directory under the pod's directory on the node, and a mount
 path found as a whole path prefix in command, args, env values or
-workingDir is replaced by that directory. A program that builds the path at
+workingDir is replaced by that directory, except in a longer path that
+exists on the node (the node's own interpreter and code, which pods run at
+their own paths, may lie under /tmp). A program that builds the path at
 run time from other pieces does not see the substitution. There is no
 cluster DNS either: names ending in `.svc` or `.svc.cluster.local` in
 command, args and env values become 127.0.0.1, where every pod listens.
@@ -173,11 +175,22 @@ def mount_map(container: dict, volumes: dict[str, Path]) -> list[tuple[str, str]
 
 
 def substitute(text: str, mounts: list[tuple[str, str]]) -> str:
-    """Mount paths, as whole path prefixes, replaced by their local directories."""
+    """Mount paths, as whole path prefixes, replaced by their local directories.
+
+    A longer path below a mount path that exists on the node is left alone: the pods run the node's own
+    interpreter and code at their own paths, which may lie under a mount path (a checkout under /tmp,
+    with an emptyDir mounted at /tmp).
+    """
     for mount, local in mounts:
         if mount == "/":
             continue
-        text = re.sub(r"(?<![\w./-])" + re.escape(mount) + r"(?=/|$|[^\w.-])", lambda _m, loc=local: loc, text)
+
+        def local_path(m: re.Match, mount: str = mount, local: str = local) -> str:
+            below = m.group("below") or ""
+            return m.group(0) if below and Path(mount + below).exists() else local + below
+
+        text = re.sub(r"(?<![\w./-])" + re.escape(mount) + r"(?P<below>/[^\s:;,'\"=]*)?(?=$|[^\w.-])", local_path,
+                      text)
     return text
 
 

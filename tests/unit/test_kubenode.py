@@ -66,6 +66,18 @@ def test_mount_paths_are_replaced_as_whole_prefixes(tmp_path):
         f"--in={tmp_path}/data/x --ck {tmp_path}/ckpt/1 /database {tmp_path}/data")
 
 
+def test_a_node_path_below_a_mount_path_is_left_alone(tmp_path):
+    """A checkout under /tmp keeps its paths when a pod mounts an emptyDir at /tmp (the pods run the
+    node's interpreter and code at their own paths)."""
+    node_file = tmp_path / "repo" / "python"
+    node_file.parent.mkdir()
+    node_file.write_text("")
+    top = "/" + tmp_path.parts[1]  # e.g. /tmp
+    mounts = mount_map({"name": "c", "volumeMounts": [{"name": "tmp", "mountPath": top}]}, {"tmp": tmp_path / "vol"})
+    assert substitute(f"{node_file} -o {top}/not-on-the-node/x TMPDIR={top}", mounts) == (
+        f"{node_file} -o {tmp_path}/vol/not-on-the-node/x TMPDIR={tmp_path}/vol")
+
+
 class NoApi:
     def get(self, path):
         raise AssertionError(f"no API call expected, got {path}")
