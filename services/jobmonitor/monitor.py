@@ -106,6 +106,11 @@ class JobMonitor:
         # what the monitor knows of the learners
         self._current: dict[int, LearnerStatus] = {}
         self._last_seen: dict[int, LearnerStatus] = {}
+        # ranks whose leased status vanished, and when: such a learner counts as lost only after a
+        # further lease TTL without a new status. A controller cut off from etcd (an etcd restart) may
+        # see its lease expire while it is still writing its final status, which arrives moments later.
+        self._vanished: dict[int, float] = {}
+        self._lost_grace = float(lease_ttl)
         self._synced = False
         # what it has decided and sent
         self._reached = JobState.DEPLOYING  # the last state queued for reporting
@@ -198,17 +203,20 @@ class JobMonitor:
 
     def _apply(self, event: Event) -> None:
         if event.kind == "resync":
+            before = set(self._current)
             self._current = {}
             for key, value in (event.snapshot or {}).items():
                 self._apply_put(key, value)
+            for rank in before - set(self._current):
+                self._vanished.setdefault(rank, self._clock())
             self._synced = True
             return
         if event.kind == "put":
             self._apply_put(event.key, event.value or {})
         elif event.kind == "delete":
             parsed = self._keys.parse_learner_key(self.spec.job_id, event.key)
-            if parsed and parsed[1] == "status":
-                self._current.pop(parsed[0], None)
+            if parsed and parsed[1] == "status" and self._current.pop(parsed[0], None) is not None:
+                self._vanished.setdefault(parsed[0], self._clock())
 
     def _apply_put(self, key: str, value: dict) -> None:
         parsed = self._keys.parse_learner_key(self.spec.job_id, key)
@@ -221,6 +229,7 @@ class JobMonitor:
             log.warning("job %s: skipping the value at %s: %s", self.spec.job_id, key, e.message)
             return
         self._current[rank] = status
+        self._vanished.pop(rank, None)
         if of_attempt(status, self.spec.attempt):
             self._last_seen[rank] = status
 
@@ -232,7 +241,13 @@ class JobMonitor:
         return 0.5 if self._synced else 0.1
 
     def verdict(self, waited: float) -> Verdict:
-        return aggregate(self._current, self.spec.learners, self.spec.attempt, self._last_seen,
+        current = self._current
+        now = self._clock()
+        recent = {rank: self._last_seen[rank] for rank, at in self._vanished.items()
+                  if now - at < self._lost_grace and rank in self._last_seen and rank not in current}
+        if recent:  # not lost yet: as they last were, until the grace is over or a new status comes
+            current = {**current, **recent}
+        return aggregate(current, self.spec.learners, self.spec.attempt, self._last_seen,
                          waited=waited, start_timeout=self.spec.start_timeout)
 
     def _decide(self, waited: float) -> None:

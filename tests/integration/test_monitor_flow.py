@@ -207,6 +207,20 @@ def test_a_learner_whose_lease_expires_is_lost(coordinator, job, start):
     assert lost.state == L.LEARNER_RUNNING and "lost" in lost.message
 
 
+def test_a_final_status_written_within_a_lease_ttl_of_the_expiry_is_not_a_loss(coordinator, job, start):
+    """A controller cut off from etcd (an etcd restart) sees its lease expire, then writes its final status."""
+    reporter = FakeReporter()
+    run = start(reporter, lease_ttl=5)
+    lease = coordinator.grant_lease(2)
+    put(coordinator, job, 0, L.LEARNER_COMPLETED, exit_code=0)
+    put(coordinator, job, 1, L.LEARNER_RUNNING, lease=lease)
+    wait_for(lambda: reporter.states == [JobState.RUNNING], 10, "RUNNING")
+    wait_for(lambda: coordinator.get(coordinator.keys.learner_status(job, 1))[0] is None, 15, "the lease to expire")
+    put(coordinator, job, 1, L.LEARNER_COMPLETED, exit_code=0)
+    assert run.wait(30) == 0
+    assert reporter.states == [JobState.RUNNING, JobState.STORING, JobState.COMPLETED]
+
+
 def test_a_learner_that_finished_and_let_its_lease_go_is_not_lost(coordinator, job, start):
     reporter = FakeReporter()
     run = start(reporter)

@@ -73,13 +73,21 @@ def test_the_trainer_serves_metrics_and_health(mongo_server, unique, tmp_path, f
     try:
         channel = rpc.channel(trainer.address)
         stub = trainer_pb2_grpc.TrainerStub(channel)
-        stub.SubmitJob(trainer_pb2.SubmitJobRequest(team="team-a", manifest_json=json.dumps(
-            {"name": "n", "command": "true"}), code_uri="", submitted_by="t", job_id="j-0123456789ab"), timeout=10)
+        # two jobs of 3 CPUs on a 4-CPU backend: one is dispatched (and stays deploying: nothing reports
+        # on it), the other waits in the queue, whichever the dispatcher takes first
+        for job_id in ("j-0123456789ab", "j-0123456789ac"):
+            stub.SubmitJob(trainer_pb2.SubmitJobRequest(team="team-a", manifest_json=json.dumps(
+                {"name": "n", "command": "true", "resources": {"cpus": 3}}), code_uri="", submitted_by="t",
+                job_id=job_id), timeout=10)
         channel.close()
-        found = families(f"http://127.0.0.1:{trainer.metrics_port}/metrics")
-        assert any(s.labels.get("method", "").endswith("SubmitJob") and s.value >= 1
+
+        def queued_one() -> dict | None:
+            got = families(f"http://127.0.0.1:{trainer.metrics_port}/metrics")
+            depth = [s.value for s in got["trainforge_queue_depth"] if s.labels == {"team": "team-a"}]
+            return got if depth == [1] else None
+        found = wait_for(queued_one, 20, "one job of team-a in the queue")
+        assert any(s.labels.get("method", "").endswith("SubmitJob") and s.value >= 2
                    for s in found["trainforge_rpc_calls"])
-        assert [s.value for s in found["trainforge_queue_depth"] if s.labels == {"team": "team-a"}] == [1]
         assert any(s.labels == {"team": "team-a", "state": "queued"} for s in found["trainforge_jobs"])
         assert set(transfer_bytes(found)) == {"put", "get"}
 
