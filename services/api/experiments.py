@@ -10,21 +10,19 @@ trials without a value last), and the best trial is flagged.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-from pathlib import Path
+from collections.abc import Callable
 from typing import BinaryIO
 
 from protos import trainer_pb2, trainer_pb2_grpc
 from services.api.identity import Tenant
-from services.api.submit import PayloadTooLarge, check_archive
+from services.api.submit import store_code
 from services.api.trainer_client import job_state_name
 from services.common import rpc
 from services.common.adapters.objectstore import ObjectStore
 from services.common.contracts.experiments import ExperimentState, load_recipe
 from services.common.contracts.ids import new_experiment_id, new_workflow_id
 from services.common.contracts.recipes import experiment_from_recipe
-from services.common.contracts.storekeys import experiment_code_key, uri_for
+from services.common.contracts.storekeys import experiment_code_key
 from services.common.contracts.workflows import parse_workflow
 from services.common.errors import TrainforgeError
 
@@ -97,7 +95,6 @@ class ExperimentCalls:
         req = trainer_pb2.ExperimentAction(team=team, experiment_id=experiment_id, actor=actor)
         return experiment_to_json(rpc.call(method, req, self._timeout))
 
-
     def submit_workflow(self, *, team: str, recipe: str, code_uri: str, submitted_by: str, workflow_id: str) -> dict:
         req = trainer_pb2.SubmitWorkflowRequest(team=team, recipe=recipe, code_uri=code_uri,
                                                 submitted_by=submitted_by, workflow_id=workflow_id)
@@ -121,46 +118,27 @@ def submit_workflow(calls: ExperimentCalls, objects: ObjectStore, tenant: Tenant
                     code: BinaryIO | None, code_size: int | None, max_upload_bytes: int) -> dict:
     parse_workflow(load_recipe(recipe))  # every bad field is a 422 before anything is stored
     workflow_id = new_workflow_id()
-    code_uri = ""
-    if code is not None:
-        code_uri = _store_code(objects, workflow_id, code, code_size, max_upload_bytes)
-    try:
-        return calls.submit_workflow(team=tenant.team, recipe=recipe, code_uri=code_uri, submitted_by=tenant.key_id,
-                                     workflow_id=workflow_id)
-    except TrainforgeError:
-        if code_uri:
-            objects.delete_prefix(experiment_code_key(workflow_id))
-        raise
+    return _with_code(objects, experiment_code_key(workflow_id), code, code_size, max_upload_bytes,
+                      lambda code_uri: calls.submit_workflow(team=tenant.team, recipe=recipe, code_uri=code_uri,
+                                                             submitted_by=tenant.key_id, workflow_id=workflow_id))
 
 
 def submit_experiment(calls: ExperimentCalls, objects: ObjectStore, tenant: Tenant, *, recipe: str,
                       code: BinaryIO | None, code_size: int | None, max_upload_bytes: int) -> dict:
     experiment_from_recipe(recipe)  # every bad field is a 422 before anything is stored
     experiment_id = new_experiment_id()
-    code_uri = ""
-    if code is not None:
-        code_uri = _store_code(objects, experiment_id, code, code_size, max_upload_bytes)
+    return _with_code(objects, experiment_code_key(experiment_id), code, code_size, max_upload_bytes,
+                      lambda code_uri: calls.submit(team=tenant.team, recipe=recipe, code_uri=code_uri,
+                                                    submitted_by=tenant.key_id, experiment_id=experiment_id))
+
+
+def _with_code(objects: ObjectStore, key: str, code: BinaryIO | None, code_size: int | None, limit: int,
+               submit: Callable[[str], dict]) -> dict:
+    """Store the code archive (if any) at `key`, then `submit(code_uri)`; a refused submit leaves no archive."""
+    code_uri = store_code(objects, key, code, code_size, limit) if code is not None else ""
     try:
-        return calls.submit(team=tenant.team, recipe=recipe, code_uri=code_uri, submitted_by=tenant.key_id,
-                            experiment_id=experiment_id)
+        return submit(code_uri)
     except TrainforgeError:
         if code_uri:
-            objects.delete_prefix(experiment_code_key(experiment_id))
+            objects.delete_prefix(key)
         raise
-
-
-def _store_code(objects: ObjectStore, experiment_id: str, code: BinaryIO, size: int | None, limit: int) -> str:
-    if size is not None and size > limit:
-        raise PayloadTooLarge(f"code: archive is {size} bytes; the limit is {limit}",
-                              details=[{"field": "code", "message": f"larger than {limit} bytes"}])
-    with tempfile.TemporaryDirectory(prefix="tf-upload-") as tmp:
-        path = Path(tmp) / "code.tar.gz"
-        with open(path, "wb") as f:
-            shutil.copyfileobj(code, f)
-        if path.stat().st_size > limit:
-            raise PayloadTooLarge(f"code: archive is larger than the limit of {limit} bytes",
-                                  details=[{"field": "code", "message": f"larger than {limit} bytes"}])
-        check_archive(path)
-        key = experiment_code_key(experiment_id)
-        objects.put_file(key, path)
-    return uri_for(key)

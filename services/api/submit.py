@@ -73,7 +73,7 @@ def submit_job(trainer: TrainerApi, objects: ObjectStore, tenant: Tenant, *, man
 
     code_uri = ""
     if code is not None:
-        code_uri = _store_code(objects, job_id, code, code_size, max_upload_bytes)
+        code_uri = store_code(objects, code_key(job_id), code, code_size, max_upload_bytes)
     try:
         job = trainer.submit_job(team=tenant.team, manifest_json=manifest_json, code_uri=code_uri,
                                  submitted_by=tenant.key_id, job_id=job_id)
@@ -103,7 +103,8 @@ def _earlier(trainer: TrainerApi, team: str, job_id: str, manifest_json: str) ->
     return job
 
 
-def _store_code(objects: ObjectStore, job_id: str, code: BinaryIO, size: int | None, limit: int) -> str:
+def store_code(objects: ObjectStore, key: str, code: BinaryIO, size: int | None, limit: int) -> str:
+    """Check an uploaded code archive (size, then its members) and store it at `key`; its store:// URI."""
     if size is not None and size > limit:
         raise PayloadTooLarge(f"code: archive is {size} bytes; the limit is {limit}",
                               details=[{"field": "code", "message": f"larger than {limit} bytes"}])
@@ -115,7 +116,6 @@ def _store_code(objects: ObjectStore, job_id: str, code: BinaryIO, size: int | N
             raise PayloadTooLarge(f"code: archive is larger than the limit of {limit} bytes",
                                   details=[{"field": "code", "message": f"larger than {limit} bytes"}])
         check_archive(path)
-        key = code_key(job_id)
         objects.put_file(key, path)
     return uri_for(key)
 
