@@ -33,8 +33,9 @@ from services.common.adapters.objectstore import LocalStore
 from services.common.contracts import storekeys
 from services.common.settings import ApiSettings, TrainerSettings
 from services.common.states import JobState
-from services.trainer.admission import Capacity, Usage
+from services.trainer.admission import Usage
 from services.trainer.server import serve
+from tests.fakes.lcm import IdleLcm
 from tests.servers import serve_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,30 +74,11 @@ def artifacts(request) -> Path:
     return d
 
 
-class IdleLcm:
-    """Takes every deploy and halt and runs nothing; the test reports what learners would."""
-
-    def deploy_job(self, *args, **kwargs):
-        return ["pid:1"]
-
-    def kill_job(self, job_id, reason=""):
-        return 0
-
-    def halt_job(self, job_id, attempt):
-        return None
-
-    def get_capacity(self):
-        return Capacity(Usage(8, 64, 256 * 2**30, 32), "fake")
-
-    def sync_team(self, team, quota):  # noqa: ANN001 - this backend keeps no copy of quotas
-        return False
-
-
 @contextlib.contextmanager
 def make_platform(mongo_server, mongo_db, logstore, tmp_path, unique):
     settings = TrainerSettings(state_dir=tmp_path, dev_mode=True, mongo_url=mongo_server.url, mongo_db=mongo_db.name,
                                trainer_address="127.0.0.1:0", dispatch_interval=0.2)
-    trainer = serve(settings, lcm=IdleLcm(), db=mongo_db, collection=f"jobs_{unique}")
+    trainer = serve(settings, lcm=IdleLcm(Usage(8, 64, 256 * 2**30, 32)), db=mongo_db, collection=f"jobs_{unique}")
     identity = IdentityStore(mongo_db, touch_interval=0)
     for team in ("alpha", "beta", "ops"):
         identity.create_team(team)

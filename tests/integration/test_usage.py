@@ -25,8 +25,9 @@ from services.api.trainer_client import TrainerClient
 from services.common.adapters.objectstore import LocalStore
 from services.common.settings import ApiSettings, TrainerSettings
 from services.common.states import JobState
-from services.trainer.admission import Capacity, Usage
+from services.trainer.admission import Usage
 from services.trainer.server import serve
+from tests.fakes.lcm import IdleLcm
 from tests.servers import serve_app, wait_for
 from trainforge import cli
 from trainforge.sdk import Client
@@ -37,31 +38,12 @@ T0 = (int(time.time()) // DAY - 2) * DAY
 S = JobState
 
 
-class IdleLcm:
-    """Takes every deploy and runs nothing: jobs stay DEPLOYING until the test writes their history."""
-
-    def deploy_job(self, *args, **kwargs):
-        return ["pid:1"]
-
-    def kill_job(self, job_id, reason=""):
-        return 0
-
-    def halt_job(self, job_id, attempt):
-        return None
-
-    def get_capacity(self):
-        return Capacity(Usage(64, 256, 2**40, 64), "fake")
-
-    def sync_team(self, team, quota):  # noqa: ANN001 - this backend keeps no copy of quotas
-        return False
-
-
 @contextlib.contextmanager
 def platform(mongo_server, mongo_db, logstore, tmp_path, unique):
     collection = f"jobs_{unique}"
     settings = TrainerSettings(state_dir=tmp_path, dev_mode=True, mongo_url=mongo_server.url, mongo_db=mongo_db.name,
                                trainer_address="127.0.0.1:0", dispatch_interval=0.2)
-    trainer = serve(settings, lcm=IdleLcm(), db=mongo_db, collection=collection)
+    trainer = serve(settings, lcm=IdleLcm(Usage(64, 256, 2**40, 64)), db=mongo_db, collection=collection)
     identity = IdentityStore(mongo_db, touch_interval=0)
     for team in ("alpha", "beta", "ops"):
         identity.create_team(team)

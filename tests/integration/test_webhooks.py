@@ -23,8 +23,9 @@ from services.api.trainer_client import TrainerClient
 from services.common.adapters.objectstore import LocalStore
 from services.common.settings import ApiSettings, TrainerSettings
 from services.common.webhooks import DELIVERY_HEADER, SIGNATURE_HEADER, verify
-from services.trainer.admission import Capacity, Usage
+from services.trainer.admission import Usage
 from services.trainer.server import serve
+from tests.fakes.lcm import IdleLcm
 from tests.servers import serve_app, wait_for
 
 
@@ -66,28 +67,11 @@ class Receiver:
         self.server.server_close()
 
 
-class IdleLcm:
-    def deploy_job(self, *args, **kwargs):
-        return ["pid:1"]
-
-    def kill_job(self, job_id, reason=""):
-        return 0
-
-    def halt_job(self, job_id, attempt):
-        return None
-
-    def get_capacity(self):
-        return Capacity(Usage(0, 4, 64 * 2**30, 8), "fake")
-
-    def sync_team(self, team, quota):  # noqa: ANN001 - this backend keeps no copy of quotas
-        return False
-
-
 @contextlib.contextmanager
 def platform(mongo_server, mongo_db, logstore, tmp_path, unique):
     settings = TrainerSettings(state_dir=tmp_path, dev_mode=True, mongo_url=mongo_server.url, mongo_db=mongo_db.name,
                                trainer_address="127.0.0.1:0", dispatch_interval=0.2, webhook_backoff=0.05)
-    trainer = serve(settings, lcm=IdleLcm(), db=mongo_db, collection=f"jobs_{unique}")
+    trainer = serve(settings, lcm=IdleLcm(Usage(0, 4, 64 * 2**30, 8)), db=mongo_db, collection=f"jobs_{unique}")
     identity = IdentityStore(mongo_db, touch_interval=0)
     identity.create_team("alpha")
     identity.create_team("beta")

@@ -1,0 +1,29 @@
+"""An `Lcm` (services/trainer/lcm_client.py) that takes every call and runs nothing.
+
+For tests of the Trainer and what stands on it (API, dashboard, usage, webhooks) where no learner needs to
+run: jobs stay DEPLOYING until the test reports for them as a job monitor would.
+"""
+
+from __future__ import annotations
+
+from services.trainer.admission import Capacity, Quota, Usage
+
+
+class IdleLcm:
+    def __init__(self, capacity: Usage):
+        self.capacity = Capacity(capacity, "fake")
+
+    def deploy_job(self, *args: object, **kwargs: object) -> list[str]:
+        return ["pid:1"]
+
+    def kill_job(self, job_id: str, reason: str = "") -> int:
+        return 0
+
+    def halt_job(self, job_id: str, attempt: int) -> None:
+        return None
+
+    def get_capacity(self) -> Capacity:
+        return self.capacity
+
+    def sync_team(self, team: str, quota: Quota) -> bool:
+        return False  # it keeps no copy of quotas
