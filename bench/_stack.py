@@ -16,7 +16,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the scripts share the test suite's helpers (tests/servers.py)
 TERMINAL = ("completed", "failed", "cancelled")
 
 
@@ -105,13 +105,3 @@ def platform_procs(state: Path) -> dict[str, list[psutil.Process]]:
 def pids(state: Path, *names: str) -> list[int]:
     """The pids of the stack's components (`<state>/pids/<name>.pid`)."""
     return [int((state / "pids" / f"{n}.pid").read_text().split()[0]) for n in names]
-
-
-def wait_until(test, timeout: float, what: str, every: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = test()
-        if value:
-            return value
-        time.sleep(every)
-    raise TimeoutError(f"no {what} within {timeout}s")

@@ -28,8 +28,9 @@ import time
 from pathlib import Path
 
 import httpx
-from _stack import ROOT, machine_line, spread, stack, wait_until
+from _stack import ROOT, machine_line, spread, stack
 
+from tests.servers import wait_for
 from trainforge.sdk import Client
 
 COMMAND = "python -c \"print('hello')\""
@@ -96,7 +97,7 @@ def main() -> int:
         client = Client(st.api_url, st.api_key)
         job = client.submit({"name": "read", "framework": "custom", "resources": {"cpus": 0.5, "memory": "64Mi"},
                              "command": COMMAND})
-        body = wait_until(lambda: (j := client.get(job["id"]))["state"] in ("completed", "failed") and j,
+        body = wait_for(lambda: (j := client.get(job["id"]))["state"] in ("completed", "failed") and j,
                           120, "job end")
         client.close()
         body_file = Path(tempfile.mkstemp(suffix=".json")[1])
@@ -106,7 +107,7 @@ def main() -> int:
                                 cwd=ROOT)
         try:
             bare_url = f"http://127.0.0.1:{port}/v1/jobs/{job['id']}"
-            wait_until(lambda: _up(bare_url), 30, "bare endpoint")
+            wait_for(lambda: _up(bare_url), 30, "bare endpoint")
             real_url = f"{st.api_url}/v1/jobs/{job['id']}"
             auth = {"Authorization": f"Bearer {st.api_key}"}
             rounds: dict[str, list[tuple[float, float, int]]] = {"real": [], "bare": []}
