@@ -115,6 +115,16 @@ def check_size(code: CodeFiles, max_bytes: int) -> None:
                         f".trainforgeignore (or .gitignore) and load data with the manifest's `data:`")
 
 
+def code_to_send(folder: Path, max_bytes: int) -> CodeFiles:
+    """The files of a code folder an upload sends (ignore files honoured); PackError when the folder is
+    missing or too large, before anything is packed."""
+    if not folder.is_dir():
+        raise PackError(f"code: folder {folder} does not exist")
+    code = list_code(folder)
+    check_size(code, max_bytes)
+    return code
+
+
 def pack_to_file(code: CodeFiles, out: IO[bytes],
                  on_file: Callable[[int], None] | None = None) -> int:
     """Write the gzip tar of `code` to `out`; on_file(bytes) after each file; returns the archive size."""

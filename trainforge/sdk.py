@@ -193,11 +193,8 @@ class Client(LogsMixin):
                                   "headers": headers}
         if folder is None:
             return self._request("POST", "/v1/jobs", **kwargs)
-        if not folder.is_dir():
-            raise ClientError(f"code: folder {folder} does not exist")
         try:
-            code = packing.list_code(folder)
-            packing.check_size(code, max_upload_bytes)
+            code = packing.code_to_send(folder, max_upload_bytes)
         except packing.PackError as e:
             raise ClientError(str(e)) from None
         if on_code is not None:

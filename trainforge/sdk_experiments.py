@@ -48,11 +48,7 @@ def _code_dir(text: str, base: Path) -> Path | None:
     if isinstance(experiments, dict) and experiments and not data.get("code"):
         # Hyper's shape: the (first) experiment's own `code:`; a workflow shares one code folder
         body = next(iter(experiments.values()))
-        code = body.get("code") if isinstance(body, dict) else None
-        if isinstance(code, str) and code:
-            path = Path(code).expanduser()
-            return path if path.is_absolute() else base / path
-        return None
+        return uploads.code_dir_of(body if isinstance(body, dict) else {}, base)
     return uploads.code_dir_of(text, base)
 
 
@@ -71,11 +67,8 @@ def _post_recipe(client: Client, route: str, recipe: str | Path, code_dir: str |
     folder = Path(code_dir) if code_dir is not None else _code_dir(text, base)
     if folder is None:
         return client._request("POST", route, idempotent=False, data={"recipe": text})
-    if not folder.is_dir():
-        raise ClientError(f"code: folder {folder} does not exist")
     try:
-        code = packing.list_code(folder)
-        packing.check_size(code, max_upload_bytes)
+        code = packing.code_to_send(folder, max_upload_bytes)
     except packing.PackError as e:
         raise ClientError(str(e)) from None
     with packing.temporary_archive(code) as archive:

@@ -61,13 +61,13 @@ class ProgressReader(io.RawIOBase):
         return True
 
 
-def code_dir_of(manifest_text: str, base: Path) -> Path | None:
-    """The manifest's `code:` folder, resolved against the manifest's own folder.
+def code_dir_of(manifest: str | dict, base: Path) -> Path | None:
+    """The manifest's `code:` folder (its text, or the parsed mapping), resolved against the manifest's folder.
 
     A manifest that does not parse is sent as it is, so the server reports its problems.
     """
     try:
-        data = yaml.safe_load(manifest_text)
+        data = yaml.safe_load(manifest) if isinstance(manifest, str) else manifest
     except yaml.YAMLError:
         return None
     code = data.get("code") if isinstance(data, dict) else None
