@@ -12,6 +12,7 @@ Trainer that dies right after still does it when it comes back.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.common.contracts.experiments import EXPERIMENT_ENDED, ExperimentSpec, ExperimentState
@@ -91,41 +92,34 @@ class ExperimentService:
         return self._experiments.list(team, min(limit or 100, _MAX_LIST))
 
     def cancel(self, team: str, experiment_id: str, actor: str) -> ExperimentView:
-        exp = self._experiments.get(team, experiment_id)
-        if exp.state == ExperimentState.EXPERIMENT_CANCELLED:
-            return self.view(exp)
-        moved = self._experiments.move(exp.id, ExperimentState.EXPERIMENT_CANCELLED,
-                                       f"cancelled by {actor or 'user'}",
-                                       only_from=[ExperimentState.EXPERIMENT_RUNNING, ExperimentState.EXPERIMENT_HALTED])
-        if moved is None:
-            raise Conflict(f"experiment {experiment_id!r} already {_name(exp.state)}; only a running or halted "
-                           "experiment can be cancelled")
-        self._driver.wake()
-        return self.view(moved)
+        return self._move(team, experiment_id, ExperimentState.EXPERIMENT_CANCELLED, f"cancelled by {actor or 'user'}",
+                          [ExperimentState.EXPERIMENT_RUNNING, ExperimentState.EXPERIMENT_HALTED],
+                          lambda exp: f"already {_name(exp.state)}; only a running or halted experiment can be "
+                                      "cancelled")
 
     def halt(self, team: str, experiment_id: str, actor: str) -> ExperimentView:
-        exp = self._experiments.get(team, experiment_id)
-        if exp.state == ExperimentState.EXPERIMENT_HALTED:
-            return self.view(exp)
-        moved = self._experiments.move(exp.id, ExperimentState.EXPERIMENT_HALTED,
-                                       f"halted by {actor or 'user'}; running trials checkpoint and stop",
-                                       only_from=[ExperimentState.EXPERIMENT_RUNNING])
-        if moved is None:
-            raise Conflict(f"experiment {experiment_id!r} is {_name(exp.state)}; only a running experiment "
-                           "can be halted")
-        self._driver.wake()
-        return self.view(moved)
+        return self._move(team, experiment_id, ExperimentState.EXPERIMENT_HALTED,
+                          f"halted by {actor or 'user'}; running trials checkpoint and stop",
+                          [ExperimentState.EXPERIMENT_RUNNING],
+                          lambda exp: f"is {_name(exp.state)}; only a running experiment can be halted")
 
     def resume(self, team: str, experiment_id: str, actor: str) -> ExperimentView:
+        return self._move(team, experiment_id, ExperimentState.EXPERIMENT_RUNNING,
+                          f"resumed by {actor or 'user'}; continues where it stopped",
+                          [ExperimentState.EXPERIMENT_HALTED],
+                          lambda exp: ("has ended" if exp.state in EXPERIMENT_ENDED else f"is {_name(exp.state)}")
+                          + "; only a halted experiment can be resumed")
+
+    def _move(self, team: str, experiment_id: str, to: ExperimentState, reason: str,
+              only_from: list[ExperimentState], refused: Callable[[ExperimentRecord], str]) -> ExperimentView:
+        """The experiment moved to `to` (already there: as it is), the driver woken to act on its trials;
+        Conflict with `refused(exp)` from any other state."""
         exp = self._experiments.get(team, experiment_id)
-        if exp.state == ExperimentState.EXPERIMENT_RUNNING:
+        if exp.state == to:
             return self.view(exp)
-        moved = self._experiments.move(exp.id, ExperimentState.EXPERIMENT_RUNNING,
-                                       f"resumed by {actor or 'user'}; continues where it stopped",
-                                       only_from=[ExperimentState.EXPERIMENT_HALTED])
+        moved = self._experiments.move(exp.id, to, reason, only_from=only_from)
         if moved is None:
-            why = "has ended" if exp.state in EXPERIMENT_ENDED else f"is {_name(exp.state)}"
-            raise Conflict(f"experiment {experiment_id!r} {why}; only a halted experiment can be resumed")
+            raise Conflict(f"experiment {experiment_id!r} {refused(exp)}")
         self._driver.wake()
         return self.view(moved)
 
