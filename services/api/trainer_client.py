@@ -1,7 +1,7 @@
 """The API's view of the Trainer: a small interface, the gRPC client, and the REST job shape.
 
 Routes depend on `TrainerApi`, never on gRPC, so tests (and a dashboard
-developer) can run the API against `InMemoryTrainer` instead. This is also
+developer) can run the API against `InMemoryTrainer` (tests/fakes/trainer_memory.py). This is also
 the one place where states turn into lowercase names: inside the platform
 they are enum members; at the REST boundary they are "running", "queued".
 """
