@@ -316,6 +316,15 @@ class Dispatcher:
             what = "LCM full" if isinstance(e, ResourceExhausted) else "LCM unavailable"
             log.warning("job %s attempt %d: %s (%s); deploying again in %gs", job_id, attempt, what,
                         message, delay)
+            # the job's reason says why it waits (e.g. a docker engine that is down), not only the log
+            note(f"waiting to deploy ({what}): {message}; trying again in {delay:g}s", tries)
+
+        waited = [0]
+
+        def note(reason: str, tries: int) -> None:  # for users only: a store error just loses the reason
+            waited[0] = tries
+            with contextlib.suppress(TrainforgeError):
+                self._store.set_fields(job_id, {"reason": reason}, state=JobState.DEPLOYING, attempt=attempt)
 
         try:
             handles = retry_call(call, retry_on=(Unavailable, ResourceExhausted), initial=self._kill_backoff,
@@ -330,6 +339,8 @@ class Dispatcher:
         if handles is None:
             return
         log.info("job %s attempt %d deployed: %s", job_id, attempt, ", ".join(handles) or "no handles")
+        if waited[0]:
+            note(f"deployed after {waited[0] + 1} tries; starting", waited[0])
         current = self._store.find(job_id)
         if current is None or current.attempt != attempt:
             return

@@ -163,6 +163,27 @@ def test_capacity_is_asked_for_at_start_and_never_by_a_caller(store):
         dispatcher.stop()
 
 
+def test_a_deploy_that_waits_says_why_in_the_jobs_reason(store):
+    """An LCM that answers Unavailable (restarting, or its docker engine unreachable: test_docker_backend.py): the
+    job stays DEPLOYING and its reason says why, then says it was deployed once the LCM answers."""
+    lcm = ScriptedLcm(Capacity(Usage(cpus=4, memory=8 * GI, learners=4)), deploy_failures=10**6)
+    dispatcher = Dispatcher(store, lcm, kill_backoff=0.01)
+    queue(store, "j", cpus=1)
+    try:
+        dispatcher.run_once()
+        waiting = wait_for(lambda: "restarting" in (j := store.find("j")).reason and j, 10, "the waiting reason")
+        assert waiting.state == JobState.DEPLOYING
+        assert waiting.reason.startswith("waiting to deploy (LCM unavailable): connection refused: the LCM is "
+                                         "restarting; trying again in "), waiting.reason
+        with lcm._lock:
+            lcm.deploy_failures = 0
+        wait_for(lambda: lcm.deploys == [("j", 1)], 10, "the deploy to get through")
+        wait_for(lambda: store.find("j").reason.startswith("deployed after "), 10, "the reason to say it deployed")
+    finally:
+        dispatcher.stop()
+    assert store.find("j").state == JobState.DEPLOYING
+
+
 @pytest.mark.parametrize("error", [Unavailable, ResourceExhausted], ids=["restarting", "still-removing-ended"])
 def test_a_deploy_waits_out_an_lcm_that_refuses_for_now(store, error):
     """An LCM restarting, or one that still counts learners of ended jobs until their KillJob (full): the
