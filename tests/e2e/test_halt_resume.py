@@ -4,7 +4,10 @@ The example (examples/mnist, 2 learners, DDP over gloo) trains with fixed
 seeds, so its final model is a function of its inputs: a run that was
 halted and resumed, or whose learner was killed and restarted from its
 last periodic checkpoint, must end with a model bitwise equal to an
-uninterrupted run's, and its step counter must never go back.
+uninterrupted run's, and its step counter must never go back. Each run
+checks what its learners ran in: the sandbox wherever this machine allows
+one (docs/THREAT_MODEL.md), so these runs show DDP, halt/resume and
+restart working inside it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import psutil
 import pytest
 import torch
 
+from services.common import isolation
 from tests.e2e.test_embedded_stack import ROOT, cli_json, stack_processes, wait_terminal
 from tests.servers import wait_for
 
@@ -58,6 +62,12 @@ def log_text(env, job_id: str) -> str:
     return "\n".join(line["line"] for line in cli_json(env, "logs", job_id)["lines"])
 
 
+def assert_isolated(job: dict) -> None:
+    """Every learner ran in the sandbox where this machine can give one (else "none", said as such)."""
+    expected = "none" if isolation.unavailable() else "sandbox"
+    assert [ln["isolation"] for ln in job["learners"]] == [expected] * len(job["learners"]), job["learners"]
+
+
 def learner_pids(stack_id: str, job_id: str) -> list[psutil.Process]:
     found = []
     for p in stack_processes(stack_id):
@@ -77,6 +87,8 @@ def reference(stack, tmp_path_factory):
     job_id = cli_json(env, "submit", str(manifest))["id"]
     job = wait_terminal(env, job_id, 300)
     assert job["state"] == "completed", job
+    assert len(job["learners"]) == 2
+    assert_isolated(job)
     return model_of(state, job_id)
 
 
@@ -100,6 +112,7 @@ def test_a_halted_and_resumed_job_ends_with_the_uninterrupted_model(stack, refer
                       "running", "storing", "completed"], walked
     text = log_text(env, job_id)
     assert f"resuming from step {halted['checkpoint_step']}" in text
+    assert_isolated(job)
     assert_bitwise_equal(model_of(state, job_id), reference)
 
 
@@ -118,4 +131,5 @@ def test_a_killed_learner_restarts_from_its_checkpoint(stack, reference, tmp_pat
     assert job["restarts"] == 1
     assert any(h["to"] == "restarting" and "restart 1 of 2" in h["reason"] for h in job["history"])
     assert "resuming from step" in log_text(env, job_id)
+    assert_isolated(job)
     assert_bitwise_equal(model_of(state, job_id), reference)
