@@ -7,6 +7,12 @@ on a socket of its own with its own data and exec roots under
 handle; `stop()` stops dockerd by its PID. Anything that goes wrong raises
 `EngineUnavailable` with the reason: the tier fails, it never skips.
 
+The data root is one per cache, and two dockerds on one data root fail with a
+bare "timeout waiting for containerd" (its metadata database is locked). So a
+daemon holds an exclusive lock on `<cache>/data.lock` from start to stop; a
+second test run on the same cache waits for it up to `lock_wait` seconds, then
+fails naming the holder.
+
 Images:
 - `trainforge/learner:bookworm`: Debian bookworm (minbase plus the libraries
   the platform's interpreter and torch load), imported from the setup's
@@ -17,10 +23,12 @@ Images:
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -49,6 +57,7 @@ class Daemon:
     log: Path
     proc: subprocess.Popen | None = None
     run_dir: Path | None = None  # socket, pid file, exec root
+    lock: int | None = None  # fd holding `<cache>/data.lock` while this daemon owns the data root
 
     def stop(self, timeout: float = 30.0) -> None:
         self.engine.close()
@@ -57,6 +66,9 @@ class Daemon:
         finally:
             if self.run_dir is not None:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
+            if self.lock is not None:
+                os.close(self.lock)  # releases the data root
+                self.lock = None
 
     def _stop(self, timeout: float) -> None:
         try:
@@ -93,8 +105,41 @@ def setup(cache: Path | None = None) -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def start_engine(cache: Path | None = None, timeout: float = 60.0) -> Daemon:
+def lock_data_root(cache: Path, wait: float) -> int:
+    """An fd holding the exclusive lock on the cache's data root; EngineUnavailable naming the holder after `wait` s."""
+    fd = os.open(cache / "data.lock", os.O_RDWR | os.O_CREAT, 0o644)
+
+    def taken() -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    try:
+        wait_for(taken, wait, "the engine's data root to be free", interval=1.0)
+    except TimeoutError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise EngineUnavailable(f"the engine's data root {cache / 'data'} is in use by another test run ({holder}) "
+                                f"and was not freed within {wait:g}s: run one docker tier at a time per engine "
+                                f"cache, or give this run its own with TF_ENGINE_CACHE") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv)[:150]}".encode(), 0)
+    return fd
+
+
+def start_engine(cache: Path | None = None, timeout: float = 60.0, lock_wait: float = 120.0) -> Daemon:
     cache = setup(cache)
+    lock = lock_data_root(cache, lock_wait)
+    try:
+        return _start(cache, timeout, lock)
+    except BaseException:
+        os.close(lock)
+        raise
+
+
+def _start(cache: Path, timeout: float, lock: int) -> Daemon:
     run = Path(tempfile.mkdtemp(prefix="tf-dockerd-"))  # short: a unix socket path is at most 107 bytes
     sock, pidfile, log = run / "docker.sock", run / "dockerd.pid", cache / "dockerd.log"
     data = cache / "data"
@@ -128,6 +173,7 @@ def start_engine(cache: Path | None = None, timeout: float = 60.0) -> Daemon:
     except Exception as e:
         daemon.stop()
         raise EngineUnavailable(f"the learner images could not be built: {e}") from e
+    daemon.lock = lock
     return daemon
 
 
