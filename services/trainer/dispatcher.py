@@ -42,10 +42,13 @@ from services.common.errors import ResourceExhausted, TrainforgeError, Unavailab
 from services.common.observability import LabelCounts
 from services.common.retry import Backoff, Stopped, retry_call
 from services.common.states import JobState
-from services.trainer import admission
+from services.trainer import admission, cohorts
 from services.trainer.admission import Capacity, Plan, Quota
 from services.trainer.capacity import CapacityCache
 from services.trainer.lcm_client import Lcm
+from services.trainer.preemption import Policy
+from services.trainer.preemptor import FIELDS as _PREEMPT_FIELDS
+from services.trainer.preemptor import Preemptor
 from services.trainer.queuenotes import QueueNotes
 from services.trainer.quotas import QuotaStore
 from services.trainer.record import JobRecord
@@ -66,7 +69,7 @@ _QUEUE_FIELDS = ("team", "resources", "gpu_type", "priority", "created_at", "att
                  "queue_position", "not_before", "cleanup_pending", "restarts")
 # Most seconds between two tries of a failing KillJob, HaltJob or DeployJob.
 _MAX_RETRY = 30.0
-_HELD_FIELDS = ("team", "resources", "gpu_type")
+_HELD_FIELDS = ("team", "resources", "gpu_type", *_PREEMPT_FIELDS)
 
 
 # The admission passes' decisions in this process, by decision and reason kind ("held" per job and pass):
@@ -79,7 +82,8 @@ class Dispatcher:
 
     def __init__(self, store: JobStore, lcm: Lcm, *, quotas: QuotaStore | None = None,
                  interval: float = 1.0, spacing: float = SPACING, kill_attempts: int = 4,
-                 kill_backoff: float = 0.5, workers: int = 8, rules: tuple[Rule, ...] | None = None):
+                 kill_backoff: float = 0.5, workers: int = 8, rules: tuple[Rule, ...] | None = None,
+                 preemption: Policy | None = None):
         self._store = store
         self._lcm = lcm
         self._quotas = quotas
@@ -88,6 +92,8 @@ class Dispatcher:
         self._kill_attempts = kill_attempts
         self._kill_backoff = kill_backoff
         self.lifecycle = Lifecycle(store, self) if rules is None else Lifecycle(store, self, rules)
+        # halts running jobs for waiting ones that may take their place (services/trainer/preemptor.py)
+        self.preemptor = Preemptor(store, self.lifecycle, preemption or Policy())
         # Only one Trainer process runs, so this lock is all that stops two
         # passes from spending the same free capacity. Several replicas would
         # need a reservation in the store instead: e.g. a usage document per
@@ -204,12 +210,16 @@ class Dispatcher:
             held = [(j.team, j.resources, j.gpu_type) for j in active]
             in_use = admission.total(need for _, need, _ in held)
             quotas = self._quotas.all() if self._quotas is not None else {}
-            result = admission.plan(queue, in_use, capacity, quotas=quotas,
-                                    teams=admission.team_use(held))
+            book = cohorts.Book(quotas, {})
+            result = admission.plan(queue, in_use, capacity, quotas=cohorts.ceilings(quotas),
+                                    teams=admission.team_use(held), fit=book.fit)
         for job_id in result.dispatch:
             # QUEUED -> DEPLOYING holds the resources; the Deploy rule hands the call to a worker
             self.lifecycle.move(job_id, JobState.DEPLOYING, "resources reserved; deploying", ACTOR,
-                                attempt=queued[job_id].attempt)
+                                attempt=queued[job_id].attempt,
+                                fields=cohorts.dispatched(result.borrowed.get(job_id), quotas.get(queued[job_id].team)))
+        if capacity is not None:
+            self.preemptor.consider(result, queued, active, quotas, capacity)
         for job_id, reason in result.reject.items():
             self.lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt)
         self._note_waiting(queued, result)
