@@ -40,13 +40,10 @@ def _get(obj: object, resource: str) -> float | None:
     return None if value is None else float(value)
 
 
-def describe(amount: Usage) -> str:
-    """'2 GPUs, 4 CPUs' of the borrowable resources in `amount` ('nothing' when none)."""
-    parts = []
-    for resource in BORROWABLE:
-        value = getattr(amount, resource)
-        if value:
-            parts.append(_needs(resource, value).removeprefix("needs ").removesuffix(" of memory"))
+def describe(amount: Usage, quota: Quota | None = None) -> str:
+    """'2 GPUs, 4 CPUs' of the borrowable resources in `amount`: those `quota` limits, when it limits any."""
+    limited = [r for r in BORROWABLE if quota is not None and getattr(quota, r) is not None] or BORROWABLE
+    parts = [_needs(r, getattr(amount, r)).removeprefix("needs ") for r in limited if getattr(amount, r)]
     return ", ".join(parts) or "nothing"
 
 

@@ -38,15 +38,15 @@ ACTOR = "scheduler"
 FIELDS = ("priority", "active_since", "preemptions", "preempted_for", "attempt")
 
 
-def victim_reason(decision: Decision, victim: Running) -> str:
+def victim_reason(decision: Decision, victim: Running, quota: Quota | None = None) -> str:
     if decision.reclaim:
-        return f"preempted: halted to return {describe(victim.need)} to team {decision.team}"
+        return f"preempted: halted to return {describe(victim.need, quota)} to team {decision.team}"
     return f"preempted: halted for a higher-priority job ({decision.job_id} of team {decision.team})"
 
 
-def waiting_reason(returned: admission.Usage, halting: Iterable[str] = ()) -> str:
+def waiting_reason(returned: admission.Usage, quota: Quota | None, halting: Iterable[str] = ()) -> str:
     names = sorted(halting)
-    return (f"waiting for {describe(returned)} being returned by preemption"
+    return (f"waiting for {describe(returned, quota)} being returned by preemption"
             + (f" (halting {', '.join(names)})" if names else ""))
 
 
@@ -70,22 +70,24 @@ class Preemptor:
         waiting = admission.queue_order(queued[j].queued() for j in result.wait)
         outcome = preemption.choose(waiting, running, quotas, capacity, self.policy, now)
         for job_id, returned in outcome.returning.items():
-            result.wait[job_id] = (waiting_reason(returned), result.wait[job_id][1])
+            quota = quotas.get(queued[job_id].team)
+            result.wait[job_id] = (waiting_reason(returned, quota), result.wait[job_id][1])
         for decision in outcome.decisions:
-            halted = [v for v in decision.victims if self._halt(decision, v)]
+            quota = quotas.get(decision.team)
+            halted = [v for v in decision.victims if self._halt(decision, v, quota)]
             if not halted:
                 continue
             returned = admission.total(v.need for v in halted)
             ids = [v.job_id for v in halted]
             why = "reclaiming its team's lent quota" if decision.reclaim else "higher priority"
-            note = (f"preempting {', '.join(ids)} ({why}) to free {describe(returned)}")
+            note = f"preempting {', '.join(ids)} ({why}) to free {describe(returned, quota)}"
             log.info("preemption: job %s of team %s: %s", decision.job_id, decision.team, note)
             waiting = queued[decision.job_id]
             self._store.note_event(decision.job_id, waiting.attempt, JobState.QUEUED, note, ACTOR)
-            result.wait[decision.job_id] = (waiting_reason(returned, ids), result.wait[decision.job_id][1])
+            result.wait[decision.job_id] = (waiting_reason(returned, quota, ids), result.wait[decision.job_id][1])
 
-    def _halt(self, decision: Decision, victim: Running) -> bool:
-        reason = victim_reason(decision, victim)
+    def _halt(self, decision: Decision, victim: Running, quota: Quota | None) -> bool:
+        reason = victim_reason(decision, victim, quota)
         current = self._store.find(victim.job_id)
         if current is None or current.state not in RequestHalt.FROM:
             return False
