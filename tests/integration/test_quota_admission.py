@@ -151,7 +151,8 @@ def test_set_get_and_list_usage(tf, fake_lcm):
     assert [u.team for u in listed] == ["a", "b"]
     assert (listed[1].quota, listed[1].in_use.cpus, listed[1].active_jobs) == (trainer_pb2.Quota(), 2, 1)
     assert tf.usage("nobody") == trainer_pb2.TeamUsage(team="nobody", quota=trainer_pb2.Quota(),
-                                                       in_use=trainer_pb2.Quota(gpus=0, cpus=0, memory=0, jobs=0))
+                                                       in_use=trainer_pb2.Quota(gpus=0, cpus=0, memory=0, jobs=0),
+                                                       borrowed=trainer_pb2.Quota(gpus=0, cpus=0, memory=0))
 
 
 def test_a_bad_quota_is_refused_naming_its_fields(tf):
