@@ -8,7 +8,9 @@ what fits and in which order, reserves each job that does by the atomic
 QUEUED -> DEPLOYING transition, and hands the LCM call to a worker thread,
 so one slow backend call never holds up the queue. Jobs that wait get their
 reason and queue position refreshed; jobs that can no longer ever run (a
-quota lowered below what they need) are failed with the reason.
+quota lowered below what they need) are failed with the reason. A team may
+borrow in its cohort (cohorts.py); jobs that still wait may have running ones
+halted for them (preemptor.py, after the pass's reservations).
 
 Why admission never overshoots a quota or the capacity, under any storm of
 submissions: QUEUED -> DEPLOYING is the only transition into the ACTIVE
@@ -203,22 +205,23 @@ class Dispatcher:
             return Plan()
         queue = [job.queued() for job in queued.values()]
         capacity = self._capacity.current()
+        quotas = self._quotas.all() if self._quotas is not None and capacity is not None else {}
         if capacity is None:
             result = admission.hold(queue, f"waiting for the LCM: {self._capacity.problem}")
         else:
             active = self._store.in_states(states.ACTIVE, fields=_HELD_FIELDS)
             held = [(j.team, j.resources, j.gpu_type) for j in active]
-            in_use = admission.total(need for _, need, _ in held)
-            quotas = self._quotas.all() if self._quotas is not None else {}
-            book = cohorts.Book(quotas, {})
-            result = admission.plan(queue, in_use, capacity, quotas=cohorts.ceilings(quotas),
-                                    teams=admission.team_use(held), fit=book.fit)
+            # a team's quota with what borrowing in its cohort allows (services/trainer/cohorts.py)
+            result = admission.plan(queue, admission.total(need for _, need, _ in held), capacity,
+                                    quotas=cohorts.ceilings(quotas), teams=admission.team_use(held),
+                                    fit=cohorts.Book(quotas, {}).fit)
         for job_id in result.dispatch:
             # QUEUED -> DEPLOYING holds the resources; the Deploy rule hands the call to a worker
+            team = queued[job_id].team
             self.lifecycle.move(job_id, JobState.DEPLOYING, "resources reserved; deploying", ACTOR,
                                 attempt=queued[job_id].attempt,
-                                fields=cohorts.dispatched(result.borrowed.get(job_id), quotas.get(queued[job_id].team)))
-        if capacity is not None:
+                                fields=cohorts.dispatched(result.borrowed.get(job_id), quotas.get(team)))
+        if capacity is not None:  # halt running jobs that waiting ones may displace
             self.preemptor.consider(result, queued, active, quotas, capacity)
         for job_id, reason in result.reject.items():
             self.lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt)

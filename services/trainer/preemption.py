@@ -22,7 +22,7 @@ halting through the ordinary halt path, so victims save a checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from services.trainer.admission import Capacity, Queued, Quota, Usage, shortfall, team_use, total
@@ -112,11 +112,11 @@ def _fits(job: Queued, book: Book, in_use: Usage, capacity: Capacity) -> bool:
     return book.fit(job)[0] is None and shortfall(job.need, capacity.total, in_use) is None
 
 
-def _candidates(job: Queued, running: Sequence[Running] | object, book: Book, reclaim: bool, policy: Policy,
+def _candidates(job: Queued, running: Iterable[Running], book: Book, reclaim: bool, policy: Policy,
                 now: float) -> list[Running]:
     cohort = book.quota(job.team).cohort
     found = []
-    for r in running:  # type: ignore[attr-defined]
+    for r in running:
         if not r.haltable or r.preemptions >= policy.max_preemptions or now - r.started < policy.min_runtime:
             continue
         borrower = bool(cohort) and r.team != job.team and book.quota(r.team).cohort == cohort \

@@ -65,11 +65,17 @@ def state_of(store: JobStore, job_id: str) -> JobState:
     return JobState(store.find(job_id).state)
 
 
-def running(service: JobService, store: JobStore, job_id: str, attempt: int = 1) -> float:
+def running(service: JobService, store: JobStore, job_id: str, attempt: int = 1) -> None:
     wait_for(lambda: store.find(job_id).attempt == attempt and state_of(store, job_id) == JobState.DEPLOYING,
              10, f"{job_id} attempt {attempt} to deploy")
     service.report(job_id, attempt, JobState.RUNNING, "all 2 learners started", "monitor")
-    return time.monotonic()
+
+
+def ran_before_halt(store: JobStore, job_id: str) -> float:
+    """Seconds from the deploy of the job's current attempt to its last halt, as the store recorded them."""
+    job = store.find(job_id)
+    halt = [e.ts for e in job.history if e.to_state == JobState.HALTING][-1]
+    return halt - job.active_since
 
 
 def halted(service: JobService, store: JobStore, job_id: str, attempt: int, step: int) -> None:
@@ -86,14 +92,14 @@ def finish(service: JobService, store: JobStore, job_id: str) -> None:
 def test_the_owner_reclaims_its_quota_by_halting_the_borrower_which_comes_back_on_its_own(trainer):
     service, store, lcm = trainer
     borrower = submit(service, "a")  # 4 CPUs: 2 of its own, 2 borrowed from b
-    started = running(service, store, borrower)
+    running(service, store, borrower)
     job = store.find(borrower)
     assert (job.borrowed, job.cohort) == (Usage(cpus=2), "lab")
     assert service.team_usage("a").held.usage.cpus == 4
 
     owner = submit(service, "b")  # 4 CPUs: all of b's own quota, 2 of them lent out
     wait_for(lambda: state_of(store, borrower) == JobState.HALTING, 10, "the borrower to be halted")
-    assert time.monotonic() - started >= MIN_RUNTIME, "halted before its minimum runtime"
+    assert ran_before_halt(store, borrower) >= MIN_RUNTIME, "halted before its minimum runtime"
     victim = store.find(borrower)
     assert victim.reason == "preempted: halted to return 4 CPUs to team b; the learners are checkpointing"
     assert (victim.preemptions, victim.preempted_for) == (1, owner)
@@ -134,11 +140,11 @@ def test_a_job_is_not_preempted_again_within_its_minimum_runtime(trainer):
     halted(service, store, borrower, 1, 10)
     running(service, store, owner)
     finish(service, store, owner)
-    restarted = running(service, store, borrower, attempt=2)
+    running(service, store, borrower, attempt=2)
 
     second = submit(service, "b")
     wait_for(lambda: state_of(store, borrower) == JobState.HALTING, 10, "the second preemption")
-    assert time.monotonic() - restarted >= MIN_RUNTIME, "preempted twice within its minimum runtime"
+    assert ran_before_halt(store, borrower) >= MIN_RUNTIME, "preempted twice within its minimum runtime"
     assert store.find(borrower).preemptions == 2
     assert store.find(borrower).preempted_for == second
 
