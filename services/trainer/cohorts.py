@@ -200,3 +200,10 @@ def dispatched(borrowed: Usage | None, quota: Quota | None) -> dict:
     lent = borrowed is not None and borrowed != Usage() and quota is not None
     return {"borrowed": borrowed if lent else Usage(), "cohort": quota.cohort if lent else "",  # type: ignore[union-attr]
             "preempted": "", "preempted_for": ""}
+
+
+def reserved_reason(fields: Mapping) -> str:
+    """The DEPLOYING reason of a dispatched job, naming what it borrowed (its history keeps it)."""
+    if fields["borrowed"] == Usage():
+        return "resources reserved; deploying"
+    return f"resources reserved ({describe(fields['borrowed'])} borrowed in cohort {fields['cohort']}); deploying"

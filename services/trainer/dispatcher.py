@@ -217,10 +217,9 @@ class Dispatcher:
                                     fit=cohorts.Book(quotas, {}).fit)
         for job_id in result.dispatch:
             # QUEUED -> DEPLOYING holds the resources; the Deploy rule hands the call to a worker
-            team = queued[job_id].team
-            self.lifecycle.move(job_id, JobState.DEPLOYING, "resources reserved; deploying", ACTOR,
-                                attempt=queued[job_id].attempt,
-                                fields=cohorts.dispatched(result.borrowed.get(job_id), quotas.get(team)))
+            fields = cohorts.dispatched(result.borrowed.get(job_id), quotas.get(queued[job_id].team))
+            self.lifecycle.move(job_id, JobState.DEPLOYING, cohorts.reserved_reason(fields), ACTOR,
+                                attempt=queued[job_id].attempt, fields=fields)
         if capacity is not None:  # halt running jobs that waiting ones may displace
             self.preemptor.consider(result, queued, active, quotas, capacity)
         for job_id, reason in result.reject.items():

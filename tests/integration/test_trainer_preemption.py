@@ -95,6 +95,7 @@ def test_the_owner_reclaims_its_quota_by_halting_the_borrower_which_comes_back_o
     running(service, store, borrower)
     job = store.find(borrower)
     assert (job.borrowed, job.cohort) == (Usage(cpus=2), "lab")
+    assert job.history[2].reason == "resources reserved (2 CPUs borrowed in cohort lab); deploying"
     assert service.team_usage("a").held.usage.cpus == 4
 
     owner = submit(service, "b")  # 4 CPUs: all of b's own quota, 2 of them lent out
