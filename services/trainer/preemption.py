@@ -6,7 +6,9 @@ cohort) or when it has a higher priority than the jobs it would displace.
 Candidates, in order (Kueue's): jobs of teams that are borrowing in the
 waiting job's cohort first, then lower priority first, newest first; a
 candidate from a borrowing team is taken whatever its priority only when
-the waiting job reclaims. Only running jobs (DEPLOYING or RUNNING) that ran
+the waiting job reclaims. A job of another member of the cohort that is not
+borrowing is never a candidate (what a member holds within its own quota is
+guaranteed to it; taking it for priority would only invite it to reclaim). Only running jobs (DEPLOYING or RUNNING) that ran
 at least `min_runtime` seconds and were preempted fewer than
 `max_preemptions` times qualify. Victims are added until the waiting job
 fits beside everything else (its team's quota, its cohort, the backend),
@@ -119,8 +121,10 @@ def _candidates(job: Queued, running: Iterable[Running], book: Book, reclaim: bo
     for r in running:
         if not r.haltable or r.preemptions >= policy.max_preemptions or now - r.started < policy.min_runtime:
             continue
-        borrower = bool(cohort) and r.team != job.team and book.quota(r.team).cohort == cohort \
-            and book.borrowing(r.team) != Usage()
+        same_cohort = bool(cohort) and r.team != job.team and book.quota(r.team).cohort == cohort
+        borrower = same_cohort and book.borrowing(r.team) != Usage()
+        if same_cohort and not borrower:
+            continue  # what a cohort member holds within its own quota is never taken by another member
         if r.priority < job.priority or (reclaim and borrower):
             found.append((not borrower, r.priority, -r.started, r.job_id, r))
     return [entry[-1] for entry in sorted(found)]

@@ -84,3 +84,12 @@ def test_two_waiters_do_not_claim_the_same_victim():
 def test_a_job_that_is_not_running_cannot_be_halted():
     running = [run("a-own", "a", 2), run("storing", "a", 2, started=10, haltable=False)]
     assert choose([wait("b1", "b", 2)], running, LAB, BIG, POLICY, NOW).decisions == []
+
+
+def test_priority_never_takes_what_another_cohort_member_holds_within_its_own_quota():
+    running = [run("b-own", "b", 4, started=10)]
+    # a's urgent job would borrow b's quota: b is not borrowing, so nothing is halted for it
+    assert choose([wait("urgent", "a", 4, priority=3)], running, LAB, BIG, POLICY, NOW).decisions == []
+    running = [run("a-own", "a", 2, started=10), run("a-more", "a", 2, started=20)]  # a borrows 2 of b's
+    outcome = choose([wait("urgent", "b", 4, priority=3)], running, LAB, BIG, POLICY, NOW)
+    assert victims(outcome) == [["a-more"]]
