@@ -96,7 +96,7 @@ class LearnerStatus(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., state: _Optional[_Union[LearnerState, str]] = ..., exit_code: _Optional[int] = ..., attempt: _Optional[int] = ..., message: _Optional[str] = ..., isolation: _Optional[str] = ..., timed_out: _Optional[bool] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "team", "name", "state", "reason", "queue_position", "manifest_json", "code_uri", "attempt", "history", "learners", "created_at", "updated_at", "outputs_uri", "submitted_by", "restarts", "checkpoint_step", "not_before")
+    __slots__ = ("id", "team", "name", "state", "reason", "queue_position", "manifest_json", "code_uri", "attempt", "history", "learners", "created_at", "updated_at", "outputs_uri", "submitted_by", "restarts", "checkpoint_step", "not_before", "borrowed", "preemptions", "preempted")
     ID_FIELD_NUMBER: _ClassVar[int]
     TEAM_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +115,9 @@ class Job(_message.Message):
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
     NOT_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_FIELD_NUMBER: _ClassVar[int]
     id: str
     team: str
     name: str
@@ -133,4 +136,19 @@ class Job(_message.Message):
     restarts: int
     checkpoint_step: int
     not_before: float
-    def __init__(self, id: _Optional[str] = ..., team: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., queue_position: _Optional[int] = ..., manifest_json: _Optional[str] = ..., code_uri: _Optional[str] = ..., attempt: _Optional[int] = ..., history: _Optional[_Iterable[_Union[StatusEvent, _Mapping]]] = ..., learners: _Optional[_Iterable[_Union[LearnerStatus, _Mapping]]] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., outputs_uri: _Optional[str] = ..., submitted_by: _Optional[str] = ..., restarts: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., not_before: _Optional[float] = ...) -> None: ...
+    borrowed: Borrowed
+    preemptions: int
+    preempted: str
+    def __init__(self, id: _Optional[str] = ..., team: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., queue_position: _Optional[int] = ..., manifest_json: _Optional[str] = ..., code_uri: _Optional[str] = ..., attempt: _Optional[int] = ..., history: _Optional[_Iterable[_Union[StatusEvent, _Mapping]]] = ..., learners: _Optional[_Iterable[_Union[LearnerStatus, _Mapping]]] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., outputs_uri: _Optional[str] = ..., submitted_by: _Optional[str] = ..., restarts: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., not_before: _Optional[float] = ..., borrowed: _Optional[_Union[Borrowed, _Mapping]] = ..., preemptions: _Optional[int] = ..., preempted: _Optional[str] = ...) -> None: ...
+
+class Borrowed(_message.Message):
+    __slots__ = ("cohort", "gpus", "cpus", "memory")
+    COHORT_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    cohort: str
+    gpus: int
+    cpus: float
+    memory: int
+    def __init__(self, cohort: _Optional[str] = ..., gpus: _Optional[int] = ..., cpus: _Optional[float] = ..., memory: _Optional[int] = ...) -> None: ...

@@ -219,7 +219,7 @@ class ExperimentAction(_message.Message):
     def __init__(self, team: _Optional[str] = ..., experiment_id: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
 
 class Quota(_message.Message):
-    __slots__ = ("gpus", "cpus", "memory", "jobs", "gpus_by_type")
+    __slots__ = ("gpus", "cpus", "memory", "jobs", "gpus_by_type", "cohort", "lending_limit", "borrowing_limit")
     class GpusByTypeEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -232,12 +232,28 @@ class Quota(_message.Message):
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     GPUS_BY_TYPE_FIELD_NUMBER: _ClassVar[int]
+    COHORT_FIELD_NUMBER: _ClassVar[int]
+    LENDING_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    BORROWING_LIMIT_FIELD_NUMBER: _ClassVar[int]
     gpus: int
     cpus: float
     memory: int
     jobs: int
     gpus_by_type: _containers.ScalarMap[str, int]
-    def __init__(self, gpus: _Optional[int] = ..., cpus: _Optional[float] = ..., memory: _Optional[int] = ..., jobs: _Optional[int] = ..., gpus_by_type: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    cohort: str
+    lending_limit: ResourceLimits
+    borrowing_limit: ResourceLimits
+    def __init__(self, gpus: _Optional[int] = ..., cpus: _Optional[float] = ..., memory: _Optional[int] = ..., jobs: _Optional[int] = ..., gpus_by_type: _Optional[_Mapping[str, int]] = ..., cohort: _Optional[str] = ..., lending_limit: _Optional[_Union[ResourceLimits, _Mapping]] = ..., borrowing_limit: _Optional[_Union[ResourceLimits, _Mapping]] = ...) -> None: ...
+
+class ResourceLimits(_message.Message):
+    __slots__ = ("gpus", "cpus", "memory")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    gpus: int
+    cpus: float
+    memory: int
+    def __init__(self, gpus: _Optional[int] = ..., cpus: _Optional[float] = ..., memory: _Optional[int] = ...) -> None: ...
 
 class SetQuotaRequest(_message.Message):
     __slots__ = ("team", "quota", "actor")
@@ -256,7 +272,7 @@ class GetTeamUsageRequest(_message.Message):
     def __init__(self, team: _Optional[str] = ...) -> None: ...
 
 class TeamUsage(_message.Message):
-    __slots__ = ("team", "quota", "in_use", "queued_jobs", "active_jobs", "gpu_seconds", "cpu_seconds")
+    __slots__ = ("team", "quota", "in_use", "queued_jobs", "active_jobs", "gpu_seconds", "cpu_seconds", "borrowed")
     TEAM_FIELD_NUMBER: _ClassVar[int]
     QUOTA_FIELD_NUMBER: _ClassVar[int]
     IN_USE_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +280,7 @@ class TeamUsage(_message.Message):
     ACTIVE_JOBS_FIELD_NUMBER: _ClassVar[int]
     GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_FIELD_NUMBER: _ClassVar[int]
     team: str
     quota: Quota
     in_use: Quota
@@ -271,7 +288,8 @@ class TeamUsage(_message.Message):
     active_jobs: int
     gpu_seconds: float
     cpu_seconds: float
-    def __init__(self, team: _Optional[str] = ..., quota: _Optional[_Union[Quota, _Mapping]] = ..., in_use: _Optional[_Union[Quota, _Mapping]] = ..., queued_jobs: _Optional[int] = ..., active_jobs: _Optional[int] = ..., gpu_seconds: _Optional[float] = ..., cpu_seconds: _Optional[float] = ...) -> None: ...
+    borrowed: Quota
+    def __init__(self, team: _Optional[str] = ..., quota: _Optional[_Union[Quota, _Mapping]] = ..., in_use: _Optional[_Union[Quota, _Mapping]] = ..., queued_jobs: _Optional[int] = ..., active_jobs: _Optional[int] = ..., gpu_seconds: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., borrowed: _Optional[_Union[Quota, _Mapping]] = ...) -> None: ...
 
 class ListUsageRequest(_message.Message):
     __slots__ = ()

@@ -99,6 +99,11 @@ def _print_job(console: Console, job: dict) -> None:
         console.print(f"restarts: {job['restarts']} of {job['manifest'].get('restart', {}).get('max_restarts', '?')}")
     if job.get("checkpoint_step") is not None:
         console.print(f"checkpoint: step {job['checkpoint_step']}")
+    if b := job.get("borrowed"):
+        lent = ", ".join(f"{b[k]:g} {k}" for k in ("gpus", "cpus") if b.get(k))
+        console.print(f"borrowed: {lent or 'memory'} from cohort {b['cohort']}")
+    if job.get("preempted") or job.get("preemptions"):
+        console.print(f"preempted: {job.get('preemptions', 0)} time(s){'; ' + job['preempted'] if job.get('preempted') else ''}")
     if job.get("outputs_uri"):
         console.print(Text(f"outputs: {_outputs_location(job)}"))
     if job.get("learners"):

@@ -55,7 +55,8 @@ def print_usage(console: Console, reports: list[dict]) -> None:
         console.print("no usage")
         return
     table = Table(show_edge=False)
-    for col in ("team", "gpus", "cpus", "memory", "jobs", "queued", "gpu hours", "by gpu type"):
+    for col in ("team", "gpus", "cpus", "memory", "jobs", "queued", "gpu hours", "by gpu type", "cohort",
+                "borrowed"):
         table.add_column(col)
     for r in reports:
         q, u = r["quota"], r["in_use"]
@@ -63,8 +64,16 @@ def print_usage(console: Console, reports: list[dict]) -> None:
         by_type = ", ".join(f"{t} {u['gpus_by_type'].get(t, 0)}/{q['gpus_by_type'].get(t, '∞')}" for t in types)
         table.add_row(r["team"], _limit(u["gpus"], q["gpus"]), _limit(u["cpus"], q["cpus"], _cpus),
                       _limit(u["memory"], q["memory"], size_text), _limit(u["jobs"], q["jobs"]),
-                      str(r["queued_jobs"]), f"{r['gpu_seconds'] / 3600:.2f}", by_type or "-")
+                      str(r["queued_jobs"]), f"{r['gpu_seconds'] / 3600:.2f}", by_type or "-",
+                      q.get("cohort") or "-", _borrowed(r.get("borrowed")))
     console.print(table)
+
+
+def _borrowed(b: dict | None) -> str:
+    """'2 GPUs, 4 CPUs' a team's jobs hold on borrowed quota; '-' when none."""
+    parts = [f"{b['gpus']} GPUs" if b and b.get("gpus") else "", f"{b['cpus']:g} CPUs" if b and b.get("cpus") else "",
+             size_text(b["memory"]) if b and b.get("memory") else ""]
+    return ", ".join(p for p in parts if p) or "-"
 
 
 def _print_keys(console: Console, keys: list[dict]) -> None:
@@ -201,6 +210,25 @@ def _gpu_types(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -
     return out_
 
 
+def _limits(_: click.Context, param: click.Parameter, value: str | None) -> dict[str, object]:
+    """gpus=2,cpus=4,memory=8Gi -> {"gpus": 2, "cpus": 4.0, "memory": "8Gi"}."""
+    limits: dict[str, object] = {}
+    for part in (value or "").split(","):
+        if not part.strip():
+            continue
+        name, sep, amount = (x.strip() for x in part.partition("="))
+        kinds = {"gpus": int, "cpus": float, "memory": str}
+        if not sep or name not in kinds or not amount:
+            raise click.BadParameter(f"{part!r}: use RESOURCE=AMOUNT with gpus, cpus or memory, e.g. gpus=2,memory=8Gi",
+                                     param_hint=f"--{param.name.replace('_', '-')}" if param.name else None)
+        try:
+            limits[name] = kinds[name](amount)
+        except ValueError:
+            raise click.BadParameter(f"{name}: {amount!r} is not a number",
+                                     param_hint=f"--{(param.name or '').replace('_', '-')}") from None
+    return limits
+
+
 @quota.command("set")
 @click.argument("team")
 @click.option("--gpus", type=int, help="GPUs the team's jobs may hold at once")
@@ -209,14 +237,21 @@ def _gpu_types(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -
 @click.option("--jobs", type=int, help="jobs holding resources at once")
 @click.option("--gpu-type", "gpu_types", multiple=True, callback=_gpu_types,
               help="per GPU type, TYPE=COUNT (repeatable), e.g. a100=4")
+@click.option("--cohort", default="", help="share unused gpus, cpus and memory with the teams of this cohort")
+@click.option("--lending-limit", callback=_limits, help="most of the unused quota the cohort may borrow, "
+              "e.g. gpus=2,memory=16Gi")
+@click.option("--borrowing-limit", callback=_limits, help="most the team may hold beyond its quota, e.g. gpus=4")
 @json_flag
 @click.pass_context
 def quota_set(ctx: click.Context, team: str, gpus: int | None, cpus: float | None, memory: str | None,
-              jobs: int | None, gpu_types: dict[str, int], as_json: bool) -> None:
-    """Replace TEAM's quota; a limit not given is no limit of the team's own."""
+              jobs: int | None, gpu_types: dict[str, int], cohort: str, lending_limit: dict,
+              borrowing_limit: dict, as_json: bool) -> None:
+    """Replace TEAM's quota; a limit not given is no limit of the team's own. In a --cohort, the team lends
+    what it leaves unused to the cohort's other teams and may borrow theirs (docs: "Sharing quota")."""
     as_json = use_json(ctx, as_json)
     report = _admin(ctx).admin.set_quota(team, gpus=gpus, cpus=cpus, memory=memory, jobs=jobs,
-                                         gpus_by_type=gpu_types)
+                                         gpus_by_type=gpu_types, cohort=cohort, lending_limit=lending_limit,
+                                         borrowing_limit=borrowing_limit)
     if as_json:
         emit_json(report)
     else:

@@ -74,6 +74,10 @@ class Job(_Model):
     restarts: int = 0
     checkpoint_step: int | None = None
     not_before: float = 0.0
+    # quota borrowed in the team's cohort ({cohort, gpus, cpus, memory}); None: none
+    borrowed: dict[str, Any] | None = None
+    preemptions: int = 0
+    preempted: str = ""
 
     @property
     def ended(self) -> bool:

@@ -56,6 +56,13 @@ class HistoryEvent(BaseModel):
     timestamp: float = Field(description="unix time, seconds")
 
 
+class JobBorrowed(BaseModel):
+    cohort: str
+    gpus: int
+    cpus: float
+    memory: int = Field(description="bytes")
+
+
 class Job(BaseModel):
     id: str
     team: str
@@ -75,6 +82,10 @@ class Job(BaseModel):
     restarts: int = Field(0, description="redeploys after a failure so far (at most restart.max_restarts)")
     checkpoint_step: int | None = Field(None, description="step of the checkpoint stored at the last halt")
     not_before: float = Field(0.0, description="unix time before which a restarting job is not redeployed; 0: none")
+    borrowed: JobBorrowed | None = Field(None, description="quota it holds beyond its team's own, borrowed in "
+                                                           "its cohort; null: none")
+    preemptions: int = Field(0, description="times the scheduler halted it for another job")
+    preempted: str = Field("", description="why the scheduler halted it, until it runs again; empty otherwise")
 
 
 class JobList(BaseModel):
@@ -258,6 +269,16 @@ Size = Annotated[int | None, BeforeValidator(parse_size), WithJsonSchema({"anyOf
     {"type": "null"}]})]
 
 
+class LimitsIn(BaseModel):
+    """Per-resource lending or borrowing limits of a cohort member (Kueue's names); null: no limit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: StrictInt | None = Field(None, ge=0, le=INT32_MAX)
+    cpus: StrictFloat | None = Field(None, ge=0, le=1e9, allow_inf_nan=False)
+    memory: Size = Field(None, description="bytes, or a size such as 8Gi")
+
+
 class QuotaIn(BaseModel):
     """A team's limits, replaced whole: a limit left out (or null) is no limit of the team's own."""
 
@@ -269,9 +290,21 @@ class QuotaIn(BaseModel):
     jobs: StrictInt | None = Field(None, ge=0, le=INT32_MAX, description="jobs holding resources at once")
     gpus_by_type: dict[GpuType, Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]] = Field(
         default_factory=dict, description='per GPU type, e.g. {"a100": 4}; counts against gpus too')
+    cohort: Annotated[str, StringConstraints(pattern=r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")] = Field(
+        "", description="teams naming the same cohort lend each other their unused gpus, cpus and memory")
+    lending_limit: LimitsIn = Field(default_factory=lambda: LimitsIn(),
+                                    description="most of the team's unused quota its cohort may borrow")
+    borrowing_limit: LimitsIn = Field(default_factory=lambda: LimitsIn(),
+                                      description="most the team may hold beyond its quota by borrowing")
 
 
-class Quota(BaseModel):
+class Limits(BaseModel):
+    gpus: int | None
+    cpus: float | None
+    memory: int | None = Field(description="bytes")
+
+
+class Held(BaseModel):
     gpus: int | None
     cpus: float | None
     memory: int | None = Field(description="bytes")
@@ -279,14 +312,28 @@ class Quota(BaseModel):
     gpus_by_type: dict[str, int]
 
 
+class Quota(Held):
+    cohort: str = Field("", description="the team's cohort; empty: it neither lends nor borrows")
+    lending_limit: Limits | None = Field(None, description="null: lends all its unused quota")
+    borrowing_limit: Limits | None = Field(None, description="null: borrows without a limit")
+
+
+class Borrowed(BaseModel):
+    gpus: int
+    cpus: float
+    memory: int = Field(description="bytes")
+
+
 class TeamUsage(BaseModel):
     team: str
     quota: Quota = Field(description="the team's limits; null: no limit of its own")
-    in_use: Quota = Field(description="what the team's active jobs hold now")
+    in_use: Held = Field(description="what the team's active jobs hold now")
     queued_jobs: int
     active_jobs: int
     gpu_seconds: float = Field(description="consumed by the team's jobs, finished ones included")
     cpu_seconds: float
+    borrowed: Borrowed | None = Field(None, description="what the team's active jobs hold on quota borrowed in "
+                                                        "its cohort")
 
 
 class Amounts(BaseModel):

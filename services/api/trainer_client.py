@@ -49,6 +49,7 @@ class TrainerApi(Protocol):
 
 
 QUOTA_LIMITS = ("gpus", "cpus", "memory", "jobs")
+BORROWABLE = ("gpus", "cpus", "memory")
 
 
 def job_state_name(state: int) -> str:
@@ -90,6 +91,10 @@ def job_to_json(job: common_pb2.Job) -> dict:
         "restarts": job.restarts,
         "checkpoint_step": job.checkpoint_step if job.HasField("checkpoint_step") else None,
         "not_before": job.not_before,
+        "borrowed": ({"cohort": job.borrowed.cohort, "gpus": job.borrowed.gpus, "cpus": job.borrowed.cpus,
+                      "memory": job.borrowed.memory} if job.HasField("borrowed") else None),
+        "preemptions": job.preemptions,
+        "preempted": job.preempted,
     }
 
 
@@ -97,18 +102,31 @@ def quota_to_json(quota: trainer_pb2.Quota) -> dict:
     """A Quota message as {gpus, cpus, memory, jobs, gpus_by_type}; an unset limit is None."""
     out: dict = {name: (getattr(quota, name) if quota.HasField(name) else None) for name in QUOTA_LIMITS}
     out["gpus_by_type"] = dict(sorted(quota.gpus_by_type.items()))
+    out["cohort"] = quota.cohort
+    for kind in ("lending_limit", "borrowing_limit"):
+        limits = getattr(quota, kind)
+        out[kind] = {name: (getattr(limits, name) if limits.HasField(name) else None) for name in BORROWABLE} \
+            if quota.HasField(kind) and any(limits.HasField(n) for n in BORROWABLE) else None
     return out
 
 
 def quota_to_proto(quota: dict) -> trainer_pb2.Quota:
     limits = {name: quota[name] for name in QUOTA_LIMITS if quota.get(name) is not None}
-    return trainer_pb2.Quota(**limits, gpus_by_type=dict(quota.get("gpus_by_type") or {}))
+
+    def resource_limits(kind: str) -> trainer_pb2.ResourceLimits:
+        given = quota.get(kind) or {}
+        return trainer_pb2.ResourceLimits(**{n: given[n] for n in BORROWABLE if given.get(n) is not None})
+
+    return trainer_pb2.Quota(**limits, gpus_by_type=dict(quota.get("gpus_by_type") or {}),
+                             cohort=quota.get("cohort") or "", lending_limit=resource_limits("lending_limit"),
+                             borrowing_limit=resource_limits("borrowing_limit"))
 
 
 def usage_to_json(usage: trainer_pb2.TeamUsage) -> dict:
     return {"team": usage.team, "quota": quota_to_json(usage.quota), "in_use": quota_to_json(usage.in_use),
             "queued_jobs": usage.queued_jobs, "active_jobs": usage.active_jobs,
-            "gpu_seconds": usage.gpu_seconds, "cpu_seconds": usage.cpu_seconds}
+            "gpu_seconds": usage.gpu_seconds, "cpu_seconds": usage.cpu_seconds,
+            "borrowed": {"gpus": usage.borrowed.gpus, "cpus": usage.borrowed.cpus, "memory": usage.borrowed.memory}}
 
 
 def cluster_to_json(c: trainer_pb2.Cluster) -> dict:

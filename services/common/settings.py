@@ -99,6 +99,10 @@ class TrainerSettings(StoreSettings):
                                           "mode (dev mode: generated into <state_dir>/secrets.key)")
     metrics_port: int = Field(-1, ge=-1, le=65535, description="port of the Prometheus /metrics endpoint "
                               "(-1: none, 0: any free port)")
+    preempt_min_runtime: float = Field(60.0, ge=0, le=86400, description="seconds a job runs before the scheduler "
+                                       "may halt it for a job of higher priority or its quota's owner")
+    preempt_max_per_job: int = Field(3, ge=0, le=1000, description="most times one job is preempted (0: the "
+                                     "scheduler never preempts)")
 
 
 class LcmSettings(StoreSettings):

@@ -27,6 +27,8 @@ class TeamReport:
     queued_jobs: int = 0
     gpu_seconds: float = 0.0
     cpu_seconds: float = 0.0
+    # what its active jobs hold on quota borrowed in its cohort
+    borrowed: Usage = Usage()
 
     @property
     def active_jobs(self) -> int:
@@ -50,6 +52,7 @@ class _Tally:
     queued: int = 0
     gpu_seconds: float = 0.0
     cpu_seconds: float = 0.0
+    borrowed: Usage = field(default_factory=Usage)
 
 
 def reports(jobs: Iterable[JobRecord], quotas: Mapping[str, Quota], now: float) -> list[TeamReport]:
@@ -63,9 +66,10 @@ def reports(jobs: Iterable[JobRecord], quotas: Mapping[str, Quota], now: float) 
             tally.queued += 1
         elif job.state in states.ACTIVE:
             tally.held = tally.held.add(job.resources, job.gpu_type)
+            tally.borrowed = tally.borrowed + job.borrowed
             if job.active_since is not None:
                 stint = max(0.0, now - job.active_since)
                 tally.gpu_seconds += stint * job.resources.gpus
                 tally.cpu_seconds += stint * job.resources.cpus
-    return [TeamReport(team, quotas.get(team, Quota()), t.held, t.queued, t.gpu_seconds, t.cpu_seconds)
+    return [TeamReport(team, quotas.get(team, Quota()), t.held, t.queued, t.gpu_seconds, t.cpu_seconds, t.borrowed)
             for team, t in sorted(tallies.items())]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from services.common.manifest import Manifest
@@ -126,8 +126,21 @@ def shortfall(need: Usage, limit: Usage, in_use: Usage, label: str = "capacity")
 
 
 @dataclass(frozen=True)
+class Limits:
+    """Per-resource amounts of a cohort's lending or borrowing limit; None is no limit (Kueue's names)."""
+
+    gpus: int | None = None
+    cpus: float | None = None
+    memory: int | None = None
+
+
+@dataclass(frozen=True)
 class Quota:
-    """A team's limits on what its ACTIVE jobs hold at once; None (or a missing type) is no limit."""
+    """A team's limits on what its ACTIVE jobs hold at once; None (or a missing type) is no limit.
+
+    A team in a `cohort` may go beyond its gpus/cpus/memory by borrowing what other teams of the
+    cohort leave unused (services/trainer/cohorts.py); `jobs` and the per-type limits stay its own.
+    """
 
     gpus: int | None = None
     cpus: float | None = None
@@ -135,6 +148,10 @@ class Quota:
     jobs: int | None = None
     # GPUs of one type ("a100" -> 4); a job asking for a type counts against it and against `gpus`
     gpus_by_type: Mapping[str, int] = field(default_factory=dict)
+    cohort: str = ""
+    # most of the team's unused nominal quota others may borrow / most it may borrow beyond its own
+    lending_limit: Limits = Limits()
+    borrowing_limit: Limits = Limits()
 
 
 NO_QUOTA = Quota()
@@ -221,11 +238,14 @@ class Queued:
     priority: int = 1
     created_at: float = 0.0
     gpu_type: str = ""
+    # requeued after a preemption: first of its priority in its team's queue
+    front: bool = False
 
 
 def queue_order(jobs: Iterable[Queued]) -> list[Queued]:
-    """A team's own order (and the global one before fairness): higher priority first, then first come."""
-    return sorted(jobs, key=lambda q: (-q.priority, q.created_at, q.job_id))
+    """A team's own order (and the global one before fairness): higher priority first, then a preempted job
+    requeued, then first come."""
+    return sorted(jobs, key=lambda q: (-q.priority, not q.front, q.created_at, q.job_id))
 
 
 def positions(jobs: Iterable[Queued]) -> dict[str, int]:
@@ -241,10 +261,19 @@ class Plan:
     wait: dict[str, tuple[str, int]] = field(default_factory=dict)
     # job_id -> why it can never run here
     reject: dict[str, str] = field(default_factory=dict)
+    # dispatched job_id -> what it holds beyond its team's own quota (borrowed in its cohort)
+    borrowed: dict[str, Usage] = field(default_factory=dict)
+
+
+# (job, what every team holds now) -> why it does not fit its team's quota (None: it does), and what it
+# would borrow from the team's cohort; services/trainer/cohorts.py gives one that knows cohorts.
+QuotaFit = Callable[[Queued, Mapping[str, TeamUse]], tuple[str | None, Usage]]
 
 
 def reason_kind(reason: str) -> str:
     """A waiting reason's kind for the admission metrics: "quota", "lcm" or "capacity" (low cardinality)."""
+    if "by preemption" in reason:
+        return "preemption"
     if "team quota" in reason:
         return "quota"
     if reason.startswith("waiting for the LCM"):
@@ -258,7 +287,8 @@ def hold(queue: Sequence[Queued], reason: str) -> Plan:
 
 
 def plan(queue: Sequence[Queued], in_use: Usage, capacity: Capacity, *,
-         quotas: Mapping[str, Quota] | None = None, teams: Mapping[str, TeamUse] | None = None) -> Plan:
+         quotas: Mapping[str, Quota] | None = None, teams: Mapping[str, TeamUse] | None = None,
+         fit: QuotaFit | None = None) -> Plan:
     """Offer every queued job its turn (see the module's docstring) and dispatch each one that fits.
 
     `in_use` is what all ACTIVE jobs hold, `teams` the same per team, and
@@ -268,9 +298,20 @@ def plan(queue: Sequence[Queued], in_use: Usage, capacity: Capacity, *,
     one back (holding room for the head of the queue would be the
     refinement). Waiting jobs' reasons are worded against the use after this
     pass, which is what the user will see running.
+
+    `fit` checks a job against its team's quota (default: the team's own
+    limits, nothing borrowed; with cohorts, `quotas` need only say what a
+    team could ever hold, for refusals). A job that fits only by borrowing in its
+    cohort is offered its turn after every job that fits without (as Kueue
+    does), so an owner's job reclaims its own quota before a borrower's job
+    can take it again.
     """
     quotas = quotas or {}
     held = dict(teams or {})
+    if fit is None:
+        def fit(job: Queued, held: Mapping[str, TeamUse]) -> tuple[str | None, Usage]:
+            return (over_quota(job.need, job.gpu_type, quotas.get(job.team, NO_QUOTA),
+                               held.get(job.team, TeamUse())), Usage())
     result = Plan()
     by_level: dict[int, dict[str, deque[Queued]]] = defaultdict(lambda: defaultdict(deque))
     for job in queue_order(queue):
@@ -281,6 +322,7 @@ def plan(queue: Sequence[Queued], in_use: Usage, capacity: Capacity, *,
             by_level[job.priority][job.team].append(job)
 
     waiting: list[Queued] = []
+    borrowing: list[Queued] = []
     for priority in sorted(by_level, reverse=True):
         lines = by_level[priority]
         turns = [_turn(team, lines[team], held, capacity) for team in lines]
@@ -289,20 +331,32 @@ def plan(queue: Sequence[Queued], in_use: Usage, capacity: Capacity, *,
             *_, team = heapq.heappop(turns)
             job = lines[team].popleft()
             use = held.get(team, TeamUse())
-            if over_quota(job.need, job.gpu_type, quotas.get(team, NO_QUOTA), use) \
-                    or shortfall(job.need, capacity.total, in_use):
+            problem, borrowed = fit(job, held)
+            if problem or shortfall(job.need, capacity.total, in_use):
                 waiting.append(job)
+            elif borrowed != Usage():
+                borrowing.append(job)
             else:
                 result.dispatch.append(job.job_id)
                 in_use = in_use + job.need
                 held[team] = use.add(job.need, job.gpu_type)
             if lines[team]:
                 heapq.heappush(turns, _turn(team, lines[team], held, capacity))
+    for job in borrowing:  # in the order they were offered their turn
+        use = held.get(job.team, TeamUse())
+        problem, borrowed = fit(job, held)
+        if problem or shortfall(job.need, capacity.total, in_use):
+            waiting.append(job)
+            continue
+        result.dispatch.append(job.job_id)
+        if borrowed != Usage():
+            result.borrowed[job.job_id] = borrowed
+        in_use = in_use + job.need
+        held[job.team] = use.add(job.need, job.gpu_type)
 
     # use only grows during the walk, so what did not fit then does not fit now
     for job, position in _positions(queue_order(waiting)):
-        use = held.get(job.team, TeamUse())
-        reason = (over_quota(job.need, job.gpu_type, quotas.get(job.team, NO_QUOTA), use)
+        reason = (fit(job, held)[0]
                   or shortfall(job.need, capacity.total, in_use) or "waiting for room")
         result.wait[job.job_id] = (reason, position)
     return result

@@ -8,7 +8,9 @@ what fits and in which order, reserves each job that does by the atomic
 QUEUED -> DEPLOYING transition, and hands the LCM call to a worker thread,
 so one slow backend call never holds up the queue. Jobs that wait get their
 reason and queue position refreshed; jobs that can no longer ever run (a
-quota lowered below what they need) are failed with the reason.
+quota lowered below what they need) are failed with the reason. A team may
+borrow in its cohort (cohorts.py); jobs that still wait may have running ones
+halted for them (preemptor.py, after the pass's reservations).
 
 Why admission never overshoots a quota or the capacity, under any storm of
 submissions: QUEUED -> DEPLOYING is the only transition into the ACTIVE
@@ -42,10 +44,13 @@ from services.common.errors import ResourceExhausted, TrainforgeError, Unavailab
 from services.common.observability import LabelCounts
 from services.common.retry import Backoff, Stopped, retry_call
 from services.common.states import JobState
-from services.trainer import admission
+from services.trainer import admission, cohorts
 from services.trainer.admission import Capacity, Plan, Quota
 from services.trainer.capacity import CapacityCache
 from services.trainer.lcm_client import Lcm
+from services.trainer.preemption import Policy
+from services.trainer.preemptor import FIELDS as _PREEMPT_FIELDS
+from services.trainer.preemptor import Preemptor
 from services.trainer.queuenotes import QueueNotes
 from services.trainer.quotas import QuotaStore
 from services.trainer.record import JobRecord
@@ -66,7 +71,7 @@ _QUEUE_FIELDS = ("team", "resources", "gpu_type", "priority", "created_at", "att
                  "queue_position", "not_before", "cleanup_pending", "restarts")
 # Most seconds between two tries of a failing KillJob, HaltJob or DeployJob.
 _MAX_RETRY = 30.0
-_HELD_FIELDS = ("team", "resources", "gpu_type")
+_HELD_FIELDS = ("team", "resources", "gpu_type", *_PREEMPT_FIELDS)
 
 
 # The admission passes' decisions in this process, by decision and reason kind ("held" per job and pass):
@@ -79,7 +84,8 @@ class Dispatcher:
 
     def __init__(self, store: JobStore, lcm: Lcm, *, quotas: QuotaStore | None = None,
                  interval: float = 1.0, spacing: float = SPACING, kill_attempts: int = 4,
-                 kill_backoff: float = 0.5, workers: int = 8, rules: tuple[Rule, ...] | None = None):
+                 kill_backoff: float = 0.5, workers: int = 8, rules: tuple[Rule, ...] | None = None,
+                 preemption: Policy | None = None):
         self._store = store
         self._lcm = lcm
         self._quotas = quotas
@@ -88,6 +94,8 @@ class Dispatcher:
         self._kill_attempts = kill_attempts
         self._kill_backoff = kill_backoff
         self.lifecycle = Lifecycle(store, self) if rules is None else Lifecycle(store, self, rules)
+        # halts running jobs for waiting ones that may take their place (services/trainer/preemptor.py)
+        self.preemptor = Preemptor(store, self.lifecycle, preemption or Policy())
         # Only one Trainer process runs, so this lock is all that stops two
         # passes from spending the same free capacity. Several replicas would
         # need a reservation in the store instead: e.g. a usage document per
@@ -197,19 +205,23 @@ class Dispatcher:
             return Plan()
         queue = [job.queued() for job in queued.values()]
         capacity = self._capacity.current()
+        quotas = self._quotas.all() if self._quotas is not None and capacity is not None else {}
         if capacity is None:
             result = admission.hold(queue, f"waiting for the LCM: {self._capacity.problem}")
         else:
             active = self._store.in_states(states.ACTIVE, fields=_HELD_FIELDS)
             held = [(j.team, j.resources, j.gpu_type) for j in active]
-            in_use = admission.total(need for _, need, _ in held)
-            quotas = self._quotas.all() if self._quotas is not None else {}
-            result = admission.plan(queue, in_use, capacity, quotas=quotas,
-                                    teams=admission.team_use(held))
+            # a team's quota with what borrowing in its cohort allows (services/trainer/cohorts.py)
+            result = admission.plan(queue, admission.total(need for _, need, _ in held), capacity,
+                                    quotas=cohorts.ceilings(quotas), teams=admission.team_use(held),
+                                    fit=cohorts.Book(quotas, {}).fit)
         for job_id in result.dispatch:
             # QUEUED -> DEPLOYING holds the resources; the Deploy rule hands the call to a worker
-            self.lifecycle.move(job_id, JobState.DEPLOYING, "resources reserved; deploying", ACTOR,
-                                attempt=queued[job_id].attempt)
+            fields = cohorts.dispatched(result.borrowed.get(job_id), quotas.get(queued[job_id].team))
+            self.lifecycle.move(job_id, JobState.DEPLOYING, cohorts.reserved_reason(fields), ACTOR,
+                                attempt=queued[job_id].attempt, fields=fields)
+        if capacity is not None:  # halt running jobs that waiting ones may displace
+            self.preemptor.consider(result, queued, active, quotas, capacity)
         for job_id, reason in result.reject.items():
             self.lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt)
         self._note_waiting(queued, result)

@@ -18,12 +18,14 @@ from collections.abc import Mapping
 
 from services.common.adapters.mongo import Database, mapped_as
 from services.common.errors import InvalidArgument
-from services.trainer.admission import Quota
+from services.trainer.admission import Limits, Quota
 
 COLLECTION = "quotas"
 mapped = mapped_as("quota store")
 # The rule of the manifest's resources.gpu_type, which a type quota must be able to match.
 _GPU_TYPE = re.compile(r"^[a-z0-9-]{1,32}$")
+_COHORT = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_BORROWABLE = ("gpus", "cpus", "memory")
 # Quota.gpus and the per-type limits are int32 on the wire, memory int64.
 _MAX_INT32 = 2**31 - 1
 _MAX_INT64 = 2**63 - 1
@@ -48,9 +50,37 @@ def validate(team: str, quota: Quota) -> None:
                                                               "digits or '-'"))
         elif limit < 0:
             problems.append((f"quota.gpus_by_type.{gpu_type}", "must be >= 0"))
+    problems += _cohort_problems(quota)
     if problems:
         raise InvalidArgument("invalid quota: " + "; ".join(f"{f}: {m}" for f, m in problems),
                               details=[{"field": f, "message": m} for f, m in problems])
+
+
+def _cohort_problems(quota: Quota) -> list[tuple[str, str]]:
+    """The cohort's name and the lending and borrowing limits (services/trainer/cohorts.py)."""
+    problems = []
+    if quota.cohort and not _COHORT.match(quota.cohort):
+        problems.append(("quota.cohort", "must be 1-63 lowercase letters, digits or '-', starting and ending "
+                                         "with a letter or digit"))
+    for kind, limits in (("lending_limit", quota.lending_limit), ("borrowing_limit", quota.borrowing_limit)):
+        for name in _BORROWABLE:
+            limit, nominal, where = getattr(limits, name), getattr(quota, name), f"quota.{kind}.{name}"
+            if limit is None:
+                continue
+            if not quota.cohort:
+                problems.append((where, "only applies in a cohort: set quota.cohort"))
+            elif not math.isfinite(limit) or limit < 0:
+                problems.append((where, "must be a number >= 0 (leave it unset for no limit)"))
+            elif nominal is None:
+                problems.append((where, f"needs quota.{name}: a team lends and borrows only what it has a "
+                                        "limit for"))
+            elif kind == "lending_limit" and limit > nominal:
+                problems.append((where, f"must be at most quota.{name} ({nominal:g})"))
+    return problems
+
+
+def _limits_doc(limits: Limits) -> dict:
+    return {name: getattr(limits, name) for name in _BORROWABLE if getattr(limits, name) is not None}
 
 
 def to_doc(quota: Quota) -> dict:
@@ -58,7 +88,19 @@ def to_doc(quota: Quota) -> dict:
                  if getattr(quota, name) is not None}
     if quota.gpus_by_type:
         doc["gpus_by_type"] = dict(quota.gpus_by_type)
+    if quota.cohort:
+        doc["cohort"] = quota.cohort
+    for kind in ("lending_limit", "borrowing_limit"):
+        if limits := _limits_doc(getattr(quota, kind)):
+            doc[kind] = limits
     return doc
+
+
+def _limits(doc: Mapping | None) -> Limits:
+    doc = doc or {}
+    return Limits(gpus=None if doc.get("gpus") is None else int(doc["gpus"]),
+                  cpus=None if doc.get("cpus") is None else float(doc["cpus"]),
+                  memory=None if doc.get("memory") is None else int(doc["memory"]))
 
 
 def from_doc(doc: Mapping) -> Quota:
@@ -67,7 +109,8 @@ def from_doc(doc: Mapping) -> Quota:
 
     by_type = {str(k): int(v) for k, v in (doc.get("gpus_by_type") or {}).items()}
     return Quota(gpus=opt("gpus", int), cpus=opt("cpus", float), memory=opt("memory", int),
-                 jobs=opt("jobs", int), gpus_by_type=by_type)
+                 jobs=opt("jobs", int), gpus_by_type=by_type, cohort=str(doc.get("cohort") or ""),
+                 lending_limit=_limits(doc.get("lending_limit")), borrowing_limit=_limits(doc.get("borrowing_limit")))
 
 
 class QuotaStore:

@@ -83,6 +83,14 @@ class JobRecord(_Frozen):
     # a trial of an experiment (services/trainer/experiments/): its id and the trial's index; "" / -1 otherwise
     experiment_id: str = ""
     trial: int = -1
+    # what the job holds beyond its team's own quota, borrowed in `cohort` when it was dispatched
+    borrowed: Usage = Usage()
+    cohort: str = ""
+    # times the scheduler halted it for another job; why, while that halt and its requeue are under way
+    # (a job requeued after a preemption is first in its team's queue until it is dispatched again)
+    preemptions: int = 0
+    preempted: str = ""
+    preempted_for: str = ""
     # oldest first
     history: tuple[StatusEvent, ...] = ()
 
@@ -92,4 +100,5 @@ class JobRecord(_Frozen):
 
     def queued(self) -> Queued:
         """What admission needs to place this job in the queue."""
-        return Queued(self.id, self.team, self.resources, self.priority, self.created_at, self.gpu_type)
+        return Queued(self.id, self.team, self.resources, self.priority, self.created_at, self.gpu_type,
+                      front=bool(self.preempted))

@@ -210,6 +210,28 @@ class RequeueAfterBackoff(Rule):
                         "from the last checkpoint", fields)
 
 
+class RequeuePreempted(Rule):
+    """A job the scheduler halted for another (services/trainer/preemptor.py) comes back on its own.
+
+    HALTED -> QUEUED as its next attempt, restoring its checkpoint, once its learners are removed (like a
+    restart), and first of its priority in its team's queue (`preempted` stays set until it is dispatched).
+    """
+
+    FROM = frozenset({JobState.HALTED})
+    TO = frozenset({JobState.QUEUED})
+
+    @staticmethod
+    def wanted(job: JobRecord) -> bool:
+        return job.state == JobState.HALTED and bool(job.preempted)
+
+    def proposal(self, job: JobRecord) -> Proposal:
+        step = job.checkpoint_step
+        where = f"from its checkpoint at step {step}" if step is not None else "from the start (no checkpoint)"
+        fields = {**next_attempt(job, resumed=True), "cleanup_pending": False}
+        return Proposal(JobState.QUEUED, f"{job.preempted}; requeued first in team {job.team}'s queue as attempt "
+                        f"{job.attempt + 1}, continues {where}", fields)
+
+
 class Announce(Rule):
     """Terminal and HALTED states are announced to the job's webhooks (enqueued to the notifier's outbox).
 
@@ -271,12 +293,16 @@ class Lifecycle:
                               job.state.name)
 
     def cleaned_up(self, job: JobRecord) -> None:
-        """The attempt's learners are gone: a restarting job is requeued, any other one marked clean."""
-        requeue = RequeueAfterBackoff()
-        if not requeue.covers(job.state, JobState.QUEUED):
+        """The attempt's learners are gone: a restarting or preempted job is requeued, any other one marked clean."""
+        requeue: RequeueAfterBackoff | RequeuePreempted = RequeueAfterBackoff()
+        if RequeuePreempted.wanted(job):
+            requeue = RequeuePreempted()
+            proposal = requeue.proposal(job)
+        elif requeue.covers(job.state, JobState.QUEUED):
+            proposal = requeue.proposal(job, self._clock())
+        else:
             self._store.cleanup_done(job.id, job.attempt)
             return
-        proposal = requeue.proposal(job, self._clock())
         done = self.move(job.id, proposal.to, proposal.reason, ACTOR, attempt=job.attempt,
                          only_from=requeue.FROM, fields=proposal.fields)
         if not done.changed:

@@ -45,6 +45,7 @@ from services.trainer.experiments.workflow_store import WorkflowStore
 from services.trainer.experiments.workflows import WorkflowRunner, WorkflowService
 from services.trainer.lcm_client import GrpcLcm, Lcm
 from services.trainer.notifier import ANNOUNCED, RECONCILE_WINDOW, Notifier
+from services.trainer.preemption import Policy
 from services.trainer.quotas import COLLECTION as QUOTA_COLLECTION
 from services.trainer.quotas import QuotaStore
 from services.trainer.rules import DEFAULT_RULES, Announce
@@ -147,7 +148,8 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
                         initial_backoff=settings.webhook_backoff)
     experiments_wake = threading.Event()
     dispatcher = Dispatcher(store, lcm, quotas=quotas, interval=settings.dispatch_interval,
-                            rules=(*DEFAULT_RULES, Announce(notifier.enqueue), TrialChanged(experiments_wake)))
+                            rules=(*DEFAULT_RULES, Announce(notifier.enqueue), TrialChanged(experiments_wake)),
+                            preemption=Policy(settings.preempt_min_runtime, settings.preempt_max_per_job))
     service = JobService(store, dispatcher, quotas)
     if metrics is None:
         reader = LogStoreMetrics(settings.logstore_url, settings.logstore_index)

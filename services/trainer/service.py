@@ -25,7 +25,7 @@ from services.common.contracts.ids import check_job_id, new_job_id
 from services.common.errors import Conflict, InvalidArgument, NotFound
 from services.common.manifest import Manifest, parse_manifest
 from services.common.states import JobState
-from services.trainer import accounting, admission
+from services.trainer import accounting, admission, cohorts
 from services.trainer.accounting import ClusterView, TeamReport
 from services.trainer.admission import Quota
 from services.trainer.attempts import next_attempt
@@ -99,7 +99,10 @@ class JobService:
         capacity = self._dispatcher.capacity()
         if capacity is not None:  # unknown now: the dispatcher refuses it once the LCM answers
             problems.update(admission.too_big(need, capacity))
-        for resource, message in admission.beyond_quota(need, gpu_type, self._quotas.get(team)).items():
+        quota = self._quotas.get(team)
+        if quota.cohort:  # what borrowing in its cohort could ever give it
+            quota = cohorts.ceilings(self._quotas.all()).get(team, quota)
+        for resource, message in admission.beyond_quota(need, gpu_type, quota).items():
             problems[resource] = f"{problems[resource]}; {message}" if resource in problems else message
         if problems:
             raise InvalidArgument("; ".join(problems.values()),
@@ -183,6 +186,10 @@ class JobService:
             return done.job
         current = done.job or self._store.find(job_id) or job
         state = current.state
+        if state in (JobState.HALTING, JobState.HALTED) and current.preempted:
+            # halted by the scheduler: now the user's halt, so it stays halted instead of coming back
+            current = self._store.set_fields(job_id, {"preempted": "", "preempted_for": ""}, state=state,
+                                             attempt=current.attempt) or current
         if state in (JobState.HALTING, JobState.HALTED):
             return current
         if state in (JobState.PENDING, JobState.QUEUED):

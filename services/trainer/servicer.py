@@ -20,7 +20,7 @@ from services.common.errors import InvalidArgument, Unavailable
 from services.common.rpc import handler
 from services.common.states import JobState
 from services.trainer.accounting import ClusterView, TeamReport
-from services.trainer.admission import Quota, Usage
+from services.trainer.admission import Limits, Quota, Usage
 from services.trainer.experiments.service import ExperimentService
 from services.trainer.experiments.wire import experiment_to_proto, view_to_proto, workflow_to_proto
 from services.trainer.experiments.workflows import WorkflowService
@@ -28,6 +28,7 @@ from services.trainer.record import JobRecord, LearnerReport
 from services.trainer.service import JobService
 
 Ctx = grpc.ServicerContext
+_BORROWABLE = ("gpus", "cpus", "memory")
 
 
 def job_to_proto(job: JobRecord) -> common_pb2.Job:
@@ -48,7 +49,15 @@ def job_to_proto(job: JobRecord) -> common_pb2.Job:
         attempt=job.attempt, history=history, learners=learners, created_at=job.created_at,
         updated_at=job.updated_at, outputs_uri=job.outputs_uri, submitted_by=job.submitted_by,
         restarts=job.restarts, not_before=job.not_before, checkpoint_step=job.checkpoint_step,
+        borrowed=_borrowed(job), preemptions=job.preemptions, preempted=job.preempted,
     )
+
+
+def _borrowed(job: JobRecord) -> common_pb2.Borrowed | None:
+    b = job.borrowed
+    if b == Usage():
+        return None
+    return common_pb2.Borrowed(cohort=job.cohort, gpus=b.gpus, cpus=b.cpus, memory=b.memory)
 
 
 def learners_from_proto(learners: Iterable[common_pb2.LearnerStatus]) -> dict[str, LearnerReport]:
@@ -65,23 +74,33 @@ def quota_from_proto(quota: trainer_pb2.Quota) -> Quota:
     def limit(name: str) -> int | float | None:
         return getattr(quota, name) if quota.HasField(name) else None
 
+    def limits(msg: trainer_pb2.ResourceLimits) -> Limits:
+        return Limits(**{name: getattr(msg, name) for name in _BORROWABLE if msg.HasField(name)})
+
     return Quota(gpus=limit("gpus"), cpus=limit("cpus"), memory=limit("memory"), jobs=limit("jobs"),
-                 gpus_by_type=dict(quota.gpus_by_type))
+                 gpus_by_type=dict(quota.gpus_by_type), cohort=quota.cohort,
+                 lending_limit=limits(quota.lending_limit), borrowing_limit=limits(quota.borrowing_limit))
 
 
 def quota_to_proto(quota: Quota) -> trainer_pb2.Quota:
-    limits = {name: getattr(quota, name) for name in ("gpus", "cpus", "memory", "jobs")
-              if getattr(quota, name) is not None}
-    return trainer_pb2.Quota(**limits, gpus_by_type=dict(quota.gpus_by_type))
+    def set_only(obj: object, names: Iterable[str]) -> dict:
+        return {name: getattr(obj, name) for name in names if getattr(obj, name) is not None}
+
+    limits = {kind: trainer_pb2.ResourceLimits(**given) for kind in ("lending_limit", "borrowing_limit")
+              if (given := set_only(getattr(quota, kind), _BORROWABLE))}
+    return trainer_pb2.Quota(**set_only(quota, ("gpus", "cpus", "memory", "jobs")),
+                             gpus_by_type=dict(quota.gpus_by_type), cohort=quota.cohort, **limits)
 
 
 def usage_to_proto(report: TeamReport) -> trainer_pb2.TeamUsage:
     held = report.held
     in_use = trainer_pb2.Quota(gpus=held.usage.gpus, cpus=held.usage.cpus, memory=held.usage.memory,
                                jobs=held.jobs, gpus_by_type=dict(held.gpus_by_type))
+    b = report.borrowed
     return trainer_pb2.TeamUsage(team=report.team, quota=quota_to_proto(report.quota), in_use=in_use,
                                  queued_jobs=report.queued_jobs, active_jobs=report.active_jobs,
-                                 gpu_seconds=report.gpu_seconds, cpu_seconds=report.cpu_seconds)
+                                 gpu_seconds=report.gpu_seconds, cpu_seconds=report.cpu_seconds,
+                                 borrowed=trainer_pb2.Quota(gpus=b.gpus, cpus=b.cpus, memory=b.memory))
 
 
 def cluster_to_proto(view: ClusterView) -> trainer_pb2.Cluster:

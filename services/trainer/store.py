@@ -124,10 +124,12 @@ def _record(doc: Mapping | None) -> JobRecord | None:
                    for e in (history[k] for k in sorted(history)))
     learners = {str(rank): LearnerReport(**{"rank": int(rank), **s})
                 for rank, s in (doc.get("learners") or {}).items()}
-    plain = {k: v for k, v in doc.items() if k not in ("_id", "history", "learners", "resources", "state")
+    plain = {k: v for k, v in doc.items() if k not in ("_id", "history", "learners", "resources", "state",
+                                                       "borrowed")
              and k in JobRecord.model_fields and v is not None}
     return JobRecord(id=doc["_id"], state=JobState(doc.get("state", 0)), history=events, learners=learners,
-                     resources=Usage.from_doc(doc.get("resources") or {}), **plain)
+                     resources=Usage.from_doc(doc.get("resources") or {}),
+                     borrowed=Usage.from_doc(doc.get("borrowed") or {}), **plain)
 
 
 def _records(docs: Iterable[Mapping]) -> list[JobRecord]:
@@ -263,7 +265,7 @@ class JobStore:
     def usage_rows(self, team: str | None = None) -> list[JobRecord]:
         """What accounting needs of every job (of one team): team, state, resources, times, seconds used."""
         query = {} if team is None else {"team": team}
-        fields = ("team", "state", "resources", "gpu_type", "active_since", "gpu_seconds", "cpu_seconds")
+        fields = ("team", "state", "resources", "gpu_type", "active_since", "gpu_seconds", "cpu_seconds", "borrowed")
         return _records(self._jobs.find(query, _projection(fields)))
 
     def transition(self, job_id: str, to: JobState, reason: str, actor: str, *, attempt: int | None = None,
@@ -352,6 +354,15 @@ class JobStore:
             match["attempt"] = attempt
         return _record(self._jobs.find_one_and_update(match, {"$set": {**_document(fields), "updated_at": time.time()}},
                                                       return_document=ReturnDocument.AFTER))
+
+    @mapped
+    def note_event(self, job_id: str, attempt: int, state: JobState, reason: str, actor: str) -> bool:
+        """Add a history entry that is not a transition (from and to `state`), only while the job is in it."""
+        now = time.time()
+        done = self._jobs.update_one({"_id": job_id, "attempt": attempt, "state": int(state)},
+                                     {"$set": {f"history.{history_key()}": _event(state, state, reason, actor, now),
+                                               "updated_at": now}})
+        return done.modified_count == 1
 
     @mapped
     def note_queued(self, notes: Iterable[tuple[str, int, str, int]]) -> None:

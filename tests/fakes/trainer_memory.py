@@ -118,6 +118,10 @@ class InMemoryTrainer:
             raise InvalidArgument("team is required", details=[{"field": "team", "message": "required"}])
         clean = {name: quota.get(name) for name in ("gpus", "cpus", "memory", "jobs")}
         clean["gpus_by_type"] = dict(sorted((quota.get("gpus_by_type") or {}).items()))
+        clean["cohort"] = quota.get("cohort") or ""
+        for kind in ("lending_limit", "borrowing_limit"):
+            given = {k: v for k, v in (quota.get(kind) or {}).items() if v is not None}
+            clean[kind] = {k: given.get(k) for k in ("gpus", "cpus", "memory")} if given else None
         with self._lock:
             self.quota_requests.append({"team": team, "quota": copy.deepcopy(clean), "actor": actor})
             self._quotas[team] = clean

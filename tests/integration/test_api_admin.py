@@ -220,7 +220,8 @@ def test_set_quota_calls_the_trainer_and_reports_usage(p):
     resp = p.client.put("/v1/admin/teams/alpha/quota", json=body, headers=p.h["platform"])
     assert resp.status_code == 200, resp.text
     report = resp.json()
-    assert report["quota"] == {"gpus": 8, "cpus": 32.0, "memory": 64 * 2**30, "jobs": 3, "gpus_by_type": {"a100": 4}}
+    assert report["quota"] == {"gpus": 8, "cpus": 32.0, "memory": 64 * 2**30, "jobs": 3, "gpus_by_type": {"a100": 4},
+                               "cohort": "", "lending_limit": None, "borrowing_limit": None}
     (req,) = p.trainer.quota_requests
     assert req["team"] == "alpha" and req["actor"] == f"user:{key_id_of(p.keys['platform'])}"
     assert req["quota"]["memory"] == 64 * 2**30
@@ -240,7 +241,25 @@ def test_set_quota_calls_the_trainer_and_reports_usage(p):
 
     # replaced whole: what is left out is no limit
     again = p.client.put("/v1/admin/teams/alpha/quota", json={"gpus": 2}, headers=p.h["platform"]).json()
-    assert again["quota"] == {"gpus": 2, "cpus": None, "memory": None, "jobs": None, "gpus_by_type": {}}
+    assert again["quota"] == {"gpus": 2, "cpus": None, "memory": None, "jobs": None, "gpus_by_type": {},
+                              "cohort": "", "lending_limit": None, "borrowing_limit": None}
+
+
+def test_a_quota_names_its_cohort_and_its_lending_and_borrowing_limits(p):
+    body = {"gpus": 4, "memory": "64Gi", "cohort": "lab", "lending_limit": {"gpus": 2, "memory": "16Gi"},
+            "borrowing_limit": {"gpus": 8}}
+    resp = p.client.put("/v1/admin/teams/alpha/quota", json=body, headers=p.h["platform"])
+    assert resp.status_code == 200, resp.text
+    quota = resp.json()["quota"]
+    assert (quota["cohort"], quota["lending_limit"], quota["borrowing_limit"]) == \
+        ("lab", {"gpus": 2, "cpus": None, "memory": 16 * 2**30}, {"gpus": 8, "cpus": None, "memory": None})
+    (req,) = p.trainer.quota_requests
+    assert req["quota"]["lending_limit"]["memory"] == 16 * 2**30
+    bad = {"cohort": "Lab X", "lending_limit": {"gpus": -1, "tpus": 1}, "borrowing_limit": {"memory": "lots"}}
+    err = assert_error_shape(p.client.put("/v1/admin/teams/alpha/quota", json=bad, headers=p.h["platform"]), 422,
+                             "invalid_argument")
+    assert {d["field"] for d in err["details"]} == {"cohort", "lending_limit.gpus", "lending_limit.tpus",
+                                                    "borrowing_limit.memory"}
 
 
 def test_the_cluster_view_is_for_platform_admins(p):

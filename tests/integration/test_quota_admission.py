@@ -151,7 +151,8 @@ def test_set_get_and_list_usage(tf, fake_lcm):
     assert [u.team for u in listed] == ["a", "b"]
     assert (listed[1].quota, listed[1].in_use.cpus, listed[1].active_jobs) == (trainer_pb2.Quota(), 2, 1)
     assert tf.usage("nobody") == trainer_pb2.TeamUsage(team="nobody", quota=trainer_pb2.Quota(),
-                                                       in_use=trainer_pb2.Quota(gpus=0, cpus=0, memory=0, jobs=0))
+                                                       in_use=trainer_pb2.Quota(gpus=0, cpus=0, memory=0, jobs=0),
+                                                       borrowed=trainer_pb2.Quota(gpus=0, cpus=0, memory=0))
 
 
 def test_a_bad_quota_is_refused_naming_its_fields(tf):
@@ -161,6 +162,26 @@ def test_a_bad_quota_is_refused_naming_its_fields(tf):
     with pytest.raises(grpc.RpcError) as raw:
         tf.stub.SetQuota(trainer_pb2.SetQuotaRequest(quota=trainer_pb2.Quota(gpus=1)))
     assert raw.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(InvalidArgument) as err:
+        tf.set_quota("a", gpus=2, lending_limit=trainer_pb2.ResourceLimits(gpus=3, cpus=1))
+    assert [d["field"] for d in err.value.details] == ["quota.lending_limit.gpus", "quota.lending_limit.cpus"]
+    assert "set quota.cohort" in err.value.details[0]["message"]
+    with pytest.raises(InvalidArgument) as err:
+        tf.set_quota("a", gpus=2, cohort="lab", lending_limit=trainer_pb2.ResourceLimits(gpus=3, cpus=1))
+    assert [d["message"] for d in err.value.details] == [
+        "must be at most quota.gpus (2)", "needs quota.cpus: a team lends and borrows only what it has a limit for"]
+
+
+def test_a_cohort_quota_round_trips_and_a_job_beyond_the_teams_own_quota_borrows(tf, fake_lcm):
+    usage = tf.set_quota("a", gpus=1, cohort="lab", borrowing_limit=trainer_pb2.ResourceLimits(gpus=1))
+    assert usage.quota == trainer_pb2.Quota(gpus=1, cohort="lab", borrowing_limit=trainer_pb2.ResourceLimits(gpus=1))
+    tf.set_quota("b", gpus=4, cohort="lab")
+    tf.submit("a", "wide", gpus=1, learners=2)  # 2 GPUs: 1 of its own, 1 borrowed from b
+    wide = tf.wait_state("a", "wide", JobState.DEPLOYING)
+    assert wide.borrowed == common_pb2.Borrowed(cohort="lab", gpus=1)
+    assert tf.usage("a").borrowed == trainer_pb2.Quota(gpus=1, cpus=0, memory=0)
+    with pytest.raises(InvalidArgument, match="team quota is 2"):  # its own 1 + a borrowing limit of 1
+        tf.submit("a", "wider", gpus=1, learners=3)
 
 
 def test_over_quota_jobs_wait_with_reason_and_position_then_run_when_room_frees(tf, fake_lcm):

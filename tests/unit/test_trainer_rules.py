@@ -151,6 +151,27 @@ def test_a_cleaned_up_job_that_is_not_restarting_is_only_marked_clean():
     assert actions.calls == []
 
 
+def test_a_cleaned_up_preempted_job_is_requeued_first_from_its_checkpoint():
+    why = "preempted: halted to return 2 GPUs to team vision"
+    record = job(JobState.HALTED).model_copy(update={"cleanup_pending": True, "preempted": why,
+                                                     "checkpoint_step": 40})
+    life, store, actions = lifecycle(record)
+    life.cleaned_up(record)
+    queued = store.job
+    assert (queued.state, queued.attempt, queued.cleanup_pending, queued.preempted) == (JobState.QUEUED, 2, False, why)
+    assert queued.queued().front and queued.checkpoint_uri == "store://jobs/j/checkpoints/"
+    assert queued.reason == (f"{why}; requeued first in team t's queue as attempt 2, continues from its checkpoint "
+                             "at step 40")
+    assert actions.calls == [("wake", "")]
+
+
+def test_a_job_halted_by_its_user_stays_halted():
+    record = job(JobState.HALTED).model_copy(update={"cleanup_pending": True})
+    life, store, _ = lifecycle(record)
+    life.cleaned_up(record)
+    assert store.job.state == JobState.HALTED and store.cleaned == [("j", 1)]
+
+
 def test_a_failing_effect_never_undoes_the_transition(caplog):
     class Broken(rules.Rule):
         TO = frozenset({JobState.CANCELLED})

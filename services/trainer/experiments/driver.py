@@ -271,7 +271,9 @@ class ExperimentDriver:
     def _finished(self, exp: ExperimentRecord, spec: ExperimentSpec, jobs: dict[int, JobRecord]) -> bool:
         if len(jobs) < len(exp.plan):
             return False
-        if any(j.state in BUSY or (j.state == JobState.HALTED and exp.progress(i).held) for i, j in jobs.items()):
+        # a trial halted by the scheduler (preempted) comes back on its own: it is not done
+        if any(j.state in BUSY or (j.state == JobState.HALTED and (exp.progress(i).held or j.preempted))
+               for i, j in jobs.items()):
             return False
         fresh = self._experiments.find(exp.id) or exp
         if spec.objective is not None and self._metrics is not None and any(

@@ -18,6 +18,12 @@
     $("job-state").textContent = j.state;
     $("job-state").className = "state st-" + j.state;
     $("job-reason").textContent = j.reason || "";
+    const b = j.borrowed;  // quota held beyond the team's own, borrowed in its cohort
+    $("job-borrowed").hidden = !b && !j.preemptions;
+    $("job-borrowed").textContent = [
+      b ? `Borrowed from cohort ${b.cohort}: ` + [b.gpus ? `${b.gpus} GPUs` : "", b.cpus ? `${b.cpus} CPUs` : "",
+        b.memory ? `${b.memory} bytes of memory` : ""].filter(Boolean).join(", ") + "." : "",
+      j.preemptions ? `Preempted ${j.preemptions} time(s).` : ""].filter(Boolean).join(" ");
     for (const action of Object.keys(CAN)) $("btn-" + action).disabled = !CAN[action].has(j.state);
     replaceRows($("job-history"), j.history.map(h => el("li", {},
       el("time", { text: when(h.timestamp) }), " ",
