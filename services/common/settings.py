@@ -54,6 +54,13 @@ class StoreSettings(_Base):
     log_json: bool = Field(False, description="service logs as JSON lines carrying job, team and request ids")
     trainer_address: str = Field("127.0.0.1:50051", description="host:port of the Trainer gRPC server")
     lcm_address: str = Field("127.0.0.1:50052", description="host:port of the LCM gRPC server")
+    listen_address: str = Field("", description="Trainer/LCM: host:port this replica serves on (empty: "
+                                "trainer_address or lcm_address); other services reach the replicas through "
+                                "those, which may list several: host:port,host:port")
+    elect: bool = Field(False, description="Trainer/LCM: run as one of several replicas; the singleton loops "
+                        "(dispatch, supervision) run only on the replica elected through etcd")
+    leader_ttl: int = Field(5, ge=2, le=60, description="seconds the elected replica's etcd lease lives without "
+                            "keepalive: a follower takes over about this long after the leader dies")
 
     def objectstore(self) -> str:
         return self.objectstore_url or (self.state_dir / "objects").resolve().as_uri()

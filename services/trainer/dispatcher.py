@@ -45,6 +45,7 @@ from services.common.states import JobState
 from services.trainer import admission
 from services.trainer.admission import Capacity, Plan, Quota
 from services.trainer.capacity import CapacityCache
+from services.trainer.fence import Deposed, FenceGate
 from services.trainer.lcm_client import Lcm
 from services.trainer.queuenotes import QueueNotes
 from services.trainer.quotas import QuotaStore
@@ -79,7 +80,8 @@ class Dispatcher:
 
     def __init__(self, store: JobStore, lcm: Lcm, *, quotas: QuotaStore | None = None,
                  interval: float = 1.0, spacing: float = SPACING, kill_attempts: int = 4,
-                 kill_backoff: float = 0.5, workers: int = 8, rules: tuple[Rule, ...] | None = None):
+                 kill_backoff: float = 0.5, workers: int = 8, rules: tuple[Rule, ...] | None = None,
+                 gate: FenceGate | None = None):
         self._store = store
         self._lcm = lcm
         self._quotas = quotas
@@ -88,11 +90,11 @@ class Dispatcher:
         self._kill_attempts = kill_attempts
         self._kill_backoff = kill_backoff
         self.lifecycle = Lifecycle(store, self) if rules is None else Lifecycle(store, self, rules)
-        # Only one Trainer process runs, so this lock is all that stops two
-        # passes from spending the same free capacity. Several replicas would
-        # need a reservation in the store instead: e.g. a usage document per
-        # backend updated by compare-and-set together with QUEUED -> DEPLOYING.
+        # This lock stops two passes of this process from spending the same free capacity; among
+        # replicas, only the elected one runs passes, and `gate` fences its reservations in the store
+        # (services/trainer/fence.py). No gate: the only replica.
         self._pass_lock = threading.Lock()
+        self._gate = gate
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -143,9 +145,13 @@ class Dispatcher:
             self._wake.clear()
             if self._stopping.is_set():
                 return
+            if self._gate is not None and not self._gate.leading:
+                continue  # a follower: the elected replica runs the passes
             last_pass = time.monotonic()
             try:
                 self.run_once()
+            except Deposed as e:
+                log.warning("dispatch pass stopped: %s", e.message)
             except Unavailable as e:
                 log.warning("dispatch pass skipped: %s", e.message)
             except Exception:
@@ -196,6 +202,8 @@ class Dispatcher:
         if not queued:
             return Plan()
         queue = [job.queued() for job in queued.values()]
+        # after reading the queue, so a newer leader's stamp covers every job read (fence.py)
+        term = self._gate.confirm() if self._gate is not None else None
         capacity = self._capacity.current()
         if capacity is None:
             result = admission.hold(queue, f"waiting for the LCM: {self._capacity.problem}")
@@ -209,9 +217,10 @@ class Dispatcher:
         for job_id in result.dispatch:
             # QUEUED -> DEPLOYING holds the resources; the Deploy rule hands the call to a worker
             self.lifecycle.move(job_id, JobState.DEPLOYING, "resources reserved; deploying", ACTOR,
-                                attempt=queued[job_id].attempt)
+                                attempt=queued[job_id].attempt, fence=term)
         for job_id, reason in result.reject.items():
-            self.lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt)
+            self.lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt,
+                                fence=term)
         self._note_waiting(queued, result)
         ADMISSIONS.add("dispatched", "", n=len(result.dispatch))
         ADMISSIONS.add("rejected", "never_fits", n=len(result.reject))
