@@ -30,6 +30,10 @@ from services.common.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
+# In the UNAVAILABLE answer of a follower to a call only the leader serves: a client that lists the
+# replicas asks the next one at once (services/trainer/lcm_client.py).
+FOLLOWING = "replica is following"
+
 
 class Election:
     """`start()` campaigns on a thread; `term` is the current term while leading, else None."""
