@@ -81,6 +81,8 @@ class ApiSettings(StoreSettings):
     rate_limit_per_second: float = Field(20.0, ge=0, le=1e6,
                                          description="requests per second one API key may make (0: no limit)")
     rate_limit_burst: int = Field(40, ge=1, le=1_000_000, description="requests one API key may make at once")
+    rate_limit_shared: bool = Field(False, description="keep the per-key limits in MongoDB, one allowance across "
+                                    "API replicas (default: in each process)")
     auth_cache_seconds: float = Field(1.0, ge=0, le=1.0, description="longest a successful key check is reused "
                                       "(a revoked key or disabled team is refused within it; 0: every request "
                                       "reads the store)")
