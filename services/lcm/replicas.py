@@ -7,7 +7,9 @@ backend observes, then supervise: restart dead monitors, report lost
 controllers), and serves DeployJob, KillJob, HaltJob, GetCapacity and
 SyncTeam. A follower answers them UNAVAILABLE naming itself as a follower;
 the Trainer's client (services/trainer/lcm_client.py) asks the next replica
-at once.
+at once. A follower's gRPC health for `trainforge.LifecycleManager` is
+NOT_SERVING, so on Kubernetes only the leader is ready behind the LCM's
+Service.
 
 Why followers do not serve deploys: the lifecycle's per-job locks and its
 capacity reservation are in process memory, and the local and docker
@@ -46,6 +48,8 @@ class LeaderLifecycle:
         self.identity = f"{socket.gethostname()}:{os.getpid()}@{address}"
         self._current: Lifecycle | None = None
         self._lock = threading.Lock()
+        # told whether this replica serves the LCM's calls (its gRPC health: Kubernetes routes to the ready one)
+        self.on_change: Callable[[bool], None] = lambda serving: None
         self.election = Election(coordinator, SERVICE, ttl=ttl, identity=self.identity,
                                  on_elected=self._elected, on_deposed=self._deposed)
 
@@ -61,11 +65,13 @@ class LeaderLifecycle:
         lifecycle = self._build()  # reconciles with the backend before the first call is served
         with self._lock:
             self._current = lifecycle
+        self.on_change(True)
         log.info("lcm: leading as term %d; adopted %d running job(s)", term, len(lifecycle.running_jobs()))
 
     def _deposed(self) -> None:
         with self._lock:
             lifecycle, self._current = self._current, None
+        self.on_change(False)
         if lifecycle is not None:
             lifecycle.close()
         log.info("lcm: following; the elected replica deploys and supervises")

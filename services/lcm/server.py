@@ -13,7 +13,13 @@ import grpc
 from protos import lcm_pb2_grpc
 from services.common import rpc
 from services.common.adapters.etcd import Coordinator
-from services.common.observability import GaugeCollector, MetricsEndpoint, add_health, service_registry
+from services.common.observability import (
+    GaugeCollector,
+    MetricsEndpoint,
+    add_health,
+    service_registry,
+    set_serving,
+)
 from services.common.settings import LcmSettings
 from services.lcm.backends import make_backend
 from services.lcm.lifecycle import Lifecycle
@@ -22,6 +28,7 @@ from services.lcm.servicer import LcmServicer
 
 log = logging.getLogger(__name__)
 
+SERVICE_NAME = "trainforge.LifecycleManager"
 # The /metrics endpoint served beside each gRPC port this process serves (stop it with the server).
 ENDPOINTS: dict[int, MetricsEndpoint] = {}
 
@@ -48,7 +55,10 @@ def serve(settings: LcmSettings, lifecycle: Lifecycle | LeaderLifecycle | None =
     listen = settings.listen_address or settings.lcm_address
     server, port = rpc.make_server(listen)
     lcm_pb2_grpc.add_LifecycleManagerServicer_to_server(LcmServicer(lifecycle), server)
-    add_health(server, ["trainforge.LifecycleManager"])
+    health = add_health(server, [SERVICE_NAME])
+    if isinstance(lifecycle, LeaderLifecycle):  # ready only while elected
+        set_serving(health, SERVICE_NAME, False)
+        lifecycle.on_change = lambda serving: set_serving(health, SERVICE_NAME, serving)
     server.start()
     if settings.metrics_port >= 0:
         host = listen.rsplit(":", 1)[0]

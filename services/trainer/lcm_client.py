@@ -52,6 +52,7 @@ class GrpcLcm:
         refusal is asked again of the next replica at once (round-robin), up to once per replica.
         """
         self._tries = 1 + 2 * address.count(",")
+        self._address = address
         self._channel = rpc.channel(address)
         self._stub = lcm_pb2_grpc.LifecycleManagerStub(self._channel)
         self._timeout = timeout
@@ -89,7 +90,15 @@ class GrpcLcm:
             except Unavailable as e:
                 if FOLLOWING not in e.message:
                     raise
-        return rpc.call(method, request, timeout)
+        try:
+            return rpc.call(method, request, timeout)
+        except Unavailable as e:
+            if FOLLOWING in e.message:
+                # one address behind a Service: a new connection may reach the leader (the only ready pod);
+                # the old channel is left to close when its in-flight calls let go of it
+                self._channel = rpc.channel(self._address)
+                self._stub = lcm_pb2_grpc.LifecycleManagerStub(self._channel)
+            raise
 
     def close(self) -> None:
         self._channel.close()
