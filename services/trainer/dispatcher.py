@@ -13,7 +13,9 @@ quota lowered below what they need) are failed with the reason.
 Why admission never overshoots a quota or the capacity, under any storm of
 submissions: QUEUED -> DEPLOYING is the only transition into the ACTIVE
 states (services/common/states.py), and only a pass makes it, under
-`_pass_lock`, one pass at a time in the one Trainer process. Everything else
+`_pass_lock`, one pass at a time in the one Trainer that leads (among
+replicas, services/trainer/fence.py keeps a deposed leader's pass from
+reserving anything). Everything else
 can only make jobs leave ACTIVE. So the use a pass reads at its start can
 only be an over-estimate while it runs, and the pass adds every job it
 reserves to that use before deciding the next; its decision and its
