@@ -99,6 +99,8 @@ class Election:
             self._stop.wait(self._ttl / 3 if self._lease is not None else self._ttl / 4)
 
     def _campaign(self) -> None:
+        if self._coord.get(self.key)[0] is not None:
+            return  # a leader holds it: no lease is granted (and revoked) every poll
         lease = self._coord.grant_lease(self._ttl)
         try:
             created = self._coord.create(self.key, {"holder": self.identity}, lease=lease)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from services.common.adapters.etcd import Coordinator
 from services.common.election import FOLLOWING, Election
-from services.common.errors import Unavailable
+from services.common.errors import TrainforgeError, Unavailable
 from services.lcm.backends.base import Capacity, Handle, JobDeployment, JobView, TeamQuota
 from services.lcm.lifecycle import Lifecycle, RunningJob
 
@@ -62,7 +62,13 @@ class LeaderLifecycle:
         return self._coord
 
     def _elected(self, term: int) -> None:
-        lifecycle = self._build()  # reconciles with the backend before the first call is served
+        try:
+            lifecycle = self._build()  # reconciles with the backend before the first call is served
+        except Exception as e:  # noqa: BLE001 - a leader that cannot lead must let another one try
+            message = e.message if isinstance(e, TrainforgeError) else repr(e)
+            log.warning("lcm: could not take over as term %d: %s; resigning", term, message)
+            self.election.resign()
+            return
         with self._lock:
             self._current = lifecycle
         self.on_change(True)

@@ -79,8 +79,9 @@ class Leadership:
             self.gate.lead(term)
             log.info("trainer: leading as term %d (%d queued jobs fenced); reconciling", term, stamped)
             self._service.reconcile()
-        except TrainforgeError as e:
-            log.warning("trainer: could not take over as term %d: %s; resigning", term, e.message)
+        except Exception as e:  # noqa: BLE001 - a leader that cannot lead must let another one try
+            message = e.message if isinstance(e, TrainforgeError) else repr(e)
+            log.warning("trainer: could not take over as term %d: %s; resigning", term, message)
             self.gate.follow()
             self.election.resign()
             return
@@ -91,5 +92,6 @@ class Leadership:
         log.info("trainer: following; the elected replica dispatches")
 
 
-def leadership(settings_etcd: str, prefix: str, fence: Fence, *, ttl: int, address: str) -> Leadership:
-    return Leadership(Coordinator(settings_etcd, prefix), fence, FenceGate(fence), ttl=ttl, address=address)
+def leadership(etcd_endpoints: str, prefix: str, fence: Fence, *, ttl: int, address: str) -> Leadership:
+    """A Trainer's campaign in etcd at `etcd_endpoints` under `prefix`, fencing through `fence`."""
+    return Leadership(Coordinator(etcd_endpoints, prefix), fence, FenceGate(fence), ttl=ttl, address=address)
