@@ -1,4 +1,4 @@
-"""Two Trainer processes, one elected dispatcher: SIGKILL the leader during a burst of submits.
+"""Two Trainer processes, one elected dispatcher: SIGKILL (or pause) the leader during a burst of submits.
 
 Real etcd and MongoDB-wire servers; the Trainers are `python -m services.
 trainer` processes with TF_ELECT=1 and a 2 s leader lease, reached through
@@ -105,8 +105,12 @@ def _max_overlap(jobs: list) -> int:  # noqa: ANN001 - JobRecords
     return most
 
 
-def test_the_trainer_leader_sigkilled_mid_burst_loses_and_duplicates_nothing(
-        etcd_server, mongo_server, osmem_server, mongo_db, unique, tmp_path):
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "paused"])
+def test_the_trainer_leader_stopped_mid_burst_loses_and_duplicates_nothing(
+        etcd_server, mongo_server, osmem_server, mongo_db, unique, tmp_path, how):
+    """SIGSTOP: the leader is paused past its lease and resumed once a follower leads; it wakes up still
+    thinking it leads until its next lease refresh, and the fence keeps whatever pass it runs meanwhile
+    from reserving anything."""
     coordinator = Coordinator(etcd_server.address, prefix=f"/tf-{unique}")
     leader_key = coordinator.keys.leader("trainer")
     with contextlib.closing(coordinator), running_fake_lcm(cpus=CAPACITY, gpus=0) as lcm, \
@@ -142,11 +146,13 @@ def test_the_trainer_leader_sigkilled_mid_burst_loses_and_duplicates_nothing(
             holder = wait_for(lambda: (v := coordinator.get(leader_key)[0]) and
                               int(v["holder"].rsplit(":", 1)[1]) != leader_port and v["holder"], 30, "a new leader")
             took.append((time.monotonic() - killed_at, holder))
+            if how == signal.SIGSTOP:
+                leader.send_signal(signal.SIGCONT)
 
         started = time.monotonic()
         for i, job_id in enumerate(ids):
             if i == JOBS // 3:
-                leader.send_signal(signal.SIGKILL)
+                leader.send_signal(how)
                 killed_at = time.monotonic()
                 threading.Thread(target=successor, daemon=True).start()
             _retried(stub.SubmitJob, trainer_pb2.SubmitJobRequest(
@@ -176,8 +182,11 @@ def test_the_trainer_leader_sigkilled_mid_burst_loses_and_duplicates_nothing(
     assert deployed == {(job_id, 1) for job_id in ids}
     assert _max_overlap(jobs) <= CAPACITY
     takeover, holder = took[0]
-    assert takeover < LEASE + 2, f"the follower took over {takeover:.1f}s after the leader's SIGKILL"
-    print(f"{JOBS} jobs in {elapsed:.1f}s; new leader {holder} {takeover:.1f}s after the SIGKILL; "
+    assert takeover < LEASE + 2, f"the follower took over {takeover:.1f}s after the leader's {how.name}"
+    if how == signal.SIGSTOP:
+        log = (tmp_path / f"trainer-{procs.index(leader)}.log").read_text()
+        assert "is no longer the leader" in log, "the resumed leader never noticed it was deposed"
+    print(f"{JOBS} jobs in {elapsed:.1f}s; new leader {holder} {takeover:.1f}s after the {how.name}; "
           f"{len(lcm.deploys)} DeployJob calls for {len(deployed)} attempts")
 
 
