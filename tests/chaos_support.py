@@ -61,8 +61,9 @@ def _environment(values: dict[str, str | None]) -> Iterator[None]:
 class ChaosStack:
     """The embedded stack under `state`, with `settings` (TF_*) in every component's environment."""
 
-    def __init__(self, state: Path, settings: dict[str, str]):
+    def __init__(self, state: Path, settings: dict[str, str], replicas: int | None = None):
         self.state = state
+        self.replicas = replicas  # API, Trainer and LCM processes each (`trainforge up --replicas`)
         # nothing of the test's own TF_* environment leaks into the stack
         self._settings: dict[str, str | None] = {**dict.fromkeys(k for k in os.environ if k.startswith("TF_")),
                                                   **settings}
@@ -72,15 +73,15 @@ class ChaosStack:
 
     def up(self) -> None:
         with _environment(self._settings):
-            launcher.up(self.state, timeout=150)
+            launcher.up(self.state, timeout=150, replicas=self.replicas)
         if self.client is None:
             self.client = self.new_client()
 
     @classmethod
     @contextlib.contextmanager
-    def running(cls, state: Path, settings: dict[str, str]) -> Iterator[ChaosStack]:
+    def running(cls, state: Path, settings: dict[str, str], replicas: int | None = None) -> Iterator[ChaosStack]:
         """A stack started under `state`, stopped (whatever happened) when the block ends."""
-        c = cls(state, settings)
+        c = cls(state, settings, replicas)
         try:
             c.up()
             yield c

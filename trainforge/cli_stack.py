@@ -21,14 +21,17 @@ def _component_row(s: dict) -> Text:
 @click.command()
 @json_flag
 @click.option("--timeout", default=150.0, show_default=True, help="seconds to wait for the stack to be healthy")
+@click.option("--replicas", type=click.IntRange(1, 5), default=None,
+              help="API, Trainer and LCM processes each; one elected Trainer dispatches, one LCM deploys "
+                   "(default: as running, else 1)")
 @click.pass_context
-def up(ctx: click.Context, as_json: bool, timeout: float) -> None:
+def up(ctx: click.Context, as_json: bool, timeout: float, replicas: int | None) -> None:
     """Start the embedded stack (idempotent) and create team `local` with an API key."""
     as_json = use_json(ctx, as_json)
     state = config.state_dir()
     console = out()
     if as_json:
-        emit_json(stack.up(state, timeout=timeout))
+        emit_json(stack.up(state, timeout=timeout, replicas=replicas))
         return
     with console.status("starting the embedded stack") as spinner:
         def report(s: dict) -> None:
@@ -37,7 +40,7 @@ def up(ctx: click.Context, as_json: bool, timeout: float) -> None:
             else:
                 console.print(_component_row(s))
 
-        info = stack.up(state, on_component=report, timeout=timeout)
+        info = stack.up(state, on_component=report, timeout=timeout, replicas=replicas)
     console.print(f"API {info['api_url']}  team [bold]{info['team']}[/]  stack {info['stack_id']}")
     console.print(f"dashboard {info['api_url'].rstrip('/')}/ui/ (log in with the API key stored below)")
     key_note = "a new API key was" if info["key_created"] else "the API key is"

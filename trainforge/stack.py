@@ -102,9 +102,14 @@ def _parse(line: str) -> dict[str, Any]:
     return msg if isinstance(msg, dict) else {}
 
 
-def up(state: Path, *, timeout: float = 150.0, on_component: OnComponent = _ignore) -> dict:
-    """Start whatever of the embedded stack is not running; {stack_id, api_url, team, key_created, components}."""
-    return run("up", state, "--timeout", str(timeout), on_component=on_component)
+def up(state: Path, *, timeout: float = 150.0, on_component: OnComponent = _ignore,
+       replicas: int | None = None) -> dict:
+    """Start whatever of the embedded stack is not running; {stack_id, api_url, team, key_created, components}.
+
+    `replicas`: API, Trainer and LCM processes each (None: as the running stack has, else 1).
+    """
+    extra = ("--replicas", str(replicas)) if replicas is not None else ()
+    return run("up", state, "--timeout", str(timeout), *extra, on_component=on_component)
 
 
 def down(state: Path, *, grace: float = 20.0, on_component: OnComponent = _ignore) -> list[dict]:

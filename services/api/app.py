@@ -30,6 +30,7 @@ from services.api.deps import REQUIRED_ROLE
 from services.api.experiments import ExperimentCalls
 from services.api.identity import IdentityStore, Role
 from services.api.ratelimit import RateLimiter
+from services.api.ratelimit_shared import SharedRateLimiter
 from services.api.routes import admin as admin_routes
 from services.api.routes import admin_jobs as admin_job_routes
 from services.api.routes import auth as auth_routes
@@ -235,6 +236,8 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
         objects = store_from_settings(settings)
     if audit is None:
         audit = AuditLog(identity.db)
+    if limiter is None and settings.rate_limit_shared:  # one allowance across API replicas
+        limiter = SharedRateLimiter(identity.db, settings.rate_limit_per_second, settings.rate_limit_burst)
     if limiter is None:
         limiter = RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
 

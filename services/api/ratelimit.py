@@ -5,8 +5,9 @@ that; a request over the limit is answered 429 with `Retry-After` (whole
 seconds until a token is back). A key's API key and the tokens exchanged
 for it share one bucket, keyed by the key id. Buckets are counted after
 authentication, so nobody can spend another key's allowance by sending its
-(public) id with a wrong secret. With several API replicas each one keeps
-its own buckets: the limit is per replica.
+(public) id with a wrong secret. These buckets are per process; API
+replicas share one limit through services/api/ratelimit_shared.py
+(`TF_RATE_LIMIT_SHARED=1`).
 """
 
 from __future__ import annotations

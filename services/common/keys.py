@@ -6,6 +6,7 @@
     <prefix>/jobs/<job>/learners/<rank>/halted  {"attempt": n, "checkpoint_uri": ..., "step": n}
     <prefix>/jobs/<job>/learners/<rank>/checkpoint {"attempt": n, "step": n, "uri": ...}
     <prefix>/jobs/<job>/monitor                 {"pid": ..., "host": ...}, under the monitor's lease
+    <prefix>/leaders/<service>                  {"holder": ..., "address": ...}, under the leader's lease
     <prefix>/jobs/<job>/logship/<rank>          {"attempt": n, "archived": n, "shipped": n}, under the
                                                 controller's status lease (outside learners/: the monitor
                                                 does not watch it)
@@ -19,6 +20,9 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Keys:
     prefix: str = "/trainforge"
+
+    def leader(self, service: str) -> str:
+        return f"{self.prefix}/leaders/{service}"
 
     def job(self, job: str) -> str:
         return f"{self.prefix}/jobs/{job}/"

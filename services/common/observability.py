@@ -152,6 +152,12 @@ def add_health(server: grpc.Server, services: Iterable[str]) -> health.HealthSer
     return servicer
 
 
+def set_serving(servicer: health.HealthServicer, service: str, serving: bool) -> None:
+    """Mark one named service SERVING or NOT_SERVING (a replica that follows is not ready for its calls)."""
+    servicer.set(service, health_pb2.HealthCheckResponse.SERVING if serving
+                 else health_pb2.HealthCheckResponse.NOT_SERVING)
+
+
 @contextmanager
 def log_context(**fields: str) -> Iterator[None]:
     """Job, team or request ids that every log record written inside carries."""

@@ -113,10 +113,35 @@ def make_server(address: str, max_workers: int = 16, *,
 
 def channel(address: str, *,
             interceptors: Sequence[grpc.UnaryUnaryClientInterceptor] | None = None) -> grpc.Channel:
-    """An insecure channel with the default client interceptors (stats into CLIENT_STATS, request ids)."""
+    """An insecure channel with the default client interceptors (stats into CLIENT_STATS, request ids).
+
+    `address` may list replicas ("10.0.0.1:50051,10.0.0.2:50051", IP literals): calls are spread
+    round-robin over those that answer, so a dead replica is left out once its connection fails.
+    """
     chosen = list(interceptors) if interceptors is not None else [ClientInterceptor(CLIENT_STATS)]
-    raw = grpc.insecure_channel(address, options=[("grpc.enable_retries", 1)])
+    options: list[tuple[str, Any]] = [("grpc.enable_retries", 1)]
+    target = address
+    if "," in address:
+        target = replicas_target(address)
+        options.append(("grpc.lb_policy_name", "round_robin"))
+    raw = grpc.insecure_channel(target, options=options)
     return grpc.intercept_channel(raw, *chosen) if chosen else raw
+
+
+def replicas_target(address: str) -> str:
+    """"a:1,b:2" as the gRPC target naming each replica ("ipv4:a:1,b:2"); ValueError naming a bad one."""
+    parts = [p.strip() for p in address.split(",") if p.strip()]
+    for part in parts:
+        host, _, port = part.rpartition(":")
+        if not port.isdigit() or not _is_ipv4(host):
+            raise ValueError(f"replica address {part!r} in {address!r} must be an IPv4 literal and a port "
+                             "(a name that resolves to every replica works as a single address)")
+    return "ipv4:" + ",".join(parts)
+
+
+def _is_ipv4(host: str) -> bool:
+    pieces = host.split(".")
+    return len(pieces) == 4 and all(p.isdigit() and int(p) < 256 for p in pieces)
 
 
 # -- interceptors: call statistics and request ids -----------------------------

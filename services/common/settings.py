@@ -54,6 +54,13 @@ class StoreSettings(_Base):
     log_json: bool = Field(False, description="service logs as JSON lines carrying job, team and request ids")
     trainer_address: str = Field("127.0.0.1:50051", description="host:port of the Trainer gRPC server")
     lcm_address: str = Field("127.0.0.1:50052", description="host:port of the LCM gRPC server")
+    listen_address: str = Field("", description="Trainer/LCM: host:port this replica serves on (empty: "
+                                "trainer_address or lcm_address); other services reach the replicas through "
+                                "those, which may list several: host:port,host:port")
+    elect: bool = Field(False, description="Trainer/LCM: run as one of several replicas; the singleton loops "
+                        "(dispatch, supervision) run only on the replica elected through etcd")
+    leader_ttl: int = Field(5, ge=2, le=60, description="seconds the elected replica's etcd lease lives without "
+                            "keepalive: a follower takes over about this long after the leader dies")
 
     def objectstore(self) -> str:
         return self.objectstore_url or (self.state_dir / "objects").resolve().as_uri()
@@ -74,6 +81,8 @@ class ApiSettings(StoreSettings):
     rate_limit_per_second: float = Field(20.0, ge=0, le=1e6,
                                          description="requests per second one API key may make (0: no limit)")
     rate_limit_burst: int = Field(40, ge=1, le=1_000_000, description="requests one API key may make at once")
+    rate_limit_shared: bool = Field(False, description="keep the per-key limits in MongoDB, one allowance across "
+                                    "API replicas (default: in each process)")
     auth_cache_seconds: float = Field(1.0, ge=0, le=1.0, description="longest a successful key check is reused "
                                       "(a revoked key or disabled team is refused within it; 0: every request "
                                       "reads the store)")

@@ -33,7 +33,7 @@ def _component(as_json: bool) -> launcher.Report:
 def _run(args: argparse.Namespace) -> None:
     j = args.json
     if args.command == "up":
-        info = launcher.up(args.state_dir, report=_component(j), timeout=args.timeout)
+        info = launcher.up(args.state_dir, report=_component(j), timeout=args.timeout, replicas=args.replicas)
         _emit(j, "result", info.to_json(), f"API {info.api_url}  team {info.team}  stack {info.stack_id}\n"
                                            f"{info.isolation}")
     elif args.command == "down":
@@ -60,8 +60,10 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--json", action="store_true", help="JSON Lines for the CLI")
         return sp
 
-    cmd("up", "start what is not running, wait until healthy, ensure an API key").add_argument(
-        "--timeout", type=float, default=150.0, help="seconds to wait for the stack to be healthy")
+    u = cmd("up", "start what is not running, wait until healthy, ensure an API key")
+    u.add_argument("--timeout", type=float, default=150.0, help="seconds to wait for the stack to be healthy")
+    u.add_argument("--replicas", type=int, default=None,
+                   help="API, Trainer and LCM processes each (default: as running, else 1)")
     cmd("down", "stop everything the stack started").add_argument(
         "--grace", type=float, default=20.0, help="seconds between SIGTERM and SIGKILL")
     cmd("status", "which components run and are healthy")

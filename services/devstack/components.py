@@ -76,6 +76,8 @@ class Plan:
     state: Path
     stack_id: str
     ports: Mapping[str, int]
+    # API, Trainer and LCM processes each (`trainforge up --replicas N`); 1: the plain stack
+    replicas: int = 1
 
     def url(self, port_name: str, scheme: str = "http") -> str:
         return f"{scheme}://{HOST}:{self.ports[port_name]}"
@@ -83,15 +85,29 @@ class Plan:
     def hostport(self, port_name: str) -> str:
         return f"{HOST}:{self.ports[port_name]}"
 
+    def every(self, service: str) -> str:
+        """host:port of each replica of a service, comma-separated (what clients are given)."""
+        return ",".join(self.hostport(replica_port(service, i)) for i in range(1, self.replicas + 1))
+
     def store_settings(self) -> dict:
         """The stack's values of StoreSettings; every other field comes from this process's TF_* environment."""
-        return {"state_dir": self.state, "dev_mode": True, "etcd_endpoints": self.hostport("etcd"),
-                "mongo_url": self.url("mongo", "mongodb"), "logstore_url": self.url("logstore"),
-                "objectstore_url": (self.state / "objects").as_uri(), "trainer_address": self.hostport("trainer"),
-                "lcm_address": self.hostport("lcm")}
+        values = {"state_dir": self.state, "dev_mode": True, "etcd_endpoints": self.hostport("etcd"),
+                  "mongo_url": self.url("mongo", "mongodb"), "logstore_url": self.url("logstore"),
+                  "objectstore_url": (self.state / "objects").as_uri(), "trainer_address": self.every("trainer"),
+                  "lcm_address": self.every("lcm")}
+        if self.replicas > 1:
+            values["elect"] = True
+        return values
 
-    def api_settings(self) -> ApiSettings:
-        return ApiSettings(**self.store_settings(), api_host=HOST, api_port=self.ports["api"])
+    def api_settings(self, replica: int = 1) -> ApiSettings:
+        return ApiSettings(**self.store_settings(), api_host=HOST, api_port=self.ports[replica_port("api", replica)],
+                           rate_limit_shared=self.replicas > 1)
+
+
+def replica_port(service: str, replica: int, suffix: str = "") -> str:
+    """The port name of replica `replica` (1-based) of a service: "trainer", "trainer_2", "trainer_2_metrics"."""
+    base = service if replica == 1 else f"{service}_{replica}"
+    return f"{base}_{suffix}" if suffix else base
 
 
 @dataclass(frozen=True)
@@ -226,16 +242,52 @@ COMPONENTS: tuple[Component, ...] = (
     # The Trainer and the LCM serve /metrics on a port of their own (TF_METRICS_PORT), recorded beside the others.
     Component("trainer", _service_argv("services.trainer"), _port_health("trainer"), ("trainer", "trainer_metrics"),
               lambda plan: plan.hostport("trainer"),
-              settings=lambda plan: TrainerSettings(**plan.store_settings(), metrics_port=plan.ports["trainer_metrics"]),
+              settings=lambda plan: TrainerSettings(**plan.store_settings(), metrics_port=plan.ports["trainer_metrics"],
+                                                    listen_address=plan.hostport("trainer")),
               metrics=lambda plan: plan.url("trainer_metrics") + "/metrics"),
     Component("lcm", _service_argv("services.lcm"), _port_health("lcm"), ("lcm", "lcm_metrics"),
               lambda plan: plan.hostport("lcm"),
-              settings=lambda plan: LcmSettings(**plan.store_settings(), metrics_port=plan.ports["lcm_metrics"]),
+              settings=lambda plan: LcmSettings(**plan.store_settings(), metrics_port=plan.ports["lcm_metrics"],
+                                                listen_address=plan.hostport("lcm")),
               metrics=lambda plan: plan.url("lcm_metrics") + "/metrics"),
     Component("api", _service_argv("services.api"), _http_health("api", "/healthz"), ("api",),
-              lambda plan: plan.url("api"), settings=Plan.api_settings,
+              lambda plan: plan.url("api"), settings=lambda plan: plan.api_settings(),
               metrics=lambda plan: plan.url("api") + "/metrics"),
 )
+
+
+def _replica(service: str, i: int) -> Component:
+    """Replica i (2, 3...) of the API, the Trainer or the LCM: its own ports and pid, the same settings."""
+    port, metrics = replica_port(service, i), replica_port(service, i, "metrics")
+    if service == "api":
+        return Component(f"api-{i}", _service_argv("services.api"), _http_health(port, "/healthz"), (port,),
+                         lambda plan: plan.url(port), settings=lambda plan: plan.api_settings(i),
+                         metrics=lambda plan: plan.url(port) + "/metrics")
+    kind = TrainerSettings if service == "trainer" else LcmSettings
+    return Component(f"{service}-{i}", _service_argv(f"services.{service}"), _port_health(port), (port, metrics),
+                     lambda plan: plan.hostport(port),
+                     settings=lambda plan: kind(**plan.store_settings(), metrics_port=plan.ports[metrics],
+                                                listen_address=plan.hostport(port)),
+                     metrics=lambda plan: plan.url(metrics) + "/metrics")
+
+
+def components(replicas: int = 1) -> tuple[Component, ...]:
+    """The table for a stack of `replicas` API, Trainer and LCM processes: COMPONENTS, then replicas 2..N."""
+    if replicas < 1:
+        raise StackError(f"--replicas must be at least 1, not {replicas}")
+    extra = tuple(_replica(service, i) for i in range(2, replicas + 1) for service in ("trainer", "lcm", "api"))
+    return COMPONENTS + extra
+
+
+def stop_order(replicas: int = 1) -> tuple[str, ...]:
+    """`SERVICE_STOP_ORDER`, each service's replicas beside it."""
+    return tuple(name if i == 1 else f"{name}-{i}" for name in SERVICE_STOP_ORDER for i in range(1, replicas + 1))
+
+
+def port_names(replicas: int = 1) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(p for c in components(replicas) for p in c.ports))
+
+
 NAMES = tuple(c.name for c in COMPONENTS)
 STORES = tuple(c for c in COMPONENTS if c.store)
 SERVICES = tuple(c for c in COMPONENTS if not c.store)

@@ -33,10 +33,7 @@ from services.common.settings import ApiSettings, LcmSettings
 from services.devstack import procs
 from services.devstack.components import (
     BY_NAME,
-    COMPONENTS,
     HOST,
-    PORT_NAMES,
-    SERVICE_STOP_ORDER,
     STORES,
     TEAM,
     Component,
@@ -45,6 +42,9 @@ from services.devstack.components import (
     StackError,
     Status,
     base_env,
+    components,
+    port_names,
+    stop_order,
 )
 
 Report = Callable[[ComponentStatus], None]
@@ -98,11 +98,11 @@ def _free_port(taken: set[int]) -> int:
             return port
 
 
-def _plan_ports(meta: dict, reuse_required: bool) -> dict[str, int]:
+def _plan_ports(meta: dict, reuse_required: bool, replicas: int = 1) -> dict[str, int]:
     """Ports of the stack: the recorded ones where possible, fresh free ones otherwise."""
     recorded = meta.get("ports") if isinstance(meta.get("ports"), dict) else {}
     ports: dict[str, int] = {}
-    for name in PORT_NAMES:
+    for name in port_names(replicas):
         port = recorded.get(name)
         if isinstance(port, int) and port > 0 and (reuse_required or _port_free(port)):
             ports[name] = port
@@ -115,10 +115,16 @@ def recorded_plan(state: Path) -> Plan | None:
     """The plan `stack.json` records, when it records a whole one."""
     meta = procs.read_meta(state)
     ports = meta.get("ports")
-    if not (meta.get("stack_id") and isinstance(ports, dict) and all(isinstance(ports.get(p), int)
-                                                                      for p in PORT_NAMES)):
+    replicas = _recorded_replicas(meta)
+    names = port_names(replicas)
+    if not (meta.get("stack_id") and isinstance(ports, dict) and all(isinstance(ports.get(p), int) for p in names)):
         return None
-    return Plan(state, str(meta["stack_id"]), {p: ports[p] for p in PORT_NAMES})
+    return Plan(state, str(meta["stack_id"]), {p: ports[p] for p in names}, replicas)
+
+
+def _recorded_replicas(meta: dict) -> int:
+    replicas = meta.get("replicas", 1)
+    return replicas if isinstance(replicas, int) and replicas >= 1 else 1
 
 
 # -- up ---------------------------------------------------------------------------------------
@@ -159,8 +165,12 @@ def _start(c: Component, plan: Plan, env: dict[str, str], report: Report, deadli
     return c.status(plan, pid, Status.STARTED)
 
 
-def up(state_dir: str | Path, *, report: Report = _ignore, timeout: float = 150.0) -> StackInfo:
-    """Start whatever of the embedded stack is not running, wait until it is healthy, ensure a key."""
+def up(state_dir: str | Path, *, report: Report = _ignore, timeout: float = 150.0,
+       replicas: int | None = None) -> StackInfo:
+    """Start whatever of the embedded stack is not running, wait until it is healthy, ensure a key.
+
+    `replicas`: API, Trainer and LCM processes each (None: as recorded for a running stack, else 1).
+    """
     state = _resolve(state_dir)
     for sub in ("pids", "logs", "objects"):
         (state / sub).mkdir(parents=True, exist_ok=True)
@@ -168,17 +178,26 @@ def up(state_dir: str | Path, *, report: Report = _ignore, timeout: float = 150.
     with procs.locked(state):
         meta = procs.read_meta(state)
         stack_id = str(meta.get("stack_id", ""))
-        alive = {c.name: pid for c in COMPONENTS if (pid := procs.alive_pid(procs.read_pid(state, c.name), stack_id))}
+        recorded = _recorded_replicas(meta)
+        table = components(max(recorded, replicas or 1))
+        alive = {c.name: pid for c in table if (pid := procs.alive_pid(procs.read_pid(state, c.name), stack_id))}
+        if alive and replicas is not None and replicas != recorded:
+            # a running single Trainer does not campaign: another beside it would dispatch too
+            raise StackError(f"the stack runs with {recorded} replica(s) of each service, not {replicas}; "
+                             "`trainforge down` first")
+        replicas = recorded if alive else (replicas or 1)
+        table = components(replicas)
         if not alive:
             stack_id = str(uuid.uuid4())
-        plan = Plan(state, stack_id, _plan_ports(meta, reuse_required=bool(alive)))
+        plan = Plan(state, stack_id, _plan_ports(meta, reuse_required=bool(alive), replicas=replicas), replicas)
         procs.write_meta(state, {"stack_id": stack_id, "ports": dict(plan.ports), "python": sys.executable,
-                                 "metrics": {c.name: url for c in COMPONENTS if (url := c.metrics(plan))},
+                                 "replicas": replicas,
+                                 "metrics": {c.name: url for c in table if (url := c.metrics(plan))},
                                  "started_at": meta.get("started_at") if alive else time.time()})
         env = base_env()
         statuses: list[ComponentStatus] = []
         try:
-            for c in COMPONENTS:
+            for c in table:
                 pid = alive.get(c.name)
                 if pid is None:
                     status = _start(c, plan, env, report, deadline)
@@ -251,7 +270,7 @@ def status(state_dir: str | Path) -> list[ComponentStatus]:
     state = _resolve(state_dir)
     plan = recorded_plan(state)
     out = []
-    for c in COMPONENTS:
+    for c in components(plan.replicas if plan else 1):
         pid = procs.alive_pid(procs.read_pid(state, c.name), plan.stack_id) if plan else None
         if pid is None or plan is None:
             out.append(ComponentStatus(c.name, None, "", Status.NOT_RUNNING))
@@ -371,8 +390,9 @@ def down(state_dir: str | Path, *, report: Report = _ignore, grace: float = 20.0
         report(s)
 
     with procs.locked(state):
-        stack_id = str(procs.read_meta(state).get("stack_id", ""))
-        for name in SERVICE_STOP_ORDER:
+        meta = procs.read_meta(state)
+        stack_id = str(meta.get("stack_id", ""))
+        for name in stop_order(_recorded_replicas(meta)):
             done(_stop_component(state, name, stack_id, grace))
         if stack_id:
             stores = {pid for c in STORES if (pid := procs.alive_pid(procs.read_pid(state, c.name), stack_id))}

@@ -16,7 +16,7 @@ from services.common.errors import TrainforgeError
 from services.common.observability import configure_logging
 from services.common.process import start_service
 from services.common.settings import LcmSettings
-from services.lcm.server import build_lifecycle, serve
+from services.lcm.server import build_lifecycle, build_replica, serve
 
 log = logging.getLogger("services.lcm")
 
@@ -31,8 +31,10 @@ def main() -> int:
     if settings.log_json:
         configure_logging(json_logs=True)
     try:
-        lifecycle = build_lifecycle(settings)
+        lifecycle = build_replica(settings) if settings.elect else build_lifecycle(settings)
         server, _ = serve(settings, lifecycle)
+        if settings.elect:
+            lifecycle.start()
     except TrainforgeError as e:
         log.error("cannot start the LCM: %s", e.message)
         return 1

@@ -12,14 +12,23 @@ import grpc
 
 from protos import lcm_pb2_grpc
 from services.common import rpc
-from services.common.observability import GaugeCollector, MetricsEndpoint, add_health, service_registry
+from services.common.adapters.etcd import Coordinator
+from services.common.observability import (
+    GaugeCollector,
+    MetricsEndpoint,
+    add_health,
+    service_registry,
+    set_serving,
+)
 from services.common.settings import LcmSettings
 from services.lcm.backends import make_backend
 from services.lcm.lifecycle import Lifecycle
+from services.lcm.replicas import LeaderLifecycle
 from services.lcm.servicer import LcmServicer
 
 log = logging.getLogger(__name__)
 
+SERVICE_NAME = "trainforge.LifecycleManager"
 # The /metrics endpoint served beside each gRPC port this process serves (stop it with the server).
 ENDPOINTS: dict[int, MetricsEndpoint] = {}
 
@@ -29,25 +38,36 @@ def build_lifecycle(settings: LcmSettings) -> Lifecycle:
     return Lifecycle.from_settings(settings, make_backend(settings))
 
 
-def serve(settings: LcmSettings, lifecycle: Lifecycle | None = None) -> tuple[grpc.Server, int]:
-    """A started server on `settings.lcm_address` (port 0 picks one) and its port.
+def build_replica(settings: LcmSettings) -> LeaderLifecycle:
+    """With TF_ELECT: a lifecycle built only while this replica is elected (services/lcm/replicas.py)."""
+    return LeaderLifecycle(lambda: build_lifecycle(settings),
+                           Coordinator(settings.etcd_endpoints, settings.etcd_prefix), backend=settings.backend,
+                           ttl=settings.leader_ttl, address=settings.listen_address or settings.lcm_address)
+
+
+def serve(settings: LcmSettings, lifecycle: Lifecycle | LeaderLifecycle | None = None) -> tuple[grpc.Server, int]:
+    """A started server on `settings.lcm_address` (or `listen_address`; port 0 picks one) and its port.
 
     A lifecycle built here lives as long as the process; pass one in to close it yourself.
     """
     if lifecycle is None:
         lifecycle = build_lifecycle(settings)
-    server, port = rpc.make_server(settings.lcm_address)
+    listen = settings.listen_address or settings.lcm_address
+    server, port = rpc.make_server(listen)
     lcm_pb2_grpc.add_LifecycleManagerServicer_to_server(LcmServicer(lifecycle), server)
-    add_health(server, ["trainforge.LifecycleManager"])
+    health = add_health(server, [SERVICE_NAME])
+    if isinstance(lifecycle, LeaderLifecycle):  # ready only while elected
+        set_serving(health, SERVICE_NAME, False)
+        lifecycle.on_change = lambda serving: set_serving(health, SERVICE_NAME, serving)
     server.start()
     if settings.metrics_port >= 0:
-        host = settings.lcm_address.rsplit(":", 1)[0]
+        host = listen.rsplit(":", 1)[0]
         ENDPOINTS[port] = MetricsEndpoint(lcm_registry(lifecycle), settings.metrics_port, host)
     log.info("LCM (%s backend) serving on port %d", lifecycle.name, port)
     return server, port
 
 
-def lcm_registry(lifecycle: Lifecycle):  # noqa: ANN201 - a prometheus_client CollectorRegistry
+def lcm_registry(lifecycle: Lifecycle | LeaderLifecycle):  # noqa: ANN201 - a prometheus_client CollectorRegistry
     """RPC figures, and the jobs and processes (monitors, controllers) the backend runs now."""
     def running() -> list[tuple[list[str], float]]:
         jobs = lifecycle.running_jobs()

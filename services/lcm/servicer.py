@@ -18,13 +18,14 @@ from services.common.contracts.ids import check_job_id
 from services.common.errors import InvalidArgument
 from services.common.rpc import handler
 from services.lcm.lifecycle import Lifecycle, check_attempt, deployment_from_request, team_quota_from_proto
+from services.lcm.replicas import LeaderLifecycle
 
 log = logging.getLogger(__name__)
 Ctx = grpc.ServicerContext
 
 
 class LcmServicer(lcm_pb2_grpc.LifecycleManagerServicer):
-    def __init__(self, lifecycle: Lifecycle):
+    def __init__(self, lifecycle: Lifecycle | LeaderLifecycle):
         self._lifecycle = lifecycle
 
     @handler

@@ -15,7 +15,9 @@ halted for them (preemptor.py, after the pass's reservations).
 Why admission never overshoots a quota or the capacity, under any storm of
 submissions: QUEUED -> DEPLOYING is the only transition into the ACTIVE
 states (services/common/states.py), and only a pass makes it, under
-`_pass_lock`, one pass at a time in the one Trainer process. Everything else
+`_pass_lock`, one pass at a time in the one Trainer that leads (among
+replicas, services/trainer/fence.py keeps a deposed leader's pass from
+reserving anything). Everything else
 can only make jobs leave ACTIVE. So the use a pass reads at its start can
 only be an over-estimate while it runs, and the pass adds every job it
 reserves to that use before deciding the next; its decision and its
@@ -47,6 +49,7 @@ from services.common.states import JobState
 from services.trainer import admission, cohorts
 from services.trainer.admission import Capacity, Plan, Quota
 from services.trainer.capacity import CapacityCache
+from services.trainer.fence import Deposed, FenceGate
 from services.trainer.lcm_client import Lcm
 from services.trainer.preemption import Policy
 from services.trainer.preemptor import FIELDS as _PREEMPT_FIELDS
@@ -85,7 +88,7 @@ class Dispatcher:
     def __init__(self, store: JobStore, lcm: Lcm, *, quotas: QuotaStore | None = None,
                  interval: float = 1.0, spacing: float = SPACING, kill_attempts: int = 4,
                  kill_backoff: float = 0.5, workers: int = 8, rules: tuple[Rule, ...] | None = None,
-                 preemption: Policy | None = None):
+                 preemption: Policy | None = None, gate: FenceGate | None = None):
         self._store = store
         self._lcm = lcm
         self._quotas = quotas
@@ -96,11 +99,11 @@ class Dispatcher:
         self.lifecycle = Lifecycle(store, self) if rules is None else Lifecycle(store, self, rules)
         # halts running jobs for waiting ones that may take their place (services/trainer/preemptor.py)
         self.preemptor = Preemptor(store, self.lifecycle, preemption or Policy())
-        # Only one Trainer process runs, so this lock is all that stops two
-        # passes from spending the same free capacity. Several replicas would
-        # need a reservation in the store instead: e.g. a usage document per
-        # backend updated by compare-and-set together with QUEUED -> DEPLOYING.
+        # This lock stops two passes of this process from spending the same free capacity; among
+        # replicas, only the elected one runs passes, and `gate` fences its reservations in the store
+        # (services/trainer/fence.py). No gate: the only replica.
         self._pass_lock = threading.Lock()
+        self._gate = gate
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -151,9 +154,13 @@ class Dispatcher:
             self._wake.clear()
             if self._stopping.is_set():
                 return
+            if self._gate is not None and not self._gate.leading:
+                continue  # a follower: the elected replica runs the passes
             last_pass = time.monotonic()
             try:
                 self.run_once()
+            except Deposed as e:
+                log.warning("dispatch pass stopped: %s", e.message)
             except Unavailable as e:
                 log.warning("dispatch pass skipped: %s", e.message)
             except Exception:
@@ -204,6 +211,8 @@ class Dispatcher:
         if not queued:
             return Plan()
         queue = [job.queued() for job in queued.values()]
+        # after reading the queue, so a newer leader's stamp covers every job read (fence.py)
+        term = self._gate.confirm() if self._gate is not None else None
         capacity = self._capacity.current()
         quotas = self._quotas.all() if self._quotas is not None and capacity is not None else {}
         if capacity is None:
@@ -219,11 +228,12 @@ class Dispatcher:
             # QUEUED -> DEPLOYING holds the resources; the Deploy rule hands the call to a worker
             fields = cohorts.dispatched(result.borrowed.get(job_id), quotas.get(queued[job_id].team))
             self.lifecycle.move(job_id, JobState.DEPLOYING, cohorts.reserved_reason(fields), ACTOR,
-                                attempt=queued[job_id].attempt, fields=fields)
+                                attempt=queued[job_id].attempt, fields=fields, fence=term)
         if capacity is not None:  # halt running jobs that waiting ones may displace
             self.preemptor.consider(result, queued, active, quotas, capacity)
         for job_id, reason in result.reject.items():
-            self.lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt)
+            self.lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt,
+                                fence=term)
         self._note_waiting(queued, result)
         ADMISSIONS.add("dispatched", "", n=len(result.dispatch))
         ADMISSIONS.add("rejected", "never_fits", n=len(result.reject))

@@ -12,6 +12,8 @@ from typing import Protocol
 
 from protos import lcm_pb2, lcm_pb2_grpc
 from services.common import rpc
+from services.common.election import FOLLOWING
+from services.common.errors import Unavailable
 from services.trainer.admission import Capacity, Quota, Usage
 
 
@@ -44,7 +46,13 @@ def team_quota_to_proto(quota: Quota) -> lcm_pb2.TeamQuota:
 
 class GrpcLcm:
     def __init__(self, address: str, timeout: float = 30.0, *, quota_of: Callable[[str], Quota] | None = None):
-        """`quota_of(team)`: the team's quota, sent with every deploy (DeployJobRequest.team_quota)."""
+        """`quota_of(team)`: the team's quota, sent with every deploy (DeployJobRequest.team_quota).
+
+        `address` may list LCM replicas; only the elected one serves these calls, and a follower's
+        refusal is asked again of the next replica at once (round-robin), up to once per replica.
+        """
+        self._tries = 1 + 2 * address.count(",")
+        self._address = address
         self._channel = rpc.channel(address)
         self._stub = lcm_pb2_grpc.LifecycleManagerStub(self._channel)
         self._timeout = timeout
@@ -57,23 +65,40 @@ class GrpcLcm:
                                            checkpoint_uri=checkpoint_uri, secret_env=dict(secret_env or {}))
         if self._quota_of is not None:
             request.team_quota.CopyFrom(team_quota_to_proto(self._quota_of(team)))
-        return list(rpc.call(self._stub.DeployJob, request, self._timeout).handles)
+        return list(self._call(self._stub.DeployJob, request, self._timeout).handles)
 
     def kill_job(self, job_id: str, reason: str = "") -> int:
         request = lcm_pb2.KillJobRequest(job_id=job_id, reason=reason)
-        return rpc.call(self._stub.KillJob, request, self._timeout).killed
+        return self._call(self._stub.KillJob, request, self._timeout).killed
 
     def halt_job(self, job_id: str, attempt: int) -> None:
-        rpc.call(self._stub.HaltJob, lcm_pb2.LcmHaltJobRequest(job_id=job_id, attempt=attempt), self._timeout)
+        self._call(self._stub.HaltJob, lcm_pb2.LcmHaltJobRequest(job_id=job_id, attempt=attempt), self._timeout)
 
     def get_capacity(self) -> Capacity:
-        cap = rpc.call(self._stub.GetCapacity, lcm_pb2.GetCapacityRequest(), self._timeout)
+        cap = self._call(self._stub.GetCapacity, lcm_pb2.GetCapacityRequest(), self._timeout)
         total = Usage(cap.total.gpus, cap.total.cpus, cap.total.memory, cap.max_learners)
         return Capacity(total, cap.backend)
 
     def sync_team(self, team: str, quota: Quota) -> bool:
         request = lcm_pb2.SyncTeamRequest(team=team, quota=team_quota_to_proto(quota))
-        return rpc.call(self._stub.SyncTeam, request, self._timeout).mirrored
+        return self._call(self._stub.SyncTeam, request, self._timeout).mirrored
+
+    def _call(self, method: Callable, request: object, timeout: float):  # noqa: ANN202 - the method's reply
+        for _ in range(self._tries - 1):
+            try:
+                return rpc.call(method, request, timeout)
+            except Unavailable as e:
+                if FOLLOWING not in e.message:
+                    raise
+        try:
+            return rpc.call(method, request, timeout)
+        except Unavailable as e:
+            if FOLLOWING in e.message:
+                # one address behind a Service: a new connection may reach the leader (the only ready pod);
+                # the old channel is left to close when its in-flight calls let go of it
+                self._channel = rpc.channel(self._address)
+                self._stub = lcm_pb2_grpc.LifecycleManagerStub(self._channel)
+            raise
 
     def close(self) -> None:
         self._channel.close()

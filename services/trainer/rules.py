@@ -273,10 +273,15 @@ class Lifecycle:
         return proposal
 
     def move(self, job_id: str, to: JobState, reason: str, actor: str, *, attempt: int | None = None,
-             only_from: Iterable[JobState] | None = None, fields: Mapping[str, Any] | None = None) -> Transition:
-        """`store.apply_transition`, then the `after` rules of the transition it made (if it made one)."""
+             only_from: Iterable[JobState] | None = None, fields: Mapping[str, Any] | None = None,
+             fence: int | None = None) -> Transition:
+        """`store.apply_transition`, then the `after` rules of the transition it made (if it made one).
+
+        `fence`: the dispatcher leader's term, for a reservation among replicas (services/trainer/fence.py).
+        """
+        fenced = {"fence": fence} if fence is not None else {}  # a store twin without replicas takes none
         done = self._store.apply_transition(job_id, to, reason, actor or ACTOR, attempt=attempt,
-                                            set_fields=fields, only_from=only_from)
+                                            set_fields=fields, only_from=only_from, **fenced)
         if done.changed and done.job is not None:
             self.committed(done.job)
         return done

@@ -43,11 +43,13 @@ from services.trainer.experiments.store import ExperimentStore
 from services.trainer.experiments.workflow_store import COLLECTION as WORKFLOW_COLLECTION
 from services.trainer.experiments.workflow_store import WorkflowStore
 from services.trainer.experiments.workflows import WorkflowRunner, WorkflowService
+from services.trainer.fence import Fence
 from services.trainer.lcm_client import GrpcLcm, Lcm
 from services.trainer.notifier import ANNOUNCED, RECONCILE_WINDOW, Notifier
 from services.trainer.preemption import Policy
 from services.trainer.quotas import COLLECTION as QUOTA_COLLECTION
 from services.trainer.quotas import QuotaStore
+from services.trainer.replicas import Leadership, leadership
 from services.trainer.rules import DEFAULT_RULES, Announce
 from services.trainer.secret_env import SecretResolvingLcm
 from services.trainer.service import JobService
@@ -72,6 +74,8 @@ class Trainer:
     experiments: ExperimentStore | None = None
     driver: ExperimentDriver | None = None
     workflows: WorkflowStore | None = None
+    # one replica among several (TF_ELECT): the singleton loops run while elected (replicas.py)
+    leadership: Leadership | None = None
 
     @property
     def address(self) -> str:
@@ -84,7 +88,8 @@ class Trainer:
                 self.experiments.ensure_indexes()
             if self.workflows is not None:
                 self.workflows.ensure_indexes()
-            self.service.reconcile()
+            if self.leadership is None:  # a replica reconciles when it is elected
+                self.service.reconcile()
         except Unavailable:
             self.stop(grace=0)
             raise
@@ -95,6 +100,8 @@ class Trainer:
             self.notifier.start()
             self._reconcile_notifications()
         self.server.start()
+        if self.leadership is not None:
+            self.leadership.start(self.store, self.service, self.dispatcher, self.driver)
         if self.metrics_port >= 0:
             self._metrics = MetricsEndpoint(trainer_registry(self.store), self.metrics_port, self.host)
             self.metrics_port = self._metrics.port
@@ -115,6 +122,8 @@ class Trainer:
         if self._metrics is not None:
             self._metrics.stop()
         self.server.stop(grace).wait()
+        if self.leadership is not None:
+            self.leadership.stop()
         if self.driver is not None:
             self.driver.stop()
         self.dispatcher.stop()
@@ -147,7 +156,11 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
     notifier = Notifier(Outbox(db), TeamWebhooks(db, box), max_tries=settings.webhook_max_tries,
                         initial_backoff=settings.webhook_backoff)
     experiments_wake = threading.Event()
+    listen = settings.listen_address or settings.trainer_address
+    lead = (leadership(settings.etcd_endpoints, settings.etcd_prefix, Fence(db, "dispatcher"),
+                       ttl=settings.leader_ttl, address=listen) if settings.elect else None)
     dispatcher = Dispatcher(store, lcm, quotas=quotas, interval=settings.dispatch_interval,
+                            gate=lead.gate if lead is not None else None,
                             rules=(*DEFAULT_RULES, Announce(notifier.enqueue), TrialChanged(experiments_wake)),
                             preemption=Policy(settings.preempt_min_runtime, settings.preempt_max_per_job))
     service = JobService(store, dispatcher, quotas)
@@ -164,13 +177,13 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
                                    else f"{experiment_collection}_workflows")
     driver.workflows = WorkflowRunner(workflow_store, experiment_service)
     workflow_service = WorkflowService(workflow_store, experiment_service, driver.wake)
-    server, port = rpc.make_server(settings.trainer_address)
+    server, port = rpc.make_server(listen)
     trainer_pb2_grpc.add_TrainerServicer_to_server(TrainerServicer(service, experiment_service, workflow_service), server)
     add_health(server, ["trainforge.Trainer"])
-    host = settings.trainer_address.rsplit(":", 1)[0]
+    host = listen.rsplit(":", 1)[0]
     return Trainer(server, port, host, store, dispatcher, service, closers, notifier,
                    metrics_port=settings.metrics_port, experiments=experiments, driver=driver,
-                   workflows=workflow_store)
+                   workflows=workflow_store, leadership=lead)
 
 
 def trainer_registry(store: JobStore) -> CollectorRegistry:

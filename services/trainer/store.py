@@ -51,6 +51,7 @@ from services.common.errors import Conflict, NotFound
 from services.common.manifest import Manifest
 from services.common.states import JobState
 from services.trainer.admission import Usage, demand
+from services.trainer.fence import Deposed
 from services.trainer.record import JobRecord, LearnerReport, StatusEvent
 
 log = logging.getLogger(__name__)
@@ -283,7 +284,7 @@ class JobStore:
     @mapped
     def apply_transition(self, job_id: str, to: JobState, reason: str, actor: str, *,
                          attempt: int | None = None, set_fields: Mapping | None = None,
-                         only_from: Iterable[JobState] | None = None) -> Transition:
+                         only_from: Iterable[JobState] | None = None, fence: int | None = None) -> Transition:
         """`transition`, also telling whether this call made the change (for callers that reserve).
 
         The write is a compare-and-set on the state just observed, which must
@@ -295,7 +296,10 @@ class JobStore:
         after it saw the previous winner's state, so history sorts in commit
         order. A lost race re-reads and tries again. `only_from` narrows the
         legal from-states (e.g. admit only a PENDING job, never resume a
-        HALTED one). `set_fields` names record fields.
+        HALTED one). `set_fields` names record fields. With `fence` (a dispatcher
+        leader's term, services/trainer/fence.py) the write also requires the
+        job's fence stamp to be no newer and stamps it; a newer stamp raises
+        `Deposed`.
         """
         allowed = states.allowed_from(to)
         if only_from is not None:
@@ -328,12 +332,27 @@ class JobStore:
             changes: dict = {"$set": update}
             if spent := _seconds_spent(current, frm, to, now):
                 changes["$inc"] = spent
-            doc = self._jobs.find_one_and_update({**match, "state": int(frm)}, changes,
-                                                 return_document=ReturnDocument.AFTER)
+            guard: dict = {**match, "state": int(frm)}
+            if fence is not None:
+                if int(current.get("fence", 0)) > fence:
+                    raise Deposed(f"job {job_id}: term {fence} is older than the job's fence "
+                                  f"{current['fence']}; a newer dispatcher leads")
+                # the stamp just read, compared for equality: nx-27017 applies an `$or` beside `_id` to
+                # other documents
+                guard["fence"] = current["fence"] if "fence" in current else {"$exists": False}
+                update["fence"] = fence
+            doc = self._jobs.find_one_and_update(guard, changes, return_document=ReturnDocument.AFTER)
             if doc is not None:
                 return Transition(_record(doc), True)
         log.warning("job %s: gave up moving to %s after %d lost races", job_id, to.name, _MAX_RACES)
         return Transition(None, False)
+
+    @mapped
+    def stamp_fence(self, term: int) -> int:
+        """Stamp every QUEUED job with a new dispatcher leader's term (services/trainer/fence.py); how many."""
+        queued = int(JobState.QUEUED)
+        return sum(self._jobs.update_many({"state": queued, "fence": older}, {"$set": {"fence": term}}).modified_count
+                   for older in ({"$exists": False}, {"$lt": term}))
 
     @mapped
     def pending_cleanups(self) -> list[JobRecord]:

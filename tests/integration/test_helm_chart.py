@@ -89,7 +89,7 @@ def test_a_pdb_version_the_cluster_has():
     assert {d["apiVersion"] for d in old} == {"policy/v1beta1"} and {d["apiVersion"] for d in new} == {"policy/v1"}
 
 
-@pytest.mark.parametrize(("value", "field"), [("lcm.replicas=2", "lcm.replicas"),
+@pytest.mark.parametrize(("value", "field"), [("lcm.replicas=9", "lcm.replicas"),
                                                ("mongo.url=localhost", "mongo.url"),
                                                ("probes.mode=http", "probes.mode"),
                                                ("lcm.egressCidrs={not-a-cidr}", "lcm.egressCidrs")])
@@ -106,3 +106,26 @@ def test_every_value_has_a_comment():
             continue
         above = lines[i - 1].strip() if i else ""
         assert above.startswith("#"), f"values.yaml line {i + 1} ({m.group(2)}) has no comment above it"
+
+
+def test_replicas_elect_a_leader_and_only_the_lcm_leader_is_ready():
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in rendered()}
+
+    def env(name: str) -> dict:
+        container = docs[("Deployment", name)]["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    for name in ("tf-trainer", "tf-lcm"):
+        deployment = docs[("Deployment", name)]["spec"]
+        assert deployment["replicas"] == 2 and deployment["strategy"]["type"] == "RollingUpdate"
+        assert env(name)["TF_ELECT"] == "true"
+        assert docs[("PodDisruptionBudget", name)]["spec"]["maxUnavailable"] == 1
+    assert env("tf-api")["TF_RATE_LIMIT_SHARED"] == "true"
+    assert docs[("ConfigMap", "tf-config")]["data"]["TF_LEADER_TTL"] == "5"
+    lcm = docs[("Deployment", "tf-lcm")]["spec"]["template"]["spec"]["containers"][0]
+    assert lcm["readinessProbe"]["grpc"] == {"port": 50052, "service": "trainforge.LifecycleManager"}
+    assert lcm["livenessProbe"]["grpc"] == {"port": 50052}
+
+    single = {(d["kind"], d["metadata"]["name"]): d for d in rendered("trainer.replicas=1", "lcm.replicas=1")}
+    for name in ("tf-trainer", "tf-lcm"):
+        assert single[("Deployment", name)]["spec"]["strategy"] == {"type": "Recreate"}

@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from services.common.rpc import replicas_target
 from services.common.settings import ApiSettings, LcmSettings, StoreSettings, TrainerSettings
 from services.devstack import launcher
 from services.devstack.components import (
@@ -23,8 +24,12 @@ from services.devstack.components import (
     SERVICE_STOP_ORDER,
     ComponentStatus,
     Plan,
+    StackError,
     Status,
     base_env,
+    components,
+    port_names,
+    stop_order,
 )
 from tests.servers import free_port
 from trainforge import stack
@@ -156,3 +161,28 @@ def test_a_component_that_dies_or_never_gets_healthy_is_named_with_its_log_tail(
         launcher._start(hangs, plan, base_env(), lambda s: None, time.monotonic() + 1)
     pid = int((tmp_path / "pids" / "hangs.pid").read_text())
     assert proctree.terminate([psutil.Process(pid)], grace=5).terminated == [pid]
+
+
+def test_a_stack_of_replicas_gives_every_service_all_addresses_and_each_replica_its_own_port(tmp_path, monkeypatch):
+    names = port_names(2)
+    plan = Plan(tmp_path, "stack-2", {name: 21000 + i for i, name in enumerate(names)}, replicas=2)
+    table = components(2)
+    assert [c.name for c in table][len(COMPONENTS):] == ["trainer-2", "lcm-2", "api-2"]
+    assert stop_order(2) == ("api", "api-2", "trainer", "trainer-2", "lcm", "lcm-2")
+    by_name = {c.name: c for c in table}
+    trainers = f"127.0.0.1:{plan.ports['trainer']},127.0.0.1:{plan.ports['trainer_2']}"
+    for name, listen in (("trainer", "trainer"), ("trainer-2", "trainer_2"), ("lcm-2", "lcm_2")):
+        env = by_name[name].env(plan, {})
+        assert env["TF_TRAINER_ADDRESS"] == trainers and env["TF_ELECT"] == "true"
+        assert env["TF_LISTEN_ADDRESS"] == f"127.0.0.1:{plan.ports[listen]}"
+    api = _read_back(ApiSettings, by_name["api-2"].env(plan, {}), monkeypatch)
+    assert api.api_port == plan.ports["api_2"] and api.rate_limit_shared
+    assert not Plan(tmp_path, "stack-1", {n: 1 for n in PORT_NAMES}).api_settings().rate_limit_shared
+    with pytest.raises(StackError, match="at least 1"):
+        components(0)
+
+
+def test_a_replica_list_is_a_round_robin_target_and_a_name_in_it_is_refused():
+    assert replicas_target("127.0.0.1:1, 10.0.0.2:50051") == "ipv4:127.0.0.1:1,10.0.0.2:50051"
+    with pytest.raises(ValueError, match="'trainer:50051' in 'trainer:50051,10.0.0.2:1' must be an IPv4 literal"):
+        replicas_target("trainer:50051,10.0.0.2:1")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 
 from services.common import states
 from services.common.contracts.experiments import ExperimentSpec, ExperimentState
@@ -74,6 +75,8 @@ class ExperimentDriver:
         self._thread: threading.Thread | None = None
         # the workflow runner (services/trainer/experiments/workflows.py), set by the wiring
         self.workflows: object | None = None
+        # among Trainer replicas only the elected one drives experiments (services/trainer/replicas.py)
+        self.active: Callable[[], bool] = lambda: True
 
     # -- the loop ---------------------------------------------------------------
 
@@ -96,6 +99,8 @@ class ExperimentDriver:
             self._wake.clear()
             if self._stop.is_set():
                 return
+            if not self.active():
+                continue
             try:
                 self.tick()
             except Exception:  # noqa: BLE001 - one bad pass must not end the driver; the next one retries

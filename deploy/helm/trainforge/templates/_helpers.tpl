@@ -54,13 +54,15 @@ runAsNonRoot: true
 capabilities: {drop: [ALL]}
 {{- end -}}
 
-{{/* Liveness/readiness of a gRPC service: the standard grpc.health.v1 service, natively or by command. */}}
+{{/* Liveness/readiness of a gRPC service: the standard grpc.health.v1 service, natively or by command;
+     `service` names one service ("" : the server as a whole). */}}
 {{- define "tf.grpcProbe" -}}
+{{- $service := .service | default "" }}
 {{- if eq .root.Values.probes.mode "grpc" }}
-grpc: {port: {{ .port }}}
+grpc: {port: {{ .port }}{{ if $service }}, service: {{ $service }}{{ end }}}
 {{- else }}
 exec:
-  command: [python3, -c, "import grpc,sys; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; c=grpc.insecure_channel('127.0.0.1:{{ .port }}'); sys.exit(0 if g.HealthStub(c).Check(h.HealthCheckRequest(), timeout=5).status == h.HealthCheckResponse.SERVING else 1)"]
+  command: [python3, -c, "import grpc,sys; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; c=grpc.insecure_channel('127.0.0.1:{{ .port }}'); sys.exit(0 if g.HealthStub(c).Check(h.HealthCheckRequest(service='{{ $service }}'), timeout=5).status == h.HealthCheckResponse.SERVING else 1)"]
 {{- end }}
 periodSeconds: {{ .root.Values.probes.periodSeconds }}
 failureThreshold: {{ .root.Values.probes.failureThreshold }}

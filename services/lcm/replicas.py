@@ -1,0 +1,117 @@
+"""One LCM among several: only the replica elected through etcd runs a lifecycle.
+
+With `TF_ELECT=1` each LCM campaigns for `<prefix>/leaders/lcm`
+(services/common/election.py). The elected replica builds its `Lifecycle`
+exactly as a restarted LCM does (reconcile the records with what the
+backend observes, then supervise: restart dead monitors, report lost
+controllers), and serves DeployJob, KillJob, HaltJob, GetCapacity and
+SyncTeam. A follower answers them UNAVAILABLE naming itself as a follower;
+the Trainer's client (services/trainer/lcm_client.py) asks the next replica
+at once. A follower's gRPC health for `trainforge.LifecycleManager` is
+NOT_SERVING, so on Kubernetes only the leader is ready behind the LCM's
+Service.
+
+Why followers do not serve deploys: the lifecycle's per-job locks and its
+capacity reservation are in process memory, and the local and docker
+backends keep their records (pids, attempt plans) in files under
+`<state>/lcm/`; two replicas deploying at once could start one attempt
+twice or spend the same capacity. A deposed leader closes its lifecycle
+(stops supervising) and refuses calls from then on; the learners, monitors
+and records stay for the next leader to adopt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+
+from services.common.adapters.etcd import Coordinator
+from services.common.election import FOLLOWING, Election
+from services.common.errors import TrainforgeError, Unavailable
+from services.lcm.backends.base import Capacity, Handle, JobDeployment, JobView, TeamQuota
+from services.lcm.lifecycle import Lifecycle, RunningJob
+
+log = logging.getLogger(__name__)
+
+SERVICE = "lcm"
+
+
+class LeaderLifecycle:
+    """The lifecycle's face for the servicer: the elected replica's `Lifecycle`, or a refusal."""
+
+    def __init__(self, build: Callable[[], Lifecycle], coordinator: Coordinator, *, backend: str, ttl: int,
+                 address: str):
+        self._build, self._coord, self.name = build, coordinator, backend
+        self.identity = f"{socket.gethostname()}:{os.getpid()}@{address}"
+        self._current: Lifecycle | None = None
+        self._lock = threading.Lock()
+        # told whether this replica serves the LCM's calls (its gRPC health: Kubernetes routes to the ready one)
+        self.on_change: Callable[[bool], None] = lambda serving: None
+        self.election = Election(coordinator, SERVICE, ttl=ttl, identity=self.identity,
+                                 on_elected=self._elected, on_deposed=self._deposed)
+
+    def start(self) -> LeaderLifecycle:
+        self.election.start()
+        return self
+
+    @property
+    def coordinator(self) -> Coordinator:
+        return self._coord
+
+    def _elected(self, term: int) -> None:
+        try:
+            lifecycle = self._build()  # reconciles with the backend before the first call is served
+        except Exception as e:  # noqa: BLE001 - a leader that cannot lead must let another one try
+            message = e.message if isinstance(e, TrainforgeError) else repr(e)
+            log.warning("lcm: could not take over as term %d: %s; resigning", term, message)
+            self.election.resign()
+            return
+        with self._lock:
+            self._current = lifecycle
+        self.on_change(True)
+        log.info("lcm: leading as term %d; adopted %d running job(s)", term, len(lifecycle.running_jobs()))
+
+    def _deposed(self) -> None:
+        with self._lock:
+            lifecycle, self._current = self._current, None
+        self.on_change(False)
+        if lifecycle is not None:
+            lifecycle.close()
+        log.info("lcm: following; the elected replica deploys and supervises")
+
+    def _leader(self) -> Lifecycle:
+        lifecycle = self._current
+        if lifecycle is None or not self.election.leading:
+            raise Unavailable(f"LCM {FOLLOWING} ({self.identity}); the elected replica serves this call")
+        return lifecycle
+
+    # -- what the servicer and the metrics call ------------------------------------------
+
+    def deploy(self, job: JobDeployment) -> list[Handle]:
+        return self._leader().deploy(job)
+
+    def kill(self, job_id: str) -> int:
+        return self._leader().kill(job_id)
+
+    def halt(self, job_id: str, attempt: int) -> None:
+        self._leader().halt(job_id, attempt)
+
+    def capacity(self) -> Capacity:
+        return self._leader().capacity()
+
+    def sync_team(self, team: str, quota: TeamQuota) -> bool:
+        return self._leader().sync_team(team, quota)
+
+    def view(self, job_id: str) -> JobView | None:
+        return self._leader().view(job_id)
+
+    def running_jobs(self) -> list[RunningJob]:
+        lifecycle = self._current
+        return lifecycle.running_jobs() if lifecycle is not None else []
+
+    def close(self) -> None:
+        self.election.stop(resign=True)
+        self._coord.close()

@@ -1,0 +1,112 @@
+"""Two LCM processes on the local backend, one elected: SIGKILL the leader between deploys.
+
+Real etcd, job monitors, controllers and learners; a fake Trainer records
+the monitors' reports. The Trainer's own client (`GrpcLcm`, listing both
+replicas) deploys two jobs, the leader is SIGKILLed, the follower takes over
+(adopting the running attempts from the shared records), the client
+deploys the first job again (idempotent: nothing starts twice) and two more.
+Every learner runs exactly once and every job's end is reported once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from services.common.adapters.etcd import Coordinator
+from services.common.errors import Unavailable
+from services.common.states import JobState
+from services.trainer.lcm_client import GrpcLcm
+from tests.integration.test_monitor_process import start_trainer
+from tests.servers import free_port, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
+LEASE = 2
+
+
+def _manifest(job: str, marker: Path) -> str:
+    command = f"python -c \"import time; open('{marker}', 'a').write('run\\n'); time.sleep(3)\""
+    return json.dumps({"name": job, "framework": "custom", "learners": 1, "command": command,
+                       "resources": {"cpus": 0.25, "memory": "128Mi"}})
+
+
+def _deploy(lcm: GrpcLcm, job: str, marker: Path) -> list[str]:
+    """As the dispatcher does: an LCM that is down or between leaders is asked again."""
+    def call() -> list[str]:
+        return lcm.deploy_job(job, "team-a", 1, _manifest(job, marker), "")
+
+    return wait_for(lambda: _or_none(call), 60, f"the LCM to deploy {job}", interval=0.2)
+
+
+def _or_none(fn):  # noqa: ANN001, ANN202
+    try:
+        return fn()
+    except Unavailable:
+        return None
+
+
+def test_the_lcm_leader_sigkilled_between_deploys_loses_and_repeats_nothing(store_settings, tmp_path, unique):
+    server, trainer = start_trainer(trainer_port := free_port())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    env.update({"PYTHONPATH": os.getcwd(), "TF_STATE_DIR": str(store_settings.state_dir), "TF_DEV_MODE": "1",
+                "TF_ETCD_ENDPOINTS": store_settings.etcd_endpoints, "TF_ETCD_PREFIX": store_settings.etcd_prefix,
+                "TF_MONGO_URL": store_settings.mongo_url, "TF_MONGO_DB": store_settings.mongo_db,
+                "TF_LOGSTORE_URL": store_settings.logstore_url, "TF_LOGSTORE_INDEX": store_settings.logstore_index,
+                "TF_OBJECTSTORE_URL": store_settings.objectstore_url, "TF_PYTHON": sys.executable,
+                "TF_TRAINER_ADDRESS": f"127.0.0.1:{trainer_port}", "TF_LOCAL_GPUS": "0", "TF_LEASE_TTL": "3",
+                "TF_ISOLATION": "none", "TF_ELECT": "1", "TF_LEADER_TTL": str(LEASE)})
+    ports = [free_port(), free_port()]
+    procs = []
+    for i, port in enumerate(ports):
+        with (tmp_path / f"lcm-{i}.log").open("wb") as out:
+            procs.append(subprocess.Popen([sys.executable, "-m", "services.lcm"],
+                                          env={**env, "TF_LISTEN_ADDRESS": f"127.0.0.1:{port}"}, stdout=out,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+    coordinator = Coordinator(store_settings.etcd_endpoints, store_settings.etcd_prefix)
+    lcm = GrpcLcm(",".join(f"127.0.0.1:{p}" for p in ports), timeout=30)
+    jobs = [f"rep{i}-{unique}" for i in range(4)]
+    markers = {job: tmp_path / f"{job}.runs" for job in jobs}
+    try:
+        key = coordinator.keys.leader("lcm")
+        holder = wait_for(lambda: (coordinator.get(key)[0] or {}).get("holder"), 60, "an LCM to be elected")
+        leader = procs[ports.index(int(holder.rsplit(":", 1)[1]))]
+        for job in jobs[:2]:
+            _deploy(lcm, job, markers[job])
+        wait_for(lambda: all(m.exists() for m in (markers[j] for j in jobs[:2])), 60, "the first learners to run")
+
+        leader.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(lambda: (coordinator.get(key)[0] or {}).get("holder") not in (None, holder), 30, "a new leader")
+        takeover = time.monotonic() - killed
+        _deploy(lcm, jobs[0], markers[jobs[0]])  # the dispatcher resends a deploy whose answer it lost
+        for job in jobs[2:]:
+            _deploy(lcm, job, markers[job])
+
+        def ended(job: str) -> bool:
+            return any(r.job_id == job and JobState(r.state) == JobState.COMPLETED for r in list(trainer.reports))
+
+        wait_for(lambda: all(ended(j) for j in jobs), 120, "every job to complete")
+        for job in jobs:
+            assert markers[job].read_text() == "run\n", f"{job}'s learner ran {markers[job].read_text().count('run')} times"
+            ends = [r for r in list(trainer.reports) if r.job_id == job and JobState(r.state) == JobState.COMPLETED]
+            assert len(ends) == 1, f"{job} completed {len(ends)} times"
+        assert takeover < LEASE + 2, f"the follower took over {takeover:.1f}s after the SIGKILL"
+        for job in jobs:
+            lcm.kill_job(job, "test over")
+    finally:
+        lcm.close()
+        coordinator.close()
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            proc.wait(15)
+        server.stop(0).wait()
