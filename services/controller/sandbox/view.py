@@ -13,22 +13,18 @@ jobs almost surely do not; the working directory is handed to it.
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import os
 import sys
 from pathlib import Path
 
+# the job's uid is named in common: the docker backend's containers run as it too
+from services.common.isolation import job_uid as job_uid
+
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
-UID_BASE, UID_SPAN = 1_000_000_000, 1_000_000_000
 TMP_SIZE = "1g"
 SHM_SIZE = "1g"
-
-
-def job_uid(job_id: str) -> int:
-    """An unprivileged uid (and gid) for the job, far above any account's."""
-    return UID_BASE + int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:8], "big") % UID_SPAN
 
 
 def _secret_below(path: Path, secrets: list[Path]) -> bool:
