@@ -69,13 +69,13 @@ def python_paths(python: str, secrets: list[Path]) -> tuple[list[str], list[tupl
 
 
 def config(*, workdir: Path, secrets: list[Path], python: str, netns: Path, cgroup_procs: list[str],
-           uid: int) -> dict:
+           uid: int, hosts: Path | None = None) -> dict:
     py, aliases = python_paths(python, secrets)
     system = [p for p in SYSTEM if os.path.lexists(p)]
     return {"readonly": system + [p for p in py if not any(Path(p).is_relative_to(s) for s in system)],
             "aliases": aliases, "devices": [*DEVICES, *sorted(glob.glob("/dev/nvidia*"))],
             "workdir": str(workdir), "uid": uid, "gid": uid, "netns": str(netns), "cgroups": cgroup_procs,
-            "tmp_size": TMP_SIZE, "shm_size": SHM_SIZE}
+            "tmp_size": TMP_SIZE, "shm_size": SHM_SIZE, "hosts": str(hosts) if hosts else ""}
 
 
 def hand_over(workdir: Path, uid: int) -> None:
