@@ -219,7 +219,7 @@ class ExperimentAction(_message.Message):
     def __init__(self, team: _Optional[str] = ..., experiment_id: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
 
 class Quota(_message.Message):
-    __slots__ = ("gpus", "cpus", "memory", "jobs", "gpus_by_type")
+    __slots__ = ("gpus", "cpus", "memory", "jobs", "gpus_by_type", "egress")
     class GpusByTypeEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -232,12 +232,14 @@ class Quota(_message.Message):
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     GPUS_BY_TYPE_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_FIELD_NUMBER: _ClassVar[int]
     gpus: int
     cpus: float
     memory: int
     jobs: int
     gpus_by_type: _containers.ScalarMap[str, int]
-    def __init__(self, gpus: _Optional[int] = ..., cpus: _Optional[float] = ..., memory: _Optional[int] = ..., jobs: _Optional[int] = ..., gpus_by_type: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    egress: str
+    def __init__(self, gpus: _Optional[int] = ..., cpus: _Optional[float] = ..., memory: _Optional[int] = ..., jobs: _Optional[int] = ..., gpus_by_type: _Optional[_Mapping[str, int]] = ..., egress: _Optional[str] = ...) -> None: ...
 
 class SetQuotaRequest(_message.Message):
     __slots__ = ("team", "quota", "actor")

@@ -209,14 +209,16 @@ def _gpu_types(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -
 @click.option("--jobs", type=int, help="jobs holding resources at once")
 @click.option("--gpu-type", "gpu_types", multiple=True, callback=_gpu_types,
               help="per GPU type, TYPE=COUNT (repeatable), e.g. a100=4")
+@click.option("--egress", help="the team's own egress policy for sandboxed learners: none, or store and "
+                               "host:port items, comma-separated; narrows the admin's (not given: the admin's)")
 @json_flag
 @click.pass_context
 def quota_set(ctx: click.Context, team: str, gpus: int | None, cpus: float | None, memory: str | None,
-              jobs: int | None, gpu_types: dict[str, int], as_json: bool) -> None:
+              jobs: int | None, gpu_types: dict[str, int], egress: str | None, as_json: bool) -> None:
     """Replace TEAM's quota; a limit not given is no limit of the team's own."""
     as_json = use_json(ctx, as_json)
     report = _admin(ctx).admin.set_quota(team, gpus=gpus, cpus=cpus, memory=memory, jobs=jobs,
-                                         gpus_by_type=gpu_types)
+                                         gpus_by_type=gpu_types, egress=egress)
     if as_json:
         emit_json(report)
     else:

@@ -57,10 +57,11 @@ class Admin:
 
     def set_quota(self, team: str, *, gpus: int | None = None, cpus: float | None = None,
                   memory: int | str | None = None, jobs: int | None = None,
-                  gpus_by_type: dict[str, int] | None = None) -> dict:
-        """Replace the team's quota whole: a limit left out is no limit. memory: bytes or e.g. "64Gi"."""
+                  gpus_by_type: dict[str, int] | None = None, egress: str | None = None) -> dict:
+        """Replace the team's quota whole: a limit left out is no limit. memory: bytes or e.g. "64Gi". egress: the
+        team's own policy for sandboxed learners ("none", "store,host:port,..."); None: the admin's."""
         body: dict[str, Any] = {"gpus": gpus, "cpus": cpus, "memory": memory, "jobs": jobs,
-                                "gpus_by_type": dict(gpus_by_type or {})}
+                                "gpus_by_type": dict(gpus_by_type or {}), "egress": egress}
         return self._c._request("PUT", f"/v1/admin/teams/{team}/quota", json=body)
 
     def usage(self, team: str | None = None) -> dict | list[dict]:

@@ -15,9 +15,11 @@ from pydantic import (
     StrictInt,
     StringConstraints,
     WithJsonSchema,
+    field_validator,
 )
 
 from services.api.usage import UsageReport
+from services.common import egress
 
 
 class ErrorDetail(BaseModel):
@@ -269,6 +271,15 @@ class QuotaIn(BaseModel):
     jobs: StrictInt | None = Field(None, ge=0, le=INT32_MAX, description="jobs holding resources at once")
     gpus_by_type: dict[GpuType, Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]] = Field(
         default_factory=dict, description='per GPU type, e.g. {"a100": 4}; counts against gpus too')
+    egress: str | None = Field(None, max_length=4096, description="the team's own egress policy for sandboxed "
+                               "learners: none, or comma-separated store and host:port items; it narrows the "
+                               "admin's TF_EGRESS, never widens it (null: the admin's)",
+                               examples=["store,pypi.internal:443"])
+
+    @field_validator("egress")
+    @classmethod
+    def _egress(cls, v: str | None) -> str | None:
+        return None if v is None else str(egress.parse(v, "egress"))
 
 
 class Quota(BaseModel):
@@ -277,6 +288,7 @@ class Quota(BaseModel):
     memory: int | None = Field(description="bytes")
     jobs: int | None
     gpus_by_type: dict[str, int]
+    egress: str | None = Field(None, description="the team's own egress policy (null: the admin's)")
 
 
 class TeamUsage(BaseModel):

@@ -97,11 +97,12 @@ def quota_to_json(quota: trainer_pb2.Quota) -> dict:
     """A Quota message as {gpus, cpus, memory, jobs, gpus_by_type}; an unset limit is None."""
     out: dict = {name: (getattr(quota, name) if quota.HasField(name) else None) for name in QUOTA_LIMITS}
     out["gpus_by_type"] = dict(sorted(quota.gpus_by_type.items()))
+    out["egress"] = quota.egress if quota.HasField("egress") else None
     return out
 
 
 def quota_to_proto(quota: dict) -> trainer_pb2.Quota:
-    limits = {name: quota[name] for name in QUOTA_LIMITS if quota.get(name) is not None}
+    limits = {name: quota[name] for name in (*QUOTA_LIMITS, "egress") if quota.get(name) is not None}
     return trainer_pb2.Quota(**limits, gpus_by_type=dict(quota.get("gpus_by_type") or {}))
 
 

@@ -135,6 +135,8 @@ class Quota:
     jobs: int | None = None
     # GPUs of one type ("a100" -> 4); a job asking for a type counts against it and against `gpus`
     gpus_by_type: Mapping[str, int] = field(default_factory=dict)
+    # not a limit admission checks: the team's own egress policy for sandboxed learners (None: the admin's)
+    egress: str | None = None
 
 
 NO_QUOTA = Quota()

@@ -16,6 +16,7 @@ import re
 import time
 from collections.abc import Mapping
 
+from services.common import egress
 from services.common.adapters.mongo import Database, mapped_as
 from services.common.errors import InvalidArgument
 from services.trainer.admission import Quota
@@ -48,6 +49,11 @@ def validate(team: str, quota: Quota) -> None:
                                                               "digits or '-'"))
         elif limit < 0:
             problems.append((f"quota.gpus_by_type.{gpu_type}", "must be >= 0"))
+    if quota.egress is not None:
+        try:
+            egress.parse(quota.egress)
+        except ValueError as e:
+            problems.append(("quota.egress", str(e)))
     if problems:
         raise InvalidArgument("invalid quota: " + "; ".join(f"{f}: {m}" for f, m in problems),
                               details=[{"field": f, "message": m} for f, m in problems])
@@ -56,6 +62,8 @@ def validate(team: str, quota: Quota) -> None:
 def to_doc(quota: Quota) -> dict:
     doc: dict = {name: getattr(quota, name) for name in ("gpus", "cpus", "memory", "jobs")
                  if getattr(quota, name) is not None}
+    if quota.egress is not None:
+        doc["egress"] = str(egress.parse(quota.egress))
     if quota.gpus_by_type:
         doc["gpus_by_type"] = dict(quota.gpus_by_type)
     return doc
@@ -67,7 +75,7 @@ def from_doc(doc: Mapping) -> Quota:
 
     by_type = {str(k): int(v) for k, v in (doc.get("gpus_by_type") or {}).items()}
     return Quota(gpus=opt("gpus", int), cpus=opt("cpus", float), memory=opt("memory", int),
-                 jobs=opt("jobs", int), gpus_by_type=by_type)
+                 jobs=opt("jobs", int), gpus_by_type=by_type, egress=opt("egress", str))
 
 
 class QuotaStore:

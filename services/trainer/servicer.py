@@ -66,11 +66,11 @@ def quota_from_proto(quota: trainer_pb2.Quota) -> Quota:
         return getattr(quota, name) if quota.HasField(name) else None
 
     return Quota(gpus=limit("gpus"), cpus=limit("cpus"), memory=limit("memory"), jobs=limit("jobs"),
-                 gpus_by_type=dict(quota.gpus_by_type))
+                 gpus_by_type=dict(quota.gpus_by_type), egress=limit("egress"))
 
 
 def quota_to_proto(quota: Quota) -> trainer_pb2.Quota:
-    limits = {name: getattr(quota, name) for name in ("gpus", "cpus", "memory", "jobs")
+    limits = {name: getattr(quota, name) for name in ("gpus", "cpus", "memory", "jobs", "egress")
               if getattr(quota, name) is not None}
     return trainer_pb2.Quota(**limits, gpus_by_type=dict(quota.gpus_by_type))
 

@@ -118,6 +118,7 @@ class InMemoryTrainer:
             raise InvalidArgument("team is required", details=[{"field": "team", "message": "required"}])
         clean = {name: quota.get(name) for name in ("gpus", "cpus", "memory", "jobs")}
         clean["gpus_by_type"] = dict(sorted((quota.get("gpus_by_type") or {}).items()))
+        clean["egress"] = quota.get("egress")
         with self._lock:
             self.quota_requests.append({"team": team, "quota": copy.deepcopy(clean), "actor": actor})
             self._quotas[team] = clean
