@@ -138,11 +138,13 @@ def unavailable() -> str:
     return ""
 
 
-def describe(setting: str, require: bool) -> str:
-    """One line for `trainforge up`: what learners will run in under TF_ISOLATION / TF_REQUIRE_ISOLATION."""
+def describe(setting: str, require: bool, egress: str = "none") -> str:
+    """One line for `trainforge up`: what learners will run in under TF_ISOLATION / TF_REQUIRE_ISOLATION, and
+    the most egress a sandboxed one may get (TF_EGRESS; teams' own policies narrow it)."""
     why = "TF_ISOLATION=none" if setting == "none" else unavailable()
     if not why:
-        return "learners: sandboxed (own filesystem view, uid, network and PID namespaces, cgroup limits)"
+        return ("learners: sandboxed (own filesystem view, uid, network and PID namespaces, cgroup limits; "
+                f"egress at most: {egress or 'none'})")
     if require or setting == "sandbox":
         return f"learners: REFUSED - a sandbox is required but {why}"
     return f"learners: NOT isolated (isolation: none) - {why}; set TF_REQUIRE_ISOLATION=true to refuse such jobs"

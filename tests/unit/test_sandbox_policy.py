@@ -68,5 +68,8 @@ def test_trainforge_up_says_plainly_what_learners_run_in(monkeypatch):
     assert isolation.describe("none", True).startswith("learners: REFUSED")
     monkeypatch.setattr(isolation, "unavailable", lambda: "")
     assert isolation.describe("auto", False).startswith("learners: sandboxed")
+    assert isolation.describe("auto", False).endswith("egress at most: none)")
+    assert isolation.describe("auto", False, "store,pypi.internal:443").endswith(
+        "egress at most: store,pypi.internal:443)")
     monkeypatch.setattr(isolation, "unavailable", lambda: "no root")
     assert isolation.describe("auto", False).startswith("learners: NOT isolated (isolation: none) - no root")
