@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos import common_pb2 as protos_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10protos/lcm.proto\x12\rtrainforge.v1\x1a\x13protos/common.proto\"\xa6\x02\n\x10\x44\x65ployJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x15\n\rmanifest_json\x18\x04 \x01(\t\x12\x10\n\x08\x63ode_uri\x18\x05 \x01(\t\x12\x16\n\x0e\x63heckpoint_uri\x18\x06 \x01(\t\x12\x42\n\nsecret_env\x18\x07 \x03(\x0b\x32..trainforge.v1.DeployJobRequest.SecretEnvEntry\x12,\n\nteam_quota\x18\x08 \x01(\x0b\x32\x18.trainforge.v1.TeamQuota\x1a\x30\n\x0eSecretEnvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf2\x01\n\tTeamQuota\x12\x11\n\x04gpus\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x11\n\x04\x63pus\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x06memory\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12\x11\n\x04jobs\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12>\n\x0cgpus_by_type\x18\x05 \x03(\x0b\x32(.trainforge.v1.TeamQuota.GpusByTypeEntry\x1a\x31\n\x0fGpusByTypeEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x42\x07\n\x05_gpusB\x07\n\x05_cpusB\t\n\x07_memoryB\x07\n\x05_jobs\"H\n\x0fSyncTeamRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\'\n\x05quota\x18\x02 \x01(\x0b\x32\x18.trainforge.v1.TeamQuota\"$\n\x10SyncTeamResponse\x12\x10\n\x08mirrored\x18\x01 \x01(\x08\"$\n\x11\x44\x65ployJobResponse\x12\x0f\n\x07handles\x18\x01 \x03(\t\"0\n\x0eKillJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"4\n\x11LcmHaltJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\"\x14\n\x12LcmHaltJobResponse\"!\n\x0fKillJobResponse\x12\x0e\n\x06killed\x18\x01 \x01(\x05\"\x14\n\x12GetCapacityRequest\"Z\n\x08\x43\x61pacity\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\'\n\x05total\x18\x02 \x01(\x0b\x32\x18.trainforge.v1.Resources\x12\x14\n\x0cmax_learners\x18\x03 \x01(\x05\"\x12\n\x10LcmHealthRequest\"#\n\x11LcmHealthResponse\x12\x0e\n\x06status\x18\x01 \x01(\t2\xe1\x03\n\x10LifecycleManager\x12N\n\tDeployJob\x12\x1f.trainforge.v1.DeployJobRequest\x1a .trainforge.v1.DeployJobResponse\x12H\n\x07KillJob\x12\x1d.trainforge.v1.KillJobRequest\x1a\x1e.trainforge.v1.KillJobResponse\x12N\n\x07HaltJob\x12 .trainforge.v1.LcmHaltJobRequest\x1a!.trainforge.v1.LcmHaltJobResponse\x12I\n\x0bGetCapacity\x12!.trainforge.v1.GetCapacityRequest\x1a\x17.trainforge.v1.Capacity\x12K\n\x08SyncTeam\x12\x1e.trainforge.v1.SyncTeamRequest\x1a\x1f.trainforge.v1.SyncTeamResponse\x12K\n\x06Health\x12\x1f.trainforge.v1.LcmHealthRequest\x1a .trainforge.v1.LcmHealthResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10protos/lcm.proto\x12\rtrainforge.v1\x1a\x13protos/common.proto\"\xa6\x02\n\x10\x44\x65ployJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x15\n\rmanifest_json\x18\x04 \x01(\t\x12\x10\n\x08\x63ode_uri\x18\x05 \x01(\t\x12\x16\n\x0e\x63heckpoint_uri\x18\x06 \x01(\t\x12\x42\n\nsecret_env\x18\x07 \x03(\x0b\x32..trainforge.v1.DeployJobRequest.SecretEnvEntry\x12,\n\nteam_quota\x18\x08 \x01(\x0b\x32\x18.trainforge.v1.TeamQuota\x1a\x30\n\x0eSecretEnvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x92\x02\n\tTeamQuota\x12\x11\n\x04gpus\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x11\n\x04\x63pus\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x06memory\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12\x11\n\x04jobs\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12>\n\x0cgpus_by_type\x18\x05 \x03(\x0b\x32(.trainforge.v1.TeamQuota.GpusByTypeEntry\x12\x13\n\x06\x65gress\x18\x06 \x01(\tH\x04\x88\x01\x01\x1a\x31\n\x0fGpusByTypeEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x42\x07\n\x05_gpusB\x07\n\x05_cpusB\t\n\x07_memoryB\x07\n\x05_jobsB\t\n\x07_egress\"H\n\x0fSyncTeamRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\'\n\x05quota\x18\x02 \x01(\x0b\x32\x18.trainforge.v1.TeamQuota\"$\n\x10SyncTeamResponse\x12\x10\n\x08mirrored\x18\x01 \x01(\x08\"$\n\x11\x44\x65ployJobResponse\x12\x0f\n\x07handles\x18\x01 \x03(\t\"0\n\x0eKillJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"4\n\x11LcmHaltJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\"\x14\n\x12LcmHaltJobResponse\"!\n\x0fKillJobResponse\x12\x0e\n\x06killed\x18\x01 \x01(\x05\"\x14\n\x12GetCapacityRequest\"Z\n\x08\x43\x61pacity\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\'\n\x05total\x18\x02 \x01(\x0b\x32\x18.trainforge.v1.Resources\x12\x14\n\x0cmax_learners\x18\x03 \x01(\x05\"\x12\n\x10LcmHealthRequest\"#\n\x11LcmHealthResponse\x12\x0e\n\x06status\x18\x01 \x01(\t2\xe1\x03\n\x10LifecycleManager\x12N\n\tDeployJob\x12\x1f.trainforge.v1.DeployJobRequest\x1a .trainforge.v1.DeployJobResponse\x12H\n\x07KillJob\x12\x1d.trainforge.v1.KillJobRequest\x1a\x1e.trainforge.v1.KillJobResponse\x12N\n\x07HaltJob\x12 .trainforge.v1.LcmHaltJobRequest\x1a!.trainforge.v1.LcmHaltJobResponse\x12I\n\x0bGetCapacity\x12!.trainforge.v1.GetCapacityRequest\x1a\x17.trainforge.v1.Capacity\x12K\n\x08SyncTeam\x12\x1e.trainforge.v1.SyncTeamRequest\x1a\x1f.trainforge.v1.SyncTeamResponse\x12K\n\x06Health\x12\x1f.trainforge.v1.LcmHealthRequest\x1a .trainforge.v1.LcmHealthResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,31 +41,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DEPLOYJOBREQUEST_SECRETENVENTRY']._serialized_start=303
   _globals['_DEPLOYJOBREQUEST_SECRETENVENTRY']._serialized_end=351
   _globals['_TEAMQUOTA']._serialized_start=354
-  _globals['_TEAMQUOTA']._serialized_end=596
-  _globals['_TEAMQUOTA_GPUSBYTYPEENTRY']._serialized_start=509
-  _globals['_TEAMQUOTA_GPUSBYTYPEENTRY']._serialized_end=558
-  _globals['_SYNCTEAMREQUEST']._serialized_start=598
-  _globals['_SYNCTEAMREQUEST']._serialized_end=670
-  _globals['_SYNCTEAMRESPONSE']._serialized_start=672
-  _globals['_SYNCTEAMRESPONSE']._serialized_end=708
-  _globals['_DEPLOYJOBRESPONSE']._serialized_start=710
-  _globals['_DEPLOYJOBRESPONSE']._serialized_end=746
-  _globals['_KILLJOBREQUEST']._serialized_start=748
-  _globals['_KILLJOBREQUEST']._serialized_end=796
-  _globals['_LCMHALTJOBREQUEST']._serialized_start=798
-  _globals['_LCMHALTJOBREQUEST']._serialized_end=850
-  _globals['_LCMHALTJOBRESPONSE']._serialized_start=852
-  _globals['_LCMHALTJOBRESPONSE']._serialized_end=872
-  _globals['_KILLJOBRESPONSE']._serialized_start=874
-  _globals['_KILLJOBRESPONSE']._serialized_end=907
-  _globals['_GETCAPACITYREQUEST']._serialized_start=909
-  _globals['_GETCAPACITYREQUEST']._serialized_end=929
-  _globals['_CAPACITY']._serialized_start=931
-  _globals['_CAPACITY']._serialized_end=1021
-  _globals['_LCMHEALTHREQUEST']._serialized_start=1023
-  _globals['_LCMHEALTHREQUEST']._serialized_end=1041
-  _globals['_LCMHEALTHRESPONSE']._serialized_start=1043
-  _globals['_LCMHEALTHRESPONSE']._serialized_end=1078
-  _globals['_LIFECYCLEMANAGER']._serialized_start=1081
-  _globals['_LIFECYCLEMANAGER']._serialized_end=1562
+  _globals['_TEAMQUOTA']._serialized_end=628
+  _globals['_TEAMQUOTA_GPUSBYTYPEENTRY']._serialized_start=530
+  _globals['_TEAMQUOTA_GPUSBYTYPEENTRY']._serialized_end=579
+  _globals['_SYNCTEAMREQUEST']._serialized_start=630
+  _globals['_SYNCTEAMREQUEST']._serialized_end=702
+  _globals['_SYNCTEAMRESPONSE']._serialized_start=704
+  _globals['_SYNCTEAMRESPONSE']._serialized_end=740
+  _globals['_DEPLOYJOBRESPONSE']._serialized_start=742
+  _globals['_DEPLOYJOBRESPONSE']._serialized_end=778
+  _globals['_KILLJOBREQUEST']._serialized_start=780
+  _globals['_KILLJOBREQUEST']._serialized_end=828
+  _globals['_LCMHALTJOBREQUEST']._serialized_start=830
+  _globals['_LCMHALTJOBREQUEST']._serialized_end=882
+  _globals['_LCMHALTJOBRESPONSE']._serialized_start=884
+  _globals['_LCMHALTJOBRESPONSE']._serialized_end=904
+  _globals['_KILLJOBRESPONSE']._serialized_start=906
+  _globals['_KILLJOBRESPONSE']._serialized_end=939
+  _globals['_GETCAPACITYREQUEST']._serialized_start=941
+  _globals['_GETCAPACITYREQUEST']._serialized_end=961
+  _globals['_CAPACITY']._serialized_start=963
+  _globals['_CAPACITY']._serialized_end=1053
+  _globals['_LCMHEALTHREQUEST']._serialized_start=1055
+  _globals['_LCMHEALTHREQUEST']._serialized_end=1073
+  _globals['_LCMHEALTHRESPONSE']._serialized_start=1075
+  _globals['_LCMHEALTHRESPONSE']._serialized_end=1110
+  _globals['_LIFECYCLEMANAGER']._serialized_start=1113
+  _globals['_LIFECYCLEMANAGER']._serialized_end=1594
 # @@protoc_insertion_point(module_scope)

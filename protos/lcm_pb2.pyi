@@ -35,7 +35,7 @@ class DeployJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., team: _Optional[str] = ..., attempt: _Optional[int] = ..., manifest_json: _Optional[str] = ..., code_uri: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., team_quota: _Optional[_Union[TeamQuota, _Mapping]] = ...) -> None: ...
 
 class TeamQuota(_message.Message):
-    __slots__ = ("gpus", "cpus", "memory", "jobs", "gpus_by_type")
+    __slots__ = ("gpus", "cpus", "memory", "jobs", "gpus_by_type", "egress")
     class GpusByTypeEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -48,12 +48,14 @@ class TeamQuota(_message.Message):
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     GPUS_BY_TYPE_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_FIELD_NUMBER: _ClassVar[int]
     gpus: int
     cpus: float
     memory: int
     jobs: int
     gpus_by_type: _containers.ScalarMap[str, int]
-    def __init__(self, gpus: _Optional[int] = ..., cpus: _Optional[float] = ..., memory: _Optional[int] = ..., jobs: _Optional[int] = ..., gpus_by_type: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    egress: str
+    def __init__(self, gpus: _Optional[int] = ..., cpus: _Optional[float] = ..., memory: _Optional[int] = ..., jobs: _Optional[int] = ..., gpus_by_type: _Optional[_Mapping[str, int]] = ..., egress: _Optional[str] = ...) -> None: ...
 
 class SyncTeamRequest(_message.Message):
     __slots__ = ("team", "quota")

@@ -219,7 +219,7 @@ class ExperimentAction(_message.Message):
     def __init__(self, team: _Optional[str] = ..., experiment_id: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
 
 class Quota(_message.Message):
-    __slots__ = ("gpus", "cpus", "memory", "jobs", "gpus_by_type", "cohort", "lending_limit", "borrowing_limit")
+    __slots__ = ("gpus", "cpus", "memory", "jobs", "gpus_by_type", "cohort", "lending_limit", "borrowing_limit", "egress")
     class GpusByTypeEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +235,7 @@ class Quota(_message.Message):
     COHORT_FIELD_NUMBER: _ClassVar[int]
     LENDING_LIMIT_FIELD_NUMBER: _ClassVar[int]
     BORROWING_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_FIELD_NUMBER: _ClassVar[int]
     gpus: int
     cpus: float
     memory: int
@@ -243,7 +244,8 @@ class Quota(_message.Message):
     cohort: str
     lending_limit: ResourceLimits
     borrowing_limit: ResourceLimits
-    def __init__(self, gpus: _Optional[int] = ..., cpus: _Optional[float] = ..., memory: _Optional[int] = ..., jobs: _Optional[int] = ..., gpus_by_type: _Optional[_Mapping[str, int]] = ..., cohort: _Optional[str] = ..., lending_limit: _Optional[_Union[ResourceLimits, _Mapping]] = ..., borrowing_limit: _Optional[_Union[ResourceLimits, _Mapping]] = ...) -> None: ...
+    egress: str
+    def __init__(self, gpus: _Optional[int] = ..., cpus: _Optional[float] = ..., memory: _Optional[int] = ..., jobs: _Optional[int] = ..., gpus_by_type: _Optional[_Mapping[str, int]] = ..., cohort: _Optional[str] = ..., lending_limit: _Optional[_Union[ResourceLimits, _Mapping]] = ..., borrowing_limit: _Optional[_Union[ResourceLimits, _Mapping]] = ..., egress: _Optional[str] = ...) -> None: ...
 
 class ResourceLimits(_message.Message):
     __slots__ = ("gpus", "cpus", "memory")

@@ -241,17 +241,19 @@ def _limits(_: click.Context, param: click.Parameter, value: str | None) -> dict
 @click.option("--lending-limit", callback=_limits, help="most of the unused quota the cohort may borrow, "
               "e.g. gpus=2,memory=16Gi")
 @click.option("--borrowing-limit", callback=_limits, help="most the team may hold beyond its quota, e.g. gpus=4")
+@click.option("--egress", help="the team's own egress policy for sandboxed learners: none, or store and "
+                               "host:port items, comma-separated; narrows the admin's (not given: the admin's)")
 @json_flag
 @click.pass_context
 def quota_set(ctx: click.Context, team: str, gpus: int | None, cpus: float | None, memory: str | None,
               jobs: int | None, gpu_types: dict[str, int], cohort: str, lending_limit: dict,
-              borrowing_limit: dict, as_json: bool) -> None:
+              borrowing_limit: dict, egress: str | None, as_json: bool) -> None:
     """Replace TEAM's quota; a limit not given is no limit of the team's own. In a --cohort, the team lends
     what it leaves unused to the cohort's other teams and may borrow theirs (docs: "Sharing quota")."""
     as_json = use_json(ctx, as_json)
     report = _admin(ctx).admin.set_quota(team, gpus=gpus, cpus=cpus, memory=memory, jobs=jobs,
                                          gpus_by_type=gpu_types, cohort=cohort, lending_limit=lending_limit,
-                                         borrowing_limit=borrowing_limit)
+                                         borrowing_limit=borrowing_limit, egress=egress)
     if as_json:
         emit_json(report)
     else:

@@ -59,16 +59,17 @@ class Admin:
                   memory: int | str | None = None, jobs: int | None = None,
                   gpus_by_type: dict[str, int] | None = None, cohort: str = "",
                   lending_limit: dict[str, Any] | None = None,
-                  borrowing_limit: dict[str, Any] | None = None) -> dict:
+                  borrowing_limit: dict[str, Any] | None = None, egress: str | None = None) -> dict:
         """Replace the team's quota whole: a limit left out is no limit. memory: bytes or e.g. "64Gi".
 
         cohort: teams naming the same cohort lend each other their unused gpus, cpus and memory;
         lending_limit / borrowing_limit: {"gpus": n, "cpus": x, "memory": "8Gi"} (a resource left out: no limit).
+        egress: the team's own policy for sandboxed learners ("none", "store,host:port,..."); None: the admin's.
         """
         body: dict[str, Any] = {"gpus": gpus, "cpus": cpus, "memory": memory, "jobs": jobs,
                                 "gpus_by_type": dict(gpus_by_type or {}), "cohort": cohort,
                                 "lending_limit": dict(lending_limit or {}),
-                                "borrowing_limit": dict(borrowing_limit or {})}
+                                "borrowing_limit": dict(borrowing_limit or {}), "egress": egress}
         return self._c._request("PUT", f"/v1/admin/teams/{team}/quota", json=body)
 
     def usage(self, team: str | None = None) -> dict | list[dict]:

@@ -15,9 +15,11 @@ from pydantic import (
     StrictInt,
     StringConstraints,
     WithJsonSchema,
+    field_validator,
 )
 
 from services.api.usage import UsageReport
+from services.common import egress
 
 
 class ErrorDetail(BaseModel):
@@ -296,6 +298,15 @@ class QuotaIn(BaseModel):
                                     description="most of the team's unused quota its cohort may borrow")
     borrowing_limit: LimitsIn = Field(default_factory=lambda: LimitsIn(),
                                       description="most the team may hold beyond its quota by borrowing")
+    egress: str | None = Field(None, max_length=4096, description="the team's own egress policy for sandboxed "
+                               "learners: none, or comma-separated store and host:port items; it narrows the "
+                               "admin's TF_EGRESS, never widens it (null: the admin's)",
+                               examples=["store,pypi.internal:443"])
+
+    @field_validator("egress")
+    @classmethod
+    def _egress(cls, v: str | None) -> str | None:
+        return None if v is None else str(egress.parse(v, "egress"))
 
 
 class Limits(BaseModel):
@@ -310,6 +321,7 @@ class Held(BaseModel):
     memory: int | None = Field(description="bytes")
     jobs: int | None
     gpus_by_type: dict[str, int]
+    egress: str | None = Field(None, description="the team's own egress policy (null: the admin's)")
 
 
 class Quota(Held):

@@ -107,11 +107,12 @@ def quota_to_json(quota: trainer_pb2.Quota) -> dict:
         limits = getattr(quota, kind)
         out[kind] = {name: (getattr(limits, name) if limits.HasField(name) else None) for name in BORROWABLE} \
             if quota.HasField(kind) and any(limits.HasField(n) for n in BORROWABLE) else None
+    out["egress"] = quota.egress if quota.HasField("egress") else None
     return out
 
 
 def quota_to_proto(quota: dict) -> trainer_pb2.Quota:
-    limits = {name: quota[name] for name in QUOTA_LIMITS if quota.get(name) is not None}
+    limits = {name: quota[name] for name in (*QUOTA_LIMITS, "egress") if quota.get(name) is not None}
 
     def resource_limits(kind: str) -> trainer_pb2.ResourceLimits:
         given = quota.get(kind) or {}

@@ -15,6 +15,7 @@ them and services share only `services/common/`.
 from __future__ import annotations
 
 import enum
+import hashlib
 import logging
 import os
 import shutil
@@ -37,6 +38,15 @@ class Isolation(enum.StrEnum):
 
     SANDBOX = "sandbox"
     NONE = "none"
+
+
+UID_BASE, UID_SPAN = 1_000_000_000, 1_000_000_000
+
+
+def job_uid(job_id: str) -> int:
+    """An unprivileged uid (and gid) for the job's learners, far above any account's: the local sandbox's and the
+    docker backend's containers' user, so the learners of one job share it and two jobs almost surely do not."""
+    return UID_BASE + int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:8], "big") % UID_SPAN
 
 
 def netns_name(job_id: str) -> str:
@@ -128,11 +138,13 @@ def unavailable() -> str:
     return ""
 
 
-def describe(setting: str, require: bool) -> str:
-    """One line for `trainforge up`: what learners will run in under TF_ISOLATION / TF_REQUIRE_ISOLATION."""
+def describe(setting: str, require: bool, egress: str = "none") -> str:
+    """One line for `trainforge up`: what learners will run in under TF_ISOLATION / TF_REQUIRE_ISOLATION, and
+    the most egress a sandboxed one may get (TF_EGRESS; teams' own policies narrow it)."""
     why = "TF_ISOLATION=none" if setting == "none" else unavailable()
     if not why:
-        return "learners: sandboxed (own filesystem view, uid, network and PID namespaces, cgroup limits)"
+        return ("learners: sandboxed (own filesystem view, uid, network and PID namespaces, cgroup limits; "
+                f"egress at most: {egress or 'none'})")
     if require or setting == "sandbox":
         return f"learners: REFUSED - a sandbox is required but {why}"
     return f"learners: NOT isolated (isolation: none) - {why}; set TF_REQUIRE_ISOLATION=true to refuse such jobs"

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.common.egress import parse as parse_egress
 
 DEV_JWT_SECRET = "dev-only-insecure-secret-change-me"  # noqa: S105 - refused outside dev mode
 
@@ -185,6 +187,14 @@ class ControllerSettings(StoreSettings):
                            description="learner sandbox: sandbox (required), none, or auto (sandbox where the "
                                        "kernel and privileges allow it)")
     require_isolation: bool = Field(False, description="fail learners that would run without a sandbox")
+    egress: str = Field("none", description="the most egress a sandboxed learner may get (a team's own policy "
+                                            "narrows it): none, or items of store (the object store's S3 "
+                                            "endpoint) and host:port, comma-separated")
+
+    @field_validator("egress")
+    @classmethod
+    def _egress(cls, v: str) -> str:
+        return str(parse_egress(v, "TF_EGRESS"))
 
 
 class MonitorSettings(StoreSettings):

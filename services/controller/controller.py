@@ -244,7 +244,7 @@ class Controller:
             env["VIRTUAL_ENV"] = str(Path(learner_python).parent.parent)
         program = None
         if sandbox is not None:
-            env, program = Sandbox.env(env), sandbox.argv(spec.manifest.rendered_command())
+            env, program = sandbox.env(env), sandbox.argv(spec.manifest.rendered_command())
         elif spec.launcher:
             program = [*spec.launcher, "/bin/sh", "-c", spec.manifest.rendered_command()]
         learner = self._learner = LearnerProcess(spec.manifest.rendered_command(), spec.workdir, env, archive,

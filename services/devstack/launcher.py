@@ -212,7 +212,8 @@ def up(state_dir: str | Path, *, report: Report = _ignore, timeout: float = 150.
         created, team = _ensure_key(state, api_url, plan.api_settings())
         return StackInfo(state, stack_id, api_url, team, created, statuses,
                          isolation.describe(os.environ.get("TF_ISOLATION", "auto"),
-                                            os.environ.get("TF_REQUIRE_ISOLATION", "").lower() in ("1", "true")))
+                                            os.environ.get("TF_REQUIRE_ISOLATION", "").lower() in ("1", "true"),
+                                            os.environ.get("TF_EGRESS", "none")))
 
 
 def _key_works(api_url: str, key: str) -> bool:

@@ -152,6 +152,8 @@ class Quota:
     # most of the team's unused nominal quota others may borrow / most it may borrow beyond its own
     lending_limit: Limits = Limits()
     borrowing_limit: Limits = Limits()
+    # not a limit admission checks: the team's own egress policy for sandboxed learners (None: the admin's)
+    egress: str | None = None
 
 
 NO_QUOTA = Quota()

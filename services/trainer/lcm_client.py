@@ -40,7 +40,7 @@ class Lcm(Protocol):
 
 def team_quota_to_proto(quota: Quota) -> lcm_pb2.TeamQuota:
     limits = {k: v for k, v in (("gpus", quota.gpus), ("cpus", quota.cpus), ("memory", quota.memory),
-                                ("jobs", quota.jobs)) if v is not None}
+                                ("jobs", quota.jobs), ("egress", quota.egress)) if v is not None}
     return lcm_pb2.TeamQuota(**limits, gpus_by_type=dict(quota.gpus_by_type))
 
 

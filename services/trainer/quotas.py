@@ -16,6 +16,7 @@ import re
 import time
 from collections.abc import Mapping
 
+from services.common import egress
 from services.common.adapters.mongo import Database, mapped_as
 from services.common.errors import InvalidArgument
 from services.trainer.admission import Limits, Quota
@@ -51,6 +52,11 @@ def validate(team: str, quota: Quota) -> None:
         elif limit < 0:
             problems.append((f"quota.gpus_by_type.{gpu_type}", "must be >= 0"))
     problems += _cohort_problems(quota)
+    if quota.egress is not None:
+        try:
+            egress.parse(quota.egress)
+        except ValueError as e:
+            problems.append(("quota.egress", str(e)))
     if problems:
         raise InvalidArgument("invalid quota: " + "; ".join(f"{f}: {m}" for f, m in problems),
                               details=[{"field": f, "message": m} for f, m in problems])
@@ -86,6 +92,8 @@ def _limits_doc(limits: Limits) -> dict:
 def to_doc(quota: Quota) -> dict:
     doc: dict = {name: getattr(quota, name) for name in ("gpus", "cpus", "memory", "jobs")
                  if getattr(quota, name) is not None}
+    if quota.egress is not None:
+        doc["egress"] = str(egress.parse(quota.egress))
     if quota.gpus_by_type:
         doc["gpus_by_type"] = dict(quota.gpus_by_type)
     if quota.cohort:
@@ -110,7 +118,8 @@ def from_doc(doc: Mapping) -> Quota:
     by_type = {str(k): int(v) for k, v in (doc.get("gpus_by_type") or {}).items()}
     return Quota(gpus=opt("gpus", int), cpus=opt("cpus", float), memory=opt("memory", int),
                  jobs=opt("jobs", int), gpus_by_type=by_type, cohort=str(doc.get("cohort") or ""),
-                 lending_limit=_limits(doc.get("lending_limit")), borrowing_limit=_limits(doc.get("borrowing_limit")))
+                 lending_limit=_limits(doc.get("lending_limit")), borrowing_limit=_limits(doc.get("borrowing_limit")),
+                 egress=opt("egress", str))
 
 
 class QuotaStore:

@@ -79,7 +79,7 @@ def quota_from_proto(quota: trainer_pb2.Quota) -> Quota:
 
     return Quota(gpus=limit("gpus"), cpus=limit("cpus"), memory=limit("memory"), jobs=limit("jobs"),
                  gpus_by_type=dict(quota.gpus_by_type), cohort=quota.cohort,
-                 lending_limit=limits(quota.lending_limit), borrowing_limit=limits(quota.borrowing_limit))
+                 lending_limit=limits(quota.lending_limit), borrowing_limit=limits(quota.borrowing_limit), egress=limit("egress"))
 
 
 def quota_to_proto(quota: Quota) -> trainer_pb2.Quota:
@@ -88,7 +88,7 @@ def quota_to_proto(quota: Quota) -> trainer_pb2.Quota:
 
     limits = {kind: trainer_pb2.ResourceLimits(**given) for kind in ("lending_limit", "borrowing_limit")
               if (given := set_only(getattr(quota, kind), _BORROWABLE))}
-    return trainer_pb2.Quota(**set_only(quota, ("gpus", "cpus", "memory", "jobs")),
+    return trainer_pb2.Quota(**set_only(quota, ("gpus", "cpus", "memory", "jobs", "egress")),
                              gpus_by_type=dict(quota.gpus_by_type), cohort=quota.cohort, **limits)
 
 

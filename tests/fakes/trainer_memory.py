@@ -122,6 +122,7 @@ class InMemoryTrainer:
         for kind in ("lending_limit", "borrowing_limit"):
             given = {k: v for k, v in (quota.get(kind) or {}).items() if v is not None}
             clean[kind] = {k: given.get(k) for k in ("gpus", "cpus", "memory")} if given else None
+        clean["egress"] = quota.get("egress")
         with self._lock:
             self.quota_requests.append({"team": team, "quota": copy.deepcopy(clean), "actor": actor})
             self._quotas[team] = clean

@@ -23,6 +23,7 @@ from services.common.adapters.objectstore import LocalStore, store_from_settings
 from services.common.manifest import Manifest
 from services.common.settings import ApiSettings, LcmSettings
 from services.common.states import LEARNER_FINAL
+from services.lcm.backends.base import TeamQuota
 from services.lcm.backends.local import LocalBackend
 from services.lcm.lifecycle import JobDeployment, Lifecycle
 from tests.fakes.trainer_memory import InMemoryTrainer
@@ -46,13 +47,15 @@ class Platform:
     def workdir(self, job: str, rank: int = 0, attempt: int = 1) -> Path:
         return self.state_dir / "work" / job / str(attempt) / f"learner-{rank}"
 
-    def deploy(self, job: str, script: str, *, learners: int = 1, env: dict | None = None, **resources) -> None:
+    def deploy(self, job: str, script: str, *, learners: int = 1, env: dict | None = None,
+               team_egress: str | None = None, **resources) -> None:
         store = store_from_settings(self.settings)
         store.put_bytes(f"jobs/{job}/code.tar.gz", pack({"hostile.py": script}))
         manifest = Manifest(name="hostile", framework="custom", learners=learners, command="python hostile.py",
                             env=env or {}, resources={"cpus": 0.5, "memory": "256Mi", **resources})
+        quota = None if team_egress is None else TeamQuota(egress=team_egress)  # the team's own egress policy
         self.lifecycle.deploy(JobDeployment(job_id=job, team="team-a", attempt=1, manifest=manifest,
-                                            code_uri=f"store://jobs/{job}/code.tar.gz"))
+                                            code_uri=f"store://jobs/{job}/code.tar.gz", team_quota=quota))
 
     def status(self, job: str, rank: int = 0) -> dict | None:
         return self.coordinator.get(self.coordinator.keys.learner_status(job, rank))[0]

@@ -221,7 +221,8 @@ def test_set_quota_calls_the_trainer_and_reports_usage(p):
     assert resp.status_code == 200, resp.text
     report = resp.json()
     assert report["quota"] == {"gpus": 8, "cpus": 32.0, "memory": 64 * 2**30, "jobs": 3, "gpus_by_type": {"a100": 4},
-                               "cohort": "", "lending_limit": None, "borrowing_limit": None}
+                               "cohort": "", "lending_limit": None, "borrowing_limit": None,
+                               "egress": None}
     (req,) = p.trainer.quota_requests
     assert req["team"] == "alpha" and req["actor"] == f"user:{key_id_of(p.keys['platform'])}"
     assert req["quota"]["memory"] == 64 * 2**30
@@ -231,7 +232,8 @@ def test_set_quota_calls_the_trainer_and_reports_usage(p):
     p.trainer.report(job["id"], JobState.DEPLOYING, "dispatched", actor="trainer")
     own = p.client.get("/v1/team/usage", headers=p.h["alpha_member"]).json()
     assert own["team"] == "alpha" and own["quota"]["gpus"] == 8
-    assert own["in_use"] == {"gpus": 2, "cpus": 4.0, "memory": 2 * 2**30, "jobs": 1, "gpus_by_type": {"a100": 2}}
+    assert own["in_use"] == {"gpus": 2, "cpus": 4.0, "memory": 2 * 2**30, "jobs": 1, "gpus_by_type": {"a100": 2},
+                             "egress": None}
     assert own["queued_jobs"] == 1 and own["active_jobs"] == 1
     assert p.client.get("/v1/admin/teams/alpha/usage", headers=p.h["platform"]).json() == own
     beta = p.client.get("/v1/team/usage", headers=p.h["beta_member"]).json()
@@ -242,7 +244,8 @@ def test_set_quota_calls_the_trainer_and_reports_usage(p):
     # replaced whole: what is left out is no limit
     again = p.client.put("/v1/admin/teams/alpha/quota", json={"gpus": 2}, headers=p.h["platform"]).json()
     assert again["quota"] == {"gpus": 2, "cpus": None, "memory": None, "jobs": None, "gpus_by_type": {},
-                              "cohort": "", "lending_limit": None, "borrowing_limit": None}
+                              "cohort": "", "lending_limit": None, "borrowing_limit": None,
+                              "egress": None}
 
 
 def test_a_quota_names_its_cohort_and_its_lending_and_borrowing_limits(p):
@@ -260,6 +263,20 @@ def test_a_quota_names_its_cohort_and_its_lending_and_borrowing_limits(p):
                              "invalid_argument")
     assert {d["field"] for d in err["details"]} == {"cohort", "lending_limit.gpus", "lending_limit.tpus",
                                                     "borrowing_limit.memory"}
+
+
+def test_a_teams_egress_policy_is_set_with_its_quota_normalised_and_validated(p):
+    put = p.client.put("/v1/admin/teams/alpha/quota", json={"egress": " store, PyPI.internal:443 "},
+                       headers=p.h["platform"])
+    assert put.status_code == 200, put.text
+    assert put.json()["quota"]["egress"] == "store,pypi.internal:443"
+    assert p.trainer.quota_requests[-1]["quota"]["egress"] == "store,pypi.internal:443"
+    assert p.client.put("/v1/admin/teams/alpha/quota", json={"egress": "none"},
+                        headers=p.h["platform"]).json()["quota"]["egress"] == "none"
+    for bad, says in (("pypi.internal", "neither `store` nor host:port"), ("h:70000", "no port between")):
+        err = assert_error_shape(p.client.put("/v1/admin/teams/alpha/quota", json={"egress": bad},
+                                              headers=p.h["platform"]), 422, "invalid_argument")
+        assert [d["field"] for d in err["details"]] == ["egress"] and says in err["message"], err
 
 
 def test_the_cluster_view_is_for_platform_admins(p):

@@ -155,10 +155,26 @@ def test_set_get_and_list_usage(tf, fake_lcm):
                                                        borrowed=trainer_pb2.Quota(gpus=0, cpus=0, memory=0))
 
 
+def test_a_teams_egress_policy_is_kept_with_its_quota_and_sent_with_each_deploy(tf, fake_lcm):
+    usage = tf.set_quota("a", jobs=3, egress="store,PyPI.internal:443")
+    assert usage.quota.egress == "store,pypi.internal:443", "normalised"
+    assert tf.usage("a").quota.egress == "store,pypi.internal:443" and not tf.usage("b").quota.HasField("egress")
+    tf.submit("a", "train", cpus=1)
+    tf.submit("b", "other", cpus=1)
+    tf.wait_state("a", "train", JobState.DEPLOYING)
+    tf.wait_state("b", "other", JobState.DEPLOYING)
+    by_team = {json.loads(d.manifest_json)["name"]: d for d in fake_lcm.deploys}
+    assert by_team["train"].team_quota.egress == "store,pypi.internal:443"
+    assert not by_team["other"].team_quota.HasField("egress"), "a team without a policy of its own: the admin's"
+
+
 def test_a_bad_quota_is_refused_naming_its_fields(tf):
     with pytest.raises(InvalidArgument) as err:
         tf.set_quota("a", gpus=-1, gpus_by_type={"A100": 1})
     assert [d["field"] for d in err.value.details] == ["quota.gpus", "quota.gpus_by_type.A100"]
+    with pytest.raises(InvalidArgument) as err:
+        tf.set_quota("a", egress="pypi.internal")
+    assert [d["field"] for d in err.value.details] == ["quota.egress"]
     with pytest.raises(grpc.RpcError) as raw:
         tf.stub.SetQuota(trainer_pb2.SetQuotaRequest(quota=trainer_pb2.Quota(gpus=1)))
     assert raw.value.code() == grpc.StatusCode.INVALID_ARGUMENT

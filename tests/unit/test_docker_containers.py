@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from services.common.adapters.docker_engine import device_requests, label_filter
+from services.common.adapters.docker_engine import (
+    ContainerRequest,
+    device_requests,
+    host_config,
+    label_filter,
+)
 from services.common.errors import ResourceExhausted
+from services.common.isolation import job_uid
 from services.common.manifest import Manifest
 from services.lcm.backends.base import Site
 from services.lcm.backends.docker import containers
-from services.lcm.backends.docker.runner import container_env, human_bytes
+from services.lcm.backends.docker.runner import container_env, container_user, human_bytes
 from services.lcm.lifecycle import JobDeployment, build_plan
 
 
@@ -55,6 +62,64 @@ def test_a_learners_container_plan_has_its_address_labels_limits_and_mounts(tmp_
     assert all(ro for src, dst, ro in box.mounts if dst != str(spec.workdir))
     assert any(dst == sys.base_prefix for _, dst, _ in box.mounts), "the interpreter is mounted"
     assert box.reason_path == str(spec.exit_reason_path)
+
+
+def test_a_learners_container_is_hardened_with_the_jobs_uid_and_the_manifests_pids_limit(tmp_path):
+    plan, _ = plan_for(tmp_path)
+    spec = plan.learners[0]
+    box = containers.container_plan(plan, spec, engine_url="", image="i", stack="s", python=sys.executable)
+    assert box.uid == job_uid("j-abc") >= 1_000_000_000, "the local sandbox's unprivileged uid for the job"
+    assert box.pids_limit == plan.manifest.resources.pids == 4096
+    req = ContainerRequest(name=box.name, image=box.image, command=["true"], env={}, labels=box.labels,
+                           network=box.network, ip=box.ip, nano_cpus=box.nano_cpus, memory=box.memory,
+                           mounts=box.mounts, user=f"{box.uid}:{box.uid}", pids_limit=box.pids_limit)
+    config = host_config(req, "1.41")
+    assert config["CapDrop"] == ["ALL"] and "CapAdd" not in config
+    assert config["SecurityOpt"] == ["no-new-privileges"]
+    assert config["PidsLimit"] == 4096 and config["Memory"] == config["MemorySwap"] == 512 * 2**20
+    assert config["Init"] is True and config["NetworkMode"] == box.network
+
+
+def test_mounts_below_root_get_a_read_only_skeleton_of_0755_folders(tmp_path):
+    plan, _ = plan_for(tmp_path)
+    mounts = [("/a", "/root/.pyenv/versions/3", True), ("/b", "/root/.trainforge/work/j/1/0", False),
+              ("/c", "/opt/venv", True)]
+    assert containers.skeletons([("/c", "/opt/venv", True), ("/d", "/rooted", True)], tmp_path) == {}
+    tops = containers.skeletons(mounts, tmp_path / "sk")
+    assert tops == {"/root": str(tmp_path / "sk" / "root")}
+    box = containers.container_plan(plan, plan.learners[0], engine_url="", image="i", stack="s",
+                                    python=sys.executable).model_copy(update={"mounts": tuple(mounts),
+                                                                              "skeletons": tops})
+    containers.build_skeletons(box)
+    skeleton = tmp_path / "sk" / "root"
+    for sub in ("", ".pyenv", ".pyenv/versions", ".pyenv/versions/3", ".trainforge/work/j/1/0"):
+        assert (skeleton / sub).is_dir() and (skeleton / sub).stat().st_mode & 0o777 == 0o755, sub
+    assert sorted(p.name for p in skeleton.iterdir()) == [".pyenv", ".trainforge"], "nothing but mount points"
+    real = containers.container_plan(plan, plan.learners[0], engine_url="", image="i", stack="s",
+                                     python=sys.executable)
+    if any(dst.startswith("/root/") for _, dst, _ in real.mounts):
+        assert (real.skeletons["/root"], "/root", True) in real.mounts
+
+
+def test_the_runner_hands_the_workdir_to_the_jobs_uid_as_root_and_runs_as_itself_otherwise(tmp_path):
+    plan, _ = plan_for(tmp_path)
+    box = containers.container_plan(plan, plan.learners[0], engine_url="", image="i", stack="s",
+                                    python=sys.executable)
+    work = tmp_path / "w"
+    (work / "ckpt").mkdir(parents=True)
+    (work / "ckpt" / "model.pt").write_text("x")
+    (work / "link").symlink_to("/etc/passwd")
+    assert container_user(box, work, euid=1234).startswith("1234:")
+    assert work.stat().st_uid == os.geteuid(), "a platform that is not root changes nothing"
+    if os.geteuid() != 0:
+        pytest.skip("handing the workdir to another uid needs root")
+    assert container_user(box, work) == f"{box.uid}:{box.uid}"
+    for path in (work, work / "ckpt", work / "ckpt" / "model.pt"):
+        assert (path.stat().st_uid, path.stat().st_gid) == (box.uid, box.uid)
+    assert (work / "link").lstat().st_uid == box.uid and Path("/etc/passwd").stat().st_uid == 0, \
+        "the link itself is handed over, never its target"
+    env = container_env(box, {}, {"HOME": "/root"})
+    assert env["HOME"] == "/tmp", "the job's uid cannot write the image's /root"
 
 
 def test_gpu_device_requests_are_built_for_the_nvidia_runtime():

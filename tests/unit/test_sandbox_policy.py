@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from services.common import isolation
 from services.common.contracts.etcd import LearnerStatus
 from services.common.isolation import Isolation
 from services.common.states import LearnerState
@@ -32,7 +33,7 @@ def test_sandbox_required_by_setting_or_admin_refuses_to_run_without_one():
 def test_the_job_uid_is_unprivileged_and_stable_per_job():
     uid = view.job_uid("job-a")
     assert uid == view.job_uid("job-a") != view.job_uid("job-b")
-    assert view.UID_BASE <= uid < view.UID_BASE + view.UID_SPAN < 2**31
+    assert isolation.UID_BASE <= uid < isolation.UID_BASE + isolation.UID_SPAN < 2**31
 
 
 def test_no_python_folder_above_or_inside_a_secret_is_bound(tmp_path):
@@ -67,5 +68,8 @@ def test_trainforge_up_says_plainly_what_learners_run_in(monkeypatch):
     assert isolation.describe("none", True).startswith("learners: REFUSED")
     monkeypatch.setattr(isolation, "unavailable", lambda: "")
     assert isolation.describe("auto", False).startswith("learners: sandboxed")
+    assert isolation.describe("auto", False).endswith("egress at most: none)")
+    assert isolation.describe("auto", False, "store,pypi.internal:443").endswith(
+        "egress at most: store,pypi.internal:443)")
     monkeypatch.setattr(isolation, "unavailable", lambda: "no root")
     assert isolation.describe("auto", False).startswith("learners: NOT isolated (isolation: none) - no root")

@@ -71,6 +71,13 @@ class ContainerRequest:
     mounts: tuple[tuple[str, str, bool], ...] = ()  # (host path, container path, read-only)
     workdir: str = ""
     extra_hosts: dict[str, str] | None = None
+    user: str = ""  # "uid:gid"; empty: the image's user
+    pids_limit: int = 0  # 0: the engine's default (none)
+    # Hardening every learner container gets: no capabilities at all, and no way to gain privileges (setuid
+    # binaries, file capabilities) inside. A learner needs none: it computes, reads and writes its workdir and
+    # talks TCP on its attempt's network.
+    cap_drop: tuple[str, ...] = ("ALL",)
+    security_opt: tuple[str, ...] = ("no-new-privileges",)
 
 
 def label_filter(labels: dict[str, str]) -> list[str]:
@@ -84,6 +91,17 @@ def device_requests(gpu_ids: tuple[int, ...]) -> list[docker.types.DeviceRequest
         return []
     return [docker.types.DeviceRequest(driver="nvidia", device_ids=[str(g) for g in gpu_ids],
                                        capabilities=[["gpu"]])]
+
+
+def host_config(req: ContainerRequest, api_version: str) -> docker.types.HostConfig:
+    """The engine's HostConfig for a container: mounts, limits, GPUs, hardening (what `docker inspect` shows)."""
+    return docker.types.HostConfig(
+        version=api_version,
+        binds={src: {"bind": dst, "mode": "ro" if ro else "rw"} for src, dst, ro in req.mounts},
+        nano_cpus=req.nano_cpus, mem_limit=req.memory, memswap_limit=req.memory, init=True,
+        device_requests=device_requests(req.gpu_ids) or None, extra_hosts=req.extra_hosts or None,
+        network_mode=req.network, cap_drop=list(req.cap_drop) or None, security_opt=list(req.security_opt) or None,
+        pids_limit=req.pids_limit or None)
 
 
 class Engine:
@@ -187,15 +205,12 @@ class Engine:
         """Create and start a container; its id. A leftover container of the same name is removed first."""
         self.remove_container(req.name)
         api = self._client.api
-        host_config = api.create_host_config(
-            binds={src: {"bind": dst, "mode": "ro" if ro else "rw"} for src, dst, ro in req.mounts},
-            nano_cpus=req.nano_cpus, mem_limit=req.memory, memswap_limit=req.memory, init=True,
-            device_requests=device_requests(req.gpu_ids) or None, extra_hosts=req.extra_hosts or None,
-            network_mode=req.network)
+        config = host_config(req, api._version)
         networking = api.create_networking_config({req.network: api.create_endpoint_config(ipv4_address=req.ip)})
         created = self._call(f"container {req.name}", api.create_container, req.image, command=req.command,
-                             environment=req.env, labels=req.labels, name=req.name, host_config=host_config,
-                             networking_config=networking, working_dir=req.workdir or None, detach=True)
+                             environment=req.env, labels=req.labels, name=req.name, host_config=config,
+                             networking_config=networking, working_dir=req.workdir or None, detach=True,
+                             user=req.user or None)
         cid = created["Id"]
         self._call(f"container {req.name}", api.start, cid)
         return cid

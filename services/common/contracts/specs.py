@@ -89,13 +89,15 @@ class LearnerSpec(_Spec):
     # argv the controller puts before `/bin/sh -c command`: a backend's way to run the command elsewhere (the
     # docker backend's runner starts it in a container); empty: the command runs here
     launcher: list[str] = Field(default_factory=list)
+    # the team's own egress policy (services.common.egress), narrowing the admin's TF_EGRESS; "": none of its own
+    egress: str = ""
     # Values of the team secrets the manifest's env names, by variable: only in the spec file the
     # controller reads (0600), never in a record, a repr or a log (`model_dump` leaves them out).
     secret_env: dict[str, str] = Field(default_factory=dict, exclude=True, repr=False)
 
     def to_json(self) -> str:
-        # without a launcher the spec reads as it always did
-        data = self.model_dump(mode="json", exclude=None if self.launcher else {"launcher"})
+        # without a launcher or a team egress policy the spec reads as it always did
+        data = self.model_dump(mode="json", exclude={k for k in ("launcher", "egress") if not getattr(self, k)})
         if self.secret_env:
             data["secret_env"] = dict(self.secret_env)
         return json.dumps(data, indent=2)

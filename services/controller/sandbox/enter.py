@@ -100,6 +100,8 @@ def _build_root(cfg: dict) -> str:
     for path in cfg["readonly"]:
         if path not in late and os.path.lexists(path):
             _bind(root, path, path, writable=False)
+    if cfg.get("hosts") and os.path.isfile(os.path.join(root, "etc/hosts")):  # the names its egress allows
+        _bind(root, cfg["hosts"], "/etc/hosts", writable=False)
     for src, dst in cfg.get("aliases", []):  # a symlinked path (a venv link) seen at its own name
         if not os.path.lexists(_target(root, dst)):
             _bind(root, src, dst, writable=False)

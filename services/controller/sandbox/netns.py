@@ -3,7 +3,8 @@
 Every learner of a job joins it, so the DDP rendezvous on 127.0.0.1 works
 between ranks while nothing on the host's loopback (etcd, the Mongo-wire
 server, the log store, the API, the Trainer) is reachable, and there is no
-route out: egress is none. The first controller of the job to get here
+route out: egress is none, except what the job's egress policy has the
+controller relay (egress.py). The first controller of the job to get here
 creates it, under a lock so a second one never joins a half-made namespace;
 the local backend's stop deletes it (services.common.isolation.remove_job).
 """
@@ -21,6 +22,10 @@ def _ip(*args: str) -> None:
     out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10, check=False)
     if out.returncode != 0:
         raise OSError(f"ip {' '.join(args)} failed: {out.stderr.strip() or out.returncode}")
+
+
+def path_of(job_id: str) -> Path:
+    return NETNS_DIR / netns_name(job_id)
 
 
 def ensure(job_id: str) -> Path:

@@ -5,17 +5,23 @@ allow it and otherwise runs the learner with isolation `none`, saying why;
 `sandbox` requires it; `none` turns it off. TF_REQUIRE_ISOLATION=true
 refuses to run a learner without a sandbox, with the reason in its status.
 What the sandbox needs of the machine is `services.common.isolation.unavailable`.
+Its egress is the admin's TF_EGRESS narrowed by the team's own policy, which
+the spec carries (services.common.egress.effective); a policy that is
+invalid or whose forwarders cannot be set up refuses the learner rather
+than run it without a sandbox.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common import egress
 from services.common.contracts.specs import LearnerSpec
 from services.common.isolation import Isolation, unavailable
 from services.common.settings import ControllerSettings
 
 from .box import Sandbox
+from .egress import EgressError
 
 
 @dataclass(frozen=True)
@@ -55,10 +61,19 @@ def choose(spec: LearnerSpec, settings: ControllerSettings, *, python: str) -> C
     """Decide and, for a sandbox, set it up; a sandbox that cannot be set up degrades like a missing one."""
     decision = decide(settings.isolation, settings.require_isolation)
     if decision.isolation is Isolation.SANDBOX:
-        sandbox = Sandbox(spec, settings.state_dir, python=python)
+        try:
+            team = egress.parse(spec.egress, f"team {spec.team}'s egress policy") if spec.egress else None
+            allowed = egress.effective(egress.parse(settings.egress, "TF_EGRESS"), team)
+        except ValueError as e:
+            return Chosen(None, Isolation.NONE, refused=str(e))
+        sandbox = Sandbox(spec, settings.state_dir, python=python, egress=allowed,
+                          store_endpoint=settings.s3_endpoint if settings.objectstore().startswith("s3://") else "")
         try:
             sandbox.prepare()
-            return Chosen(sandbox, Isolation.SANDBOX)
+            return Chosen(sandbox, Isolation.SANDBOX, note="" if allowed.none else f"egress: {allowed}")
+        except EgressError as e:
+            sandbox.cleanup()
+            return Chosen(None, Isolation.NONE, refused=f"the learner's egress could not be set up: {e}")
         except OSError as e:
             sandbox.cleanup()
             why = f"setting up the sandbox failed: {e.strerror or e}" if e.strerror else f"setting up the " \

@@ -13,22 +13,18 @@ jobs almost surely do not; the working directory is handed to it.
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import os
 import sys
 from pathlib import Path
 
+# the job's uid is named in common: the docker backend's containers run as it too
+from services.common.isolation import job_uid as job_uid
+
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
-UID_BASE, UID_SPAN = 1_000_000_000, 1_000_000_000
 TMP_SIZE = "1g"
 SHM_SIZE = "1g"
-
-
-def job_uid(job_id: str) -> int:
-    """An unprivileged uid (and gid) for the job, far above any account's."""
-    return UID_BASE + int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:8], "big") % UID_SPAN
 
 
 def _secret_below(path: Path, secrets: list[Path]) -> bool:
@@ -73,13 +69,13 @@ def python_paths(python: str, secrets: list[Path]) -> tuple[list[str], list[tupl
 
 
 def config(*, workdir: Path, secrets: list[Path], python: str, netns: Path, cgroup_procs: list[str],
-           uid: int) -> dict:
+           uid: int, hosts: Path | None = None) -> dict:
     py, aliases = python_paths(python, secrets)
     system = [p for p in SYSTEM if os.path.lexists(p)]
     return {"readonly": system + [p for p in py if not any(Path(p).is_relative_to(s) for s in system)],
             "aliases": aliases, "devices": [*DEVICES, *sorted(glob.glob("/dev/nvidia*"))],
             "workdir": str(workdir), "uid": uid, "gid": uid, "netns": str(netns), "cgroups": cgroup_procs,
-            "tmp_size": TMP_SIZE, "shm_size": SHM_SIZE}
+            "tmp_size": TMP_SIZE, "shm_size": SHM_SIZE, "hosts": str(hosts) if hosts else ""}
 
 
 def hand_over(workdir: Path, uid: int) -> None:

@@ -19,8 +19,9 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from services.common import egress
 from services.common.contracts.specs import LearnerSpec, MonitorSpec
 from services.common.manifest import Manifest
 
@@ -104,6 +105,13 @@ class TeamQuota(BaseModel):
     memory: int | None = Field(None, ge=0)
     jobs: int | None = Field(None, ge=0)
     gpus_by_type: dict[str, int] = Field(default_factory=dict)
+    # the team's own egress policy for sandboxed learners, narrowing the admin's; None: none of its own
+    egress: str | None = None
+
+    @field_validator("egress")
+    @classmethod
+    def _egress(cls, v: str | None) -> str | None:
+        return None if v is None else str(egress.parse(v, "the team's egress policy"))
 
 
 class JobDeployment(BaseModel):

@@ -50,7 +50,7 @@ def team_quota_from_request(request: lcm_pb2.DeployJobRequest) -> TeamQuota | No
 
 def team_quota_from_proto(q: lcm_pb2.TeamQuota, field: str = "team_quota") -> TeamQuota:
     """A TeamQuota message as the model; InvalidArgument names `field` when a limit is invalid."""
-    limits = {f: getattr(q, f) for f in ("gpus", "cpus", "memory", "jobs") if q.HasField(f)}
+    limits = {f: getattr(q, f) for f in ("gpus", "cpus", "memory", "jobs", "egress") if q.HasField(f)}
     try:
         return TeamQuota(**limits, gpus_by_type=dict(q.gpus_by_type))
     except ValidationError as e:
@@ -68,7 +68,8 @@ def build_plan(job: JobDeployment, site: Site, gpus: list[int], *, lease_ttl: in
                     manifest=job.manifest, code_uri=job.code_uri, checkpoint_uri=job.checkpoint_uri,
                     workdir=site.attempt_dir / f"learner-{rank}", master_addr=site.master_addr,
                     master_port=site.master_port, gpu_ids=list(gpu_ids[rank]), lease_ttl=lease_ttl,
-                    secret_env=job.secret_env)
+                    secret_env=job.secret_env,
+                    egress=(job.team_quota.egress or "") if job.team_quota else "")
         for rank in range(job.world_size))
     monitor = MonitorSpec(job_id=job.job_id, team=job.team, attempt=job.attempt, learners=job.world_size,
                           start_timeout=start_timeout)

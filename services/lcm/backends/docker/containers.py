@@ -15,6 +15,17 @@ the project root are bind-mounted read-only at the paths they have here, the
 learner's working directory read-write, so the learner-side helpers and the
 platform's torch work in any image that has a C library; what the image adds
 (its own packages, via its PYTHONPATH) comes on top.
+
+Hardening (docs/THREAT_MODEL.md): every container drops all capabilities,
+runs with no-new-privileges and the manifest's pids limit, and runs as the
+job's unprivileged uid (the local sandbox's, `services.common.isolation.job_uid`)
+with its workdir handed to that uid by the runner before the start. Mounts
+under `/root` (a pyenv interpreter, the default state directory) would be
+out of that uid's reach through the image's own `/root` (0700 in Debian's),
+so the container's `/root` is a skeleton instead: a host folder per learner
+holding only the 0755 folders down to those mounts, bound read-only (the
+mount points exist in it, so the engine never has to create one there; a
+tmpfs would not do: the runtime gives it the mode of the folder it hides).
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from pydantic import BaseModel, ConfigDict
 
 from services.common.contracts.specs import LearnerSpec
 from services.common.errors import ResourceExhausted
+from services.common.isolation import job_uid
 from services.lcm.backends.base import AttemptPlan
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -92,6 +104,31 @@ def platform_mounts(python: str) -> list[tuple[str, str, bool]]:
     return [(os.path.realpath(p), p, True) for p in sorted(paths) if os.path.isdir(p)]
 
 
+# Top-level folders an image keeps private to root (Debian's /root is 0700): replaced by a skeleton when a mount
+# lies below one.
+PRIVATE_TOPS = ("/root",)
+
+
+def skeletons(mounts: list[tuple[str, str, bool]], folder: Path) -> dict[str, str]:
+    """{private top: host skeleton folder} for each private top a mount lies below (`folder`/<top's name>)."""
+    dsts = [dst for _, dst, _ in mounts]
+    return {top: str(folder / top.strip("/")) for top in PRIVATE_TOPS if any(d.startswith(top + "/") for d in dsts)}
+
+
+def build_skeletons(plan: ContainerPlan) -> None:
+    """Make each skeleton: root-owned 0755 folders down to every mount point below its top (the runner, as root)."""
+    for top, skeleton in plan.skeletons.items():
+        Path(skeleton).mkdir(parents=True, exist_ok=True)
+        os.chmod(skeleton, 0o755)
+        for _, dst, _ in plan.mounts:
+            if dst.startswith(top + "/"):
+                path = Path(skeleton)
+                for part in Path(dst).relative_to(top).parts:
+                    path = path / part
+                    path.mkdir(exist_ok=True)
+                    os.chmod(path, 0o755)
+
+
 class ContainerPlan(BaseModel):
     """One learner's container, decided by the backend; read by the runner."""
 
@@ -110,6 +147,9 @@ class ContainerPlan(BaseModel):
     workdir: str
     pythonpath: str  # put before the image's own PYTHONPATH
     reason_path: str
+    uid: int = 0  # the job's uid (and gid) the learner runs as; the runner hands the workdir to it
+    pids_limit: int = 0
+    skeletons: dict[str, str] = {}  # container path -> host folder bound read-only there (build_skeletons)
 
     @classmethod
     def load(cls, path: str | Path) -> ContainerPlan:
@@ -124,9 +164,12 @@ def container_plan(plan: AttemptPlan, spec: LearnerSpec, *, engine_url: str, ima
     mounts = [*platform_mounts(python), (str(spec.workdir), str(spec.workdir), False)]
     if env_cache is not None:
         mounts.append((str(env_cache), str(env_cache), True))
+    tops = skeletons(mounts, plan.attempt_dir / f"container-{spec.rank}-skeleton")
+    mounts += [(host, top, True) for top, host in tops.items()]
     return ContainerPlan(
         engine_url=engine_url, name=container_name(plan.job_id, plan.attempt, spec.rank), image=image,
         network=network_name(plan.job_id, plan.attempt), ip=rank_address(subnet, spec.rank),
         labels=labels(stack, plan.job_id, plan.team, plan.attempt, spec.rank),
         nano_cpus=int(res.cpus * 1e9), memory=res.memory, gpu_ids=tuple(spec.gpu_ids), mounts=tuple(mounts),
-        workdir=str(spec.workdir), pythonpath=str(ROOT), reason_path=str(spec.exit_reason_path))
+        workdir=str(spec.workdir), pythonpath=str(ROOT), reason_path=str(spec.exit_reason_path),
+        uid=job_uid(plan.job_id), pids_limit=res.pids, skeletons=tops)

@@ -36,7 +36,7 @@ import os  # noqa: E402
 from services.common.adapters.docker_engine import ContainerRequest, Engine  # noqa: E402
 from services.common.errors import TrainforgeError, Unavailable  # noqa: E402
 from services.common.retry import Backoff  # noqa: E402
-from services.lcm.backends.docker.containers import ContainerPlan  # noqa: E402
+from services.lcm.backends.docker.containers import ContainerPlan, build_skeletons  # noqa: E402
 
 EXIT_CANNOT_START = 125  # docker run's own code for "the container could not be started"
 
@@ -55,7 +55,24 @@ def container_env(plan: ContainerPlan, image_env: dict[str, str], env: dict[str,
     out["PATH"] = os.pathsep.join(p for p in (env.get("PATH", ""), image_env.get("PATH", "")) if p)
     # tini (the engine's init) hands a signal to the command's whole process group, not just the shell
     out["TINI_KILL_PROCESS_GROUP"] = "1"
+    out.update({"HOME": "/tmp", "USER": "learner", "LOGNAME": "learner"})  # the job's uid has no home in the image
     return out
+
+
+def container_user(plan: ContainerPlan, workdir: Path, *, euid: int | None = None) -> str:
+    """The `uid:gid` the container runs as, its /root skeleton made. As root, the job's uid, with the workdir's tree
+    handed to it (never following a link); a platform that is not root runs the learner as its own uid, which
+    owns the workdir."""
+    euid = os.geteuid() if euid is None else euid
+    build_skeletons(plan)
+    if euid != 0:
+        return f"{euid}:{os.getegid()}"
+    uid = plan.uid
+    os.chown(workdir, uid, uid)
+    for top, dirs, files in os.walk(workdir):
+        for name in dirs + files:
+            os.chown(os.path.join(top, name), uid, uid, follow_symlinks=False)
+    return f"{uid}:{uid}"
 
 
 def _pump(stream, out) -> None:
@@ -89,10 +106,11 @@ class Runner:
     def start(self) -> None:
         p = self.plan
         image_env = self.engine.image_env(p.image)
+        user = container_user(p, Path(p.workdir))
         self.cid = self.engine.run(ContainerRequest(
             name=p.name, image=p.image, command=self.command, env=container_env(p, image_env, self.env),
             labels=p.labels, network=p.network, ip=p.ip, nano_cpus=p.nano_cpus, memory=p.memory,
-            gpu_ids=p.gpu_ids, mounts=p.mounts, workdir=p.workdir))
+            gpu_ids=p.gpu_ids, mounts=p.mounts, workdir=p.workdir, user=user, pids_limit=p.pids_limit))
 
     def wait(self) -> int:
         """The container's exit code; an engine that stops answering is waited for (the learner may run on)."""
@@ -119,6 +137,10 @@ class Runner:
             self.start()
         except TrainforgeError as e:
             self.reason(f"the container could not be started: {e.message}")
+            return EXIT_CANNOT_START
+        except OSError as e:
+            self.reason(f"the container could not be started: preparing {self.plan.workdir} (and the "
+                        f"skeleton of /root) for the job's uid failed: {e}")
             return EXIT_CANNOT_START
         pumps = [threading.Thread(target=_pump, args=(self.engine.logs(self.cid, stdout=out, stderr=not out), dst),
                                   daemon=True)
