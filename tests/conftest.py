@@ -39,7 +39,7 @@ def unique() -> str:
 
 @pytest.fixture
 def coordinator(etcd_server, unique):
-    from services.common.adapters.etcd import Coordinator
+    from trainforge_services.common.adapters.etcd import Coordinator
 
     c = Coordinator(etcd_server.address, prefix=f"/tf-{unique}")
     yield c
@@ -48,7 +48,7 @@ def coordinator(etcd_server, unique):
 
 @pytest.fixture
 def mongo_db(mongo_server, unique):
-    from services.common.adapters.mongo import connect
+    from trainforge_services.common.adapters.mongo import connect
 
     db = connect(mongo_server.url, f"tf{unique}")
     yield db
@@ -57,7 +57,7 @@ def mongo_db(mongo_server, unique):
 
 @pytest.fixture
 def logstore(osmem_server, unique):
-    from services.common.adapters.logstore import LogStore
+    from trainforge_services.common.adapters.logstore import LogStore
 
     store = LogStore(osmem_server.url, index=f"tf-logs-{unique}")
     yield store
@@ -67,7 +67,7 @@ def logstore(osmem_server, unique):
 @pytest.fixture
 def store_settings(etcd_server, mongo_server, osmem_server, tmp_path, unique):
     """StoreSettings pointing at the session's real servers, isolated per test."""
-    from services.common.settings import StoreSettings
+    from trainforge_services.common.settings import StoreSettings
 
     return StoreSettings(
         state_dir=tmp_path / "state", dev_mode=True, etcd_endpoints=etcd_server.address,

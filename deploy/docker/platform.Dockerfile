@@ -16,4 +16,4 @@ RUN python3 -m pip install --no-deps --no-build-isolation . \
 # the chart and the pods the LCM creates run it read-only, as this user, with /tmp and the state dir as emptyDirs
 USER 1000:1000
 ENV HOME=/tmp TF_STATE_DIR=/var/lib/trainforge
-CMD ["python3", "-m", "services.api"]
+CMD ["python3", "-m", "trainforge_services.api"]

@@ -17,7 +17,7 @@ from pydantic import (
     WithJsonSchema,
 )
 
-from services.api.usage import UsageReport
+from trainforge_services.api.usage import UsageReport
 
 
 class ErrorDetail(BaseModel):

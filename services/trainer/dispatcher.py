@@ -37,20 +37,20 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from services.common import states
-from services.common.errors import ResourceExhausted, TrainforgeError, Unavailable
-from services.common.observability import LabelCounts
-from services.common.retry import Backoff, Stopped, retry_call
-from services.common.states import JobState
-from services.trainer import admission
-from services.trainer.admission import Capacity, Plan, Quota
-from services.trainer.capacity import CapacityCache
-from services.trainer.lcm_client import Lcm
-from services.trainer.queuenotes import QueueNotes
-from services.trainer.quotas import QuotaStore
-from services.trainer.record import JobRecord
-from services.trainer.rules import ACTOR, Lifecycle, Rule
-from services.trainer.store import JobStore
+from trainforge_services.common import states
+from trainforge_services.common.errors import ResourceExhausted, TrainforgeError, Unavailable
+from trainforge_services.common.observability import LabelCounts
+from trainforge_services.common.retry import Backoff, Stopped, retry_call
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer import admission
+from trainforge_services.trainer.admission import Capacity, Plan, Quota
+from trainforge_services.trainer.capacity import CapacityCache
+from trainforge_services.trainer.lcm_client import Lcm
+from trainforge_services.trainer.queuenotes import QueueNotes
+from trainforge_services.trainer.quotas import QuotaStore
+from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.rules import ACTOR, Lifecycle, Rule
+from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)
 

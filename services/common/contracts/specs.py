@@ -15,10 +15,10 @@ from typing import ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from services.common.contracts import storekeys
-from services.common.contracts.ids import is_job_id
-from services.common.errors import InvalidArgument
-from services.common.manifest import Manifest
+from trainforge_services.common.contracts import storekeys
+from trainforge_services.common.contracts.ids import is_job_id
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common.manifest import Manifest
 
 # Inside a learner's workdir. Not "checkpoints": a code folder that was also run by hand may ship one,
 # and a learner would resume from that stale state.

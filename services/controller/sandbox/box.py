@@ -17,7 +17,7 @@ import logging
 import sys
 from pathlib import Path
 
-from services.common.contracts.specs import LearnerSpec
+from trainforge_services.common.contracts.specs import LearnerSpec
 
 from ..learner import human_bytes
 from . import netns, view

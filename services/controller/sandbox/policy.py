@@ -4,16 +4,16 @@ TF_ISOLATION=auto (the default) sandboxes where the kernel and privileges
 allow it and otherwise runs the learner with isolation `none`, saying why;
 `sandbox` requires it; `none` turns it off. TF_REQUIRE_ISOLATION=true
 refuses to run a learner without a sandbox, with the reason in its status.
-What the sandbox needs of the machine is `services.common.isolation.unavailable`.
+What the sandbox needs of the machine is `trainforge_services.common.isolation.unavailable`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.contracts.specs import LearnerSpec
-from services.common.isolation import Isolation, unavailable
-from services.common.settings import ControllerSettings
+from trainforge_services.common.contracts.specs import LearnerSpec
+from trainforge_services.common.isolation import Isolation, unavailable
+from trainforge_services.common.settings import ControllerSettings
 
 from .box import Sandbox
 

@@ -37,7 +37,7 @@ def _secret_below(path: Path, secrets: list[Path]) -> bool:
 
 def editable_packages() -> list[Path]:
     """Package folders an editable install maps imports to (setuptools' `__editable__` finders), which the
-    learner's interpreter imports from (the platform's `frameworks` helpers, say) though they are on no path."""
+    learner's interpreter imports from (the platform's `trainforge_frameworks` helper, say) though they are on no path."""
     out = []
     for name, module in list(sys.modules.items()):
         mapping = getattr(module, "MAPPING", None) if name.startswith("__editable__") else None
