@@ -9,6 +9,7 @@ install uses the machine's package index settings, like a user's would.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -66,16 +67,19 @@ def test_the_client_installs_without_server_dependencies(tmp_path):
     assert not installed & SERVER_ONLY, sorted(installed & SERVER_ONLY)
     # The CLI, the SDK and the learner helper work from it (the helper imports torch only when used).
     assert run(env_dir / "bin" / "trainforge", "--version").startswith("trainforge, version ")
-    run(python, "-c", "import trainforge.sdk, trainforge.models, trainforge_frameworks.torch.helper", cwd=tmp_path)
+    # (without our PYTHONPATH, which may hold this repository)
+    alone = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run(python, "-c", "import trainforge.sdk, trainforge.models, trainforge_frameworks.torch.helper", cwd=tmp_path,
+        env=alone)
     site = Path(run(python, "-c", "import trainforge, pathlib; print(pathlib.Path(trainforge.__file__).parent.parent)",
-                    cwd=tmp_path).strip())
+                    cwd=tmp_path, env=alone).strip())
     record = {line.split(",")[0].split("/")[0] for line in
               next(site.glob("trainforge-*.dist-info")).joinpath("RECORD").read_text().splitlines()}
     assert {n for n in record if not n.endswith(".dist-info") and n != ".." and n != "__pycache__"} == TOP_LEVEL
     for generic in ("services", "protos", "frameworks"):
         assert not (site / generic).exists()
         missing = subprocess.run([str(python), "-c", f"import {generic}"], capture_output=True, text=True,
-                                 cwd=tmp_path, timeout=60)
+                                 cwd=tmp_path, env=alone, timeout=60)
         assert missing.returncode == 1 and f"No module named '{generic}'" in missing.stderr
     # The embedded stack is the server's: from the client install, `up` says in one line what to install.
     up = subprocess.run([str(env_dir / "bin" / "trainforge"), "up"], capture_output=True, text=True, timeout=120,
