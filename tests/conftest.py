@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 import uuid
 
 import pytest
 
-from tests import servers
+if importlib.util.find_spec("trainforge_services") is None:
+    raise pytest.UsageError("the platform's packages (trainforge_services, ...) are not installed in this interpreter: "
+                            "run `pip install --no-deps -e .` in the checkout (`make install` does); the repository "
+                            "on PYTHONPATH does not provide their import names")
+
+from tests import servers  # noqa: E402
 from tests.kube import kube_cluster, kube_node  # noqa: F401 - the Kubernetes tier's fixtures, for every tier
 
 
