@@ -119,7 +119,7 @@ def test_the_lcm_serves_metrics_and_health(lifecycles, lcm_settings):  # noqa: F
 
 
 def test_service_logs_are_json_with_their_ids():
-    record = logging.LogRecord("services.x", logging.INFO, __file__, 1, "deployed %s", ("it",), None)
+    record = logging.LogRecord("trainforge_services.x", logging.INFO, __file__, 1, "deployed %s", ("it",), None)
     record.team = "team-a"
     with log_context(job="j-0123456789ab", request_id="r-1"):
         doc = json.loads(JsonFormatter().format(record))

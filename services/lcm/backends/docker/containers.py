@@ -11,7 +11,7 @@ is how a restarted LCM, a kill and `trainforge down` find them again.
 `ContainerPlan` is written next to each learner's spec; the learner runner
 (`runner.py`) reads it and starts the container with the learner's command
 and environment. The platform's interpreter, its virtual environment, the
-folders on its import path and the learner-side helper's package folder
+site-packages on its import path and the learner-side helper's package folder
 (frameworks/ of this source tree, for an editable install) are bind-mounted
 read-only at the paths they have here, the learner's working directory
 read-write, so the helper and the platform's torch work in any image that
@@ -94,7 +94,9 @@ def platform_mounts(python: str) -> list[tuple[str, str, bool]]:
     """Read-only mounts that make the platform's interpreter and code work at the same paths in a container."""
     paths = {str(HELPER)}
     folders = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(python))]
-    for p in folders + [p for p in sys.path if os.path.isabs(p)]:
+    # and the site-packages folders our import path has beyond those (one a .pth file adds, say)
+    folders += [p for p in sys.path if os.path.isabs(p) and os.path.basename(p) in ("site-packages", "dist-packages")]
+    for p in folders:
         paths.add(p)
         paths.add(os.path.realpath(p))
     return [(os.path.realpath(p), p, True) for p in sorted(paths) if os.path.isdir(p)]
