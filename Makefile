@@ -28,7 +28,7 @@ down:
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(PY) -m protos.generate --check
+	$(PY) -m trainforge_protos.generate --check
 
 # The docker backend's private engine (binaries, learner image root filesystem, a wheel), cached in
 # .cache/engine/; seconds when warm. Its tests start dockerd themselves and fail (never skip) without it.
@@ -63,7 +63,7 @@ e2e: $(STAMP)
 	$(PY) -m pytest tests/e2e
 
 protos: $(STAMP)
-	$(PY) -m protos.generate
+	$(PY) -m trainforge_protos.generate
 
 # Re-resolve the lock files (needs network access to the package index).
 lock: $(STAMP)

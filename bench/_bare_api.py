@@ -1,6 +1,6 @@
 """The baseline of bench/api_read.py: a bare FastAPI endpoint returning a fixed job JSON under uvicorn.
 
-The same uvicorn settings as `python -m services.api` (one worker, access log off), a sync route like
+The same uvicorn settings as `python -m trainforge_services.api` (one worker, access log off), a sync route like
 the real GET /v1/jobs/{id} (run in the thread pool), no authentication and no Trainer call.
 Usage: python bench/_bare_api.py JSON_FILE PORT
 """

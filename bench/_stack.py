@@ -94,7 +94,7 @@ def platform_procs(state: Path) -> dict[str, list[psutil.Process]]:
     found: dict[str, list[psutil.Process]] = {}
     for p in psutil.process_iter(["cmdline", "cwd"]):
         cmd = p.info["cmdline"] or []
-        if not any(part.startswith(("services.controller", "services.jobmonitor")) for part in cmd):
+        if not any(part.startswith(("trainforge_services.controller", "trainforge_services.jobmonitor")) for part in cmd):
             continue
         where = next((part for part in cmd if part.startswith(work)), p.info["cwd"] or "")
         if where.startswith(work):

@@ -35,9 +35,9 @@ from botocore.config import Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.common.adapters.objectstore import sha256_file  # noqa: E402
-from services.common.adapters.objectstore.s3 import S3Store  # noqa: E402
 from tests.servers import start_seaweedfs  # noqa: E402
+from trainforge_services.common.adapters.objectstore import sha256_file  # noqa: E402
+from trainforge_services.common.adapters.objectstore.s3 import S3Store  # noqa: E402
 
 BUCKET = "tf-bench"
 

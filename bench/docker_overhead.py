@@ -28,16 +28,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from services.common.adapters.etcd import Coordinator  # noqa: E402
-from services.common.contracts.etcd import LearnerStatus  # noqa: E402
-from services.common.manifest import Manifest  # noqa: E402
-from services.common.settings import LcmSettings  # noqa: E402
-from services.common.states import LEARNER_STARTED, LearnerState  # noqa: E402
-from services.lcm.backends.docker import DockerBackend  # noqa: E402
-from services.lcm.backends.local import LocalBackend  # noqa: E402
-from services.lcm.lifecycle import JobDeployment, Lifecycle  # noqa: E402
 from tests import servers  # noqa: E402
 from tests.engine import start_engine  # noqa: E402
+from trainforge_services.common.adapters.etcd import Coordinator  # noqa: E402
+from trainforge_services.common.contracts.etcd import LearnerStatus  # noqa: E402
+from trainforge_services.common.manifest import Manifest  # noqa: E402
+from trainforge_services.common.settings import LcmSettings  # noqa: E402
+from trainforge_services.common.states import LEARNER_STARTED, LearnerState  # noqa: E402
+from trainforge_services.lcm.backends.docker import DockerBackend  # noqa: E402
+from trainforge_services.lcm.backends.local import LocalBackend  # noqa: E402
+from trainforge_services.lcm.lifecycle import JobDeployment, Lifecycle  # noqa: E402
 
 COMMAND = 'python -c "import torch"'
 

@@ -43,19 +43,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from click.testing import CliRunner  # noqa: E402
 
-from services.api.app import create_app  # noqa: E402
-from services.api.identity import IdentityStore, Role  # noqa: E402
-from services.common.adapters.logstore import LogStore  # noqa: E402
-from services.common.adapters.mongo import connect  # noqa: E402
-from services.common.adapters.objectstore import LocalStore  # noqa: E402
-from services.common.settings import ApiSettings  # noqa: E402
-from services.common.states import JobState  # noqa: E402
-from services.controller.controller import ARCHIVE_FLUSH_SECONDS  # noqa: E402
-from services.controller.learner import LearnerProcess  # noqa: E402
-from services.controller.logship import LogArchive, LogShipper  # noqa: E402
 from tests.fakes.trainer_memory import InMemoryTrainer  # noqa: E402
 from tests.servers import serve_app, start_mongo, start_osmem  # noqa: E402
 from trainforge.cli import main as cli_main  # noqa: E402
+from trainforge_services.api.app import create_app  # noqa: E402
+from trainforge_services.api.identity import IdentityStore, Role  # noqa: E402
+from trainforge_services.common.adapters.logstore import LogStore  # noqa: E402
+from trainforge_services.common.adapters.mongo import connect  # noqa: E402
+from trainforge_services.common.adapters.objectstore import LocalStore  # noqa: E402
+from trainforge_services.common.settings import ApiSettings  # noqa: E402
+from trainforge_services.common.states import JobState  # noqa: E402
+from trainforge_services.controller.controller import ARCHIVE_FLUSH_SECONDS  # noqa: E402
+from trainforge_services.controller.learner import LearnerProcess  # noqa: E402
+from trainforge_services.controller.logship import LogArchive, LogShipper  # noqa: E402
 
 FLOOD = ("import sys\nw = sys.stdout.write\npad = 'x' * 76\n"
          "for i in range({n}):\n    w(f'line {{i:07d}} {{pad}}\\n')\n")
@@ -169,7 +169,7 @@ def main() -> int:
                     help="learners with buffered output (PYTHONUNBUFFERED empty) instead of the platform's default")
     args = ap.parse_args()
     # The learner runs stop their shippers at once: their "gave up" warnings are expected.
-    logging.getLogger("services").setLevel(logging.ERROR)
+    logging.getLogger("trainforge_services").setLevel(logging.ERROR)
     print(machine())
     osmem = start_osmem()
     ship, bulk, flooded, devnull, archived, read = [], [], [], [], [], []

@@ -38,10 +38,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from services.common import isolation  # noqa: E402
-from services.common.contracts.specs import LearnerSpec  # noqa: E402
-from services.controller.learner import guarded_argv, learner_env  # noqa: E402
-from services.controller.sandbox import Sandbox  # noqa: E402
+from trainforge_services.common import isolation  # noqa: E402
+from trainforge_services.common.contracts.specs import LearnerSpec  # noqa: E402
+from trainforge_services.controller.learner import guarded_argv, learner_env  # noqa: E402
+from trainforge_services.controller.sandbox import Sandbox  # noqa: E402
 
 TRAIN = """
 import time

@@ -46,7 +46,6 @@ def bare_run(args: list[str]) -> float:
     try:
         shutil.copytree(EXAMPLE, work, dirs_exist_ok=True, ignore=shutil.ignore_patterns("results", "checkpoints"))
         env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
-        env["PYTHONPATH"] = str(ROOT)
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                         "--master-port", str(free_port()), "train.py", *args], cwd=work, env=env, check=True,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos import lcm_pb2 as protos_dot_lcm__pb2
+from trainforge_protos import lcm_pb2 as trainforge__protos_dot_lcm__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/lcm_pb2_grpc.py depends on'
+        + ' but the generated code in trainforge_protos/lcm_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,33 +36,33 @@ class LifecycleManagerStub:
         """
         self.DeployJob = channel.unary_unary(
                 '/trainforge.v1.LifecycleManager/DeployJob',
-                request_serializer=protos_dot_lcm__pb2.DeployJobRequest.SerializeToString,
-                response_deserializer=protos_dot_lcm__pb2.DeployJobResponse.FromString,
+                request_serializer=trainforge__protos_dot_lcm__pb2.DeployJobRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_lcm__pb2.DeployJobResponse.FromString,
                 _registered_method=True)
         self.KillJob = channel.unary_unary(
                 '/trainforge.v1.LifecycleManager/KillJob',
-                request_serializer=protos_dot_lcm__pb2.KillJobRequest.SerializeToString,
-                response_deserializer=protos_dot_lcm__pb2.KillJobResponse.FromString,
+                request_serializer=trainforge__protos_dot_lcm__pb2.KillJobRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_lcm__pb2.KillJobResponse.FromString,
                 _registered_method=True)
         self.HaltJob = channel.unary_unary(
                 '/trainforge.v1.LifecycleManager/HaltJob',
-                request_serializer=protos_dot_lcm__pb2.LcmHaltJobRequest.SerializeToString,
-                response_deserializer=protos_dot_lcm__pb2.LcmHaltJobResponse.FromString,
+                request_serializer=trainforge__protos_dot_lcm__pb2.LcmHaltJobRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_lcm__pb2.LcmHaltJobResponse.FromString,
                 _registered_method=True)
         self.GetCapacity = channel.unary_unary(
                 '/trainforge.v1.LifecycleManager/GetCapacity',
-                request_serializer=protos_dot_lcm__pb2.GetCapacityRequest.SerializeToString,
-                response_deserializer=protos_dot_lcm__pb2.Capacity.FromString,
+                request_serializer=trainforge__protos_dot_lcm__pb2.GetCapacityRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_lcm__pb2.Capacity.FromString,
                 _registered_method=True)
         self.SyncTeam = channel.unary_unary(
                 '/trainforge.v1.LifecycleManager/SyncTeam',
-                request_serializer=protos_dot_lcm__pb2.SyncTeamRequest.SerializeToString,
-                response_deserializer=protos_dot_lcm__pb2.SyncTeamResponse.FromString,
+                request_serializer=trainforge__protos_dot_lcm__pb2.SyncTeamRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_lcm__pb2.SyncTeamResponse.FromString,
                 _registered_method=True)
         self.Health = channel.unary_unary(
                 '/trainforge.v1.LifecycleManager/Health',
-                request_serializer=protos_dot_lcm__pb2.LcmHealthRequest.SerializeToString,
-                response_deserializer=protos_dot_lcm__pb2.LcmHealthResponse.FromString,
+                request_serializer=trainforge__protos_dot_lcm__pb2.LcmHealthRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_lcm__pb2.LcmHealthResponse.FromString,
                 _registered_method=True)
 
 
@@ -118,33 +118,33 @@ def add_LifecycleManagerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'DeployJob': grpc.unary_unary_rpc_method_handler(
                     servicer.DeployJob,
-                    request_deserializer=protos_dot_lcm__pb2.DeployJobRequest.FromString,
-                    response_serializer=protos_dot_lcm__pb2.DeployJobResponse.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_lcm__pb2.DeployJobRequest.FromString,
+                    response_serializer=trainforge__protos_dot_lcm__pb2.DeployJobResponse.SerializeToString,
             ),
             'KillJob': grpc.unary_unary_rpc_method_handler(
                     servicer.KillJob,
-                    request_deserializer=protos_dot_lcm__pb2.KillJobRequest.FromString,
-                    response_serializer=protos_dot_lcm__pb2.KillJobResponse.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_lcm__pb2.KillJobRequest.FromString,
+                    response_serializer=trainforge__protos_dot_lcm__pb2.KillJobResponse.SerializeToString,
             ),
             'HaltJob': grpc.unary_unary_rpc_method_handler(
                     servicer.HaltJob,
-                    request_deserializer=protos_dot_lcm__pb2.LcmHaltJobRequest.FromString,
-                    response_serializer=protos_dot_lcm__pb2.LcmHaltJobResponse.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_lcm__pb2.LcmHaltJobRequest.FromString,
+                    response_serializer=trainforge__protos_dot_lcm__pb2.LcmHaltJobResponse.SerializeToString,
             ),
             'GetCapacity': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCapacity,
-                    request_deserializer=protos_dot_lcm__pb2.GetCapacityRequest.FromString,
-                    response_serializer=protos_dot_lcm__pb2.Capacity.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_lcm__pb2.GetCapacityRequest.FromString,
+                    response_serializer=trainforge__protos_dot_lcm__pb2.Capacity.SerializeToString,
             ),
             'SyncTeam': grpc.unary_unary_rpc_method_handler(
                     servicer.SyncTeam,
-                    request_deserializer=protos_dot_lcm__pb2.SyncTeamRequest.FromString,
-                    response_serializer=protos_dot_lcm__pb2.SyncTeamResponse.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_lcm__pb2.SyncTeamRequest.FromString,
+                    response_serializer=trainforge__protos_dot_lcm__pb2.SyncTeamResponse.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
                     servicer.Health,
-                    request_deserializer=protos_dot_lcm__pb2.LcmHealthRequest.FromString,
-                    response_serializer=protos_dot_lcm__pb2.LcmHealthResponse.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_lcm__pb2.LcmHealthRequest.FromString,
+                    response_serializer=trainforge__protos_dot_lcm__pb2.LcmHealthResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,8 +172,8 @@ class LifecycleManager:
             request,
             target,
             '/trainforge.v1.LifecycleManager/DeployJob',
-            protos_dot_lcm__pb2.DeployJobRequest.SerializeToString,
-            protos_dot_lcm__pb2.DeployJobResponse.FromString,
+            trainforge__protos_dot_lcm__pb2.DeployJobRequest.SerializeToString,
+            trainforge__protos_dot_lcm__pb2.DeployJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -199,8 +199,8 @@ class LifecycleManager:
             request,
             target,
             '/trainforge.v1.LifecycleManager/KillJob',
-            protos_dot_lcm__pb2.KillJobRequest.SerializeToString,
-            protos_dot_lcm__pb2.KillJobResponse.FromString,
+            trainforge__protos_dot_lcm__pb2.KillJobRequest.SerializeToString,
+            trainforge__protos_dot_lcm__pb2.KillJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -226,8 +226,8 @@ class LifecycleManager:
             request,
             target,
             '/trainforge.v1.LifecycleManager/HaltJob',
-            protos_dot_lcm__pb2.LcmHaltJobRequest.SerializeToString,
-            protos_dot_lcm__pb2.LcmHaltJobResponse.FromString,
+            trainforge__protos_dot_lcm__pb2.LcmHaltJobRequest.SerializeToString,
+            trainforge__protos_dot_lcm__pb2.LcmHaltJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -253,8 +253,8 @@ class LifecycleManager:
             request,
             target,
             '/trainforge.v1.LifecycleManager/GetCapacity',
-            protos_dot_lcm__pb2.GetCapacityRequest.SerializeToString,
-            protos_dot_lcm__pb2.Capacity.FromString,
+            trainforge__protos_dot_lcm__pb2.GetCapacityRequest.SerializeToString,
+            trainforge__protos_dot_lcm__pb2.Capacity.FromString,
             options,
             channel_credentials,
             insecure,
@@ -280,8 +280,8 @@ class LifecycleManager:
             request,
             target,
             '/trainforge.v1.LifecycleManager/SyncTeam',
-            protos_dot_lcm__pb2.SyncTeamRequest.SerializeToString,
-            protos_dot_lcm__pb2.SyncTeamResponse.FromString,
+            trainforge__protos_dot_lcm__pb2.SyncTeamRequest.SerializeToString,
+            trainforge__protos_dot_lcm__pb2.SyncTeamResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -307,8 +307,8 @@ class LifecycleManager:
             request,
             target,
             '/trainforge.v1.LifecycleManager/Health',
-            protos_dot_lcm__pb2.LcmHealthRequest.SerializeToString,
-            protos_dot_lcm__pb2.LcmHealthResponse.FromString,
+            trainforge__protos_dot_lcm__pb2.LcmHealthRequest.SerializeToString,
+            trainforge__protos_dot_lcm__pb2.LcmHealthResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,8 +3,8 @@
 import grpc
 import warnings
 
-from protos import common_pb2 as protos_dot_common__pb2
-from protos import trainer_pb2 as protos_dot_trainer__pb2
+from trainforge_protos import common_pb2 as trainforge__protos_dot_common__pb2
+from trainforge_protos import trainer_pb2 as trainforge__protos_dot_trainer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -19,7 +19,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/trainer_pb2_grpc.py depends on'
+        + ' but the generated code in trainforge_protos/trainer_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,113 +37,113 @@ class TrainerStub:
         """
         self.SubmitJob = channel.unary_unary(
                 '/trainforge.v1.Trainer/SubmitJob',
-                request_serializer=protos_dot_trainer__pb2.SubmitJobRequest.SerializeToString,
-                response_deserializer=protos_dot_common__pb2.Job.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.SubmitJobRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_common__pb2.Job.FromString,
                 _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/trainforge.v1.Trainer/GetJob',
-                request_serializer=protos_dot_trainer__pb2.GetJobRequest.SerializeToString,
-                response_deserializer=protos_dot_common__pb2.Job.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.GetJobRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_common__pb2.Job.FromString,
                 _registered_method=True)
         self.ListJobs = channel.unary_unary(
                 '/trainforge.v1.Trainer/ListJobs',
-                request_serializer=protos_dot_trainer__pb2.ListJobsRequest.SerializeToString,
-                response_deserializer=protos_dot_trainer__pb2.ListJobsResponse.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_trainer__pb2.ListJobsResponse.FromString,
                 _registered_method=True)
         self.CancelJob = channel.unary_unary(
                 '/trainforge.v1.Trainer/CancelJob',
-                request_serializer=protos_dot_trainer__pb2.CancelJobRequest.SerializeToString,
-                response_deserializer=protos_dot_common__pb2.Job.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.CancelJobRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_common__pb2.Job.FromString,
                 _registered_method=True)
         self.HaltJob = channel.unary_unary(
                 '/trainforge.v1.Trainer/HaltJob',
-                request_serializer=protos_dot_trainer__pb2.HaltJobRequest.SerializeToString,
-                response_deserializer=protos_dot_common__pb2.Job.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.HaltJobRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_common__pb2.Job.FromString,
                 _registered_method=True)
         self.ResumeJob = channel.unary_unary(
                 '/trainforge.v1.Trainer/ResumeJob',
-                request_serializer=protos_dot_trainer__pb2.ResumeJobRequest.SerializeToString,
-                response_deserializer=protos_dot_common__pb2.Job.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.ResumeJobRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_common__pb2.Job.FromString,
                 _registered_method=True)
         self.ReportJobStatus = channel.unary_unary(
                 '/trainforge.v1.Trainer/ReportJobStatus',
-                request_serializer=protos_dot_trainer__pb2.ReportJobStatusRequest.SerializeToString,
-                response_deserializer=protos_dot_common__pb2.Job.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.ReportJobStatusRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_common__pb2.Job.FromString,
                 _registered_method=True)
         self.Health = channel.unary_unary(
                 '/trainforge.v1.Trainer/Health',
-                request_serializer=protos_dot_trainer__pb2.HealthRequest.SerializeToString,
-                response_deserializer=protos_dot_trainer__pb2.HealthResponse.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.HealthRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_trainer__pb2.HealthResponse.FromString,
                 _registered_method=True)
         self.SetQuota = channel.unary_unary(
                 '/trainforge.v1.Trainer/SetQuota',
-                request_serializer=protos_dot_trainer__pb2.SetQuotaRequest.SerializeToString,
-                response_deserializer=protos_dot_trainer__pb2.TeamUsage.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.SetQuotaRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_trainer__pb2.TeamUsage.FromString,
                 _registered_method=True)
         self.GetTeamUsage = channel.unary_unary(
                 '/trainforge.v1.Trainer/GetTeamUsage',
-                request_serializer=protos_dot_trainer__pb2.GetTeamUsageRequest.SerializeToString,
-                response_deserializer=protos_dot_trainer__pb2.TeamUsage.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.GetTeamUsageRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_trainer__pb2.TeamUsage.FromString,
                 _registered_method=True)
         self.ListUsage = channel.unary_unary(
                 '/trainforge.v1.Trainer/ListUsage',
-                request_serializer=protos_dot_trainer__pb2.ListUsageRequest.SerializeToString,
-                response_deserializer=protos_dot_trainer__pb2.ListUsageResponse.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.ListUsageRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_trainer__pb2.ListUsageResponse.FromString,
                 _registered_method=True)
         self.GetCluster = channel.unary_unary(
                 '/trainforge.v1.Trainer/GetCluster',
-                request_serializer=protos_dot_trainer__pb2.GetClusterRequest.SerializeToString,
-                response_deserializer=protos_dot_trainer__pb2.Cluster.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.GetClusterRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_trainer__pb2.Cluster.FromString,
                 _registered_method=True)
         self.SubmitExperiment = channel.unary_unary(
                 '/trainforge.v1.Trainer/SubmitExperiment',
-                request_serializer=protos_dot_trainer__pb2.SubmitExperimentRequest.SerializeToString,
-                response_deserializer=protos_dot_trainer__pb2.Experiment.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.SubmitExperimentRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_trainer__pb2.Experiment.FromString,
                 _registered_method=True)
         self.GetExperiment = channel.unary_unary(
                 '/trainforge.v1.Trainer/GetExperiment',
-                request_serializer=protos_dot_trainer__pb2.GetExperimentRequest.SerializeToString,
-                response_deserializer=protos_dot_trainer__pb2.Experiment.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.GetExperimentRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_trainer__pb2.Experiment.FromString,
                 _registered_method=True)
         self.ListExperiments = channel.unary_unary(
                 '/trainforge.v1.Trainer/ListExperiments',
-                request_serializer=protos_dot_trainer__pb2.ListExperimentsRequest.SerializeToString,
-                response_deserializer=protos_dot_trainer__pb2.ListExperimentsResponse.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.ListExperimentsRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_trainer__pb2.ListExperimentsResponse.FromString,
                 _registered_method=True)
         self.CancelExperiment = channel.unary_unary(
                 '/trainforge.v1.Trainer/CancelExperiment',
-                request_serializer=protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
-                response_deserializer=protos_dot_trainer__pb2.Experiment.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
+                response_deserializer=trainforge__protos_dot_trainer__pb2.Experiment.FromString,
                 _registered_method=True)
         self.HaltExperiment = channel.unary_unary(
                 '/trainforge.v1.Trainer/HaltExperiment',
-                request_serializer=protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
-                response_deserializer=protos_dot_trainer__pb2.Experiment.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
+                response_deserializer=trainforge__protos_dot_trainer__pb2.Experiment.FromString,
                 _registered_method=True)
         self.ResumeExperiment = channel.unary_unary(
                 '/trainforge.v1.Trainer/ResumeExperiment',
-                request_serializer=protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
-                response_deserializer=protos_dot_trainer__pb2.Experiment.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
+                response_deserializer=trainforge__protos_dot_trainer__pb2.Experiment.FromString,
                 _registered_method=True)
         self.SubmitWorkflow = channel.unary_unary(
                 '/trainforge.v1.Trainer/SubmitWorkflow',
-                request_serializer=protos_dot_trainer__pb2.SubmitWorkflowRequest.SerializeToString,
-                response_deserializer=protos_dot_trainer__pb2.Workflow.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.SubmitWorkflowRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_trainer__pb2.Workflow.FromString,
                 _registered_method=True)
         self.GetWorkflow = channel.unary_unary(
                 '/trainforge.v1.Trainer/GetWorkflow',
-                request_serializer=protos_dot_trainer__pb2.GetWorkflowRequest.SerializeToString,
-                response_deserializer=protos_dot_trainer__pb2.Workflow.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.GetWorkflowRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_trainer__pb2.Workflow.FromString,
                 _registered_method=True)
         self.ListWorkflows = channel.unary_unary(
                 '/trainforge.v1.Trainer/ListWorkflows',
-                request_serializer=protos_dot_trainer__pb2.ListWorkflowsRequest.SerializeToString,
-                response_deserializer=protos_dot_trainer__pb2.ListWorkflowsResponse.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.ListWorkflowsRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_trainer__pb2.ListWorkflowsResponse.FromString,
                 _registered_method=True)
         self.CancelWorkflow = channel.unary_unary(
                 '/trainforge.v1.Trainer/CancelWorkflow',
-                request_serializer=protos_dot_trainer__pb2.WorkflowAction.SerializeToString,
-                response_deserializer=protos_dot_trainer__pb2.Workflow.FromString,
+                request_serializer=trainforge__protos_dot_trainer__pb2.WorkflowAction.SerializeToString,
+                response_deserializer=trainforge__protos_dot_trainer__pb2.Workflow.FromString,
                 _registered_method=True)
 
 
@@ -311,113 +311,113 @@ def add_TrainerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'SubmitJob': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitJob,
-                    request_deserializer=protos_dot_trainer__pb2.SubmitJobRequest.FromString,
-                    response_serializer=protos_dot_common__pb2.Job.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.SubmitJobRequest.FromString,
+                    response_serializer=trainforge__protos_dot_common__pb2.Job.SerializeToString,
             ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
-                    request_deserializer=protos_dot_trainer__pb2.GetJobRequest.FromString,
-                    response_serializer=protos_dot_common__pb2.Job.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.GetJobRequest.FromString,
+                    response_serializer=trainforge__protos_dot_common__pb2.Job.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobs,
-                    request_deserializer=protos_dot_trainer__pb2.ListJobsRequest.FromString,
-                    response_serializer=protos_dot_trainer__pb2.ListJobsResponse.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.ListJobsRequest.FromString,
+                    response_serializer=trainforge__protos_dot_trainer__pb2.ListJobsResponse.SerializeToString,
             ),
             'CancelJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelJob,
-                    request_deserializer=protos_dot_trainer__pb2.CancelJobRequest.FromString,
-                    response_serializer=protos_dot_common__pb2.Job.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.CancelJobRequest.FromString,
+                    response_serializer=trainforge__protos_dot_common__pb2.Job.SerializeToString,
             ),
             'HaltJob': grpc.unary_unary_rpc_method_handler(
                     servicer.HaltJob,
-                    request_deserializer=protos_dot_trainer__pb2.HaltJobRequest.FromString,
-                    response_serializer=protos_dot_common__pb2.Job.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.HaltJobRequest.FromString,
+                    response_serializer=trainforge__protos_dot_common__pb2.Job.SerializeToString,
             ),
             'ResumeJob': grpc.unary_unary_rpc_method_handler(
                     servicer.ResumeJob,
-                    request_deserializer=protos_dot_trainer__pb2.ResumeJobRequest.FromString,
-                    response_serializer=protos_dot_common__pb2.Job.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.ResumeJobRequest.FromString,
+                    response_serializer=trainforge__protos_dot_common__pb2.Job.SerializeToString,
             ),
             'ReportJobStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportJobStatus,
-                    request_deserializer=protos_dot_trainer__pb2.ReportJobStatusRequest.FromString,
-                    response_serializer=protos_dot_common__pb2.Job.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.ReportJobStatusRequest.FromString,
+                    response_serializer=trainforge__protos_dot_common__pb2.Job.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
                     servicer.Health,
-                    request_deserializer=protos_dot_trainer__pb2.HealthRequest.FromString,
-                    response_serializer=protos_dot_trainer__pb2.HealthResponse.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.HealthRequest.FromString,
+                    response_serializer=trainforge__protos_dot_trainer__pb2.HealthResponse.SerializeToString,
             ),
             'SetQuota': grpc.unary_unary_rpc_method_handler(
                     servicer.SetQuota,
-                    request_deserializer=protos_dot_trainer__pb2.SetQuotaRequest.FromString,
-                    response_serializer=protos_dot_trainer__pb2.TeamUsage.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.SetQuotaRequest.FromString,
+                    response_serializer=trainforge__protos_dot_trainer__pb2.TeamUsage.SerializeToString,
             ),
             'GetTeamUsage': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTeamUsage,
-                    request_deserializer=protos_dot_trainer__pb2.GetTeamUsageRequest.FromString,
-                    response_serializer=protos_dot_trainer__pb2.TeamUsage.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.GetTeamUsageRequest.FromString,
+                    response_serializer=trainforge__protos_dot_trainer__pb2.TeamUsage.SerializeToString,
             ),
             'ListUsage': grpc.unary_unary_rpc_method_handler(
                     servicer.ListUsage,
-                    request_deserializer=protos_dot_trainer__pb2.ListUsageRequest.FromString,
-                    response_serializer=protos_dot_trainer__pb2.ListUsageResponse.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.ListUsageRequest.FromString,
+                    response_serializer=trainforge__protos_dot_trainer__pb2.ListUsageResponse.SerializeToString,
             ),
             'GetCluster': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCluster,
-                    request_deserializer=protos_dot_trainer__pb2.GetClusterRequest.FromString,
-                    response_serializer=protos_dot_trainer__pb2.Cluster.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.GetClusterRequest.FromString,
+                    response_serializer=trainforge__protos_dot_trainer__pb2.Cluster.SerializeToString,
             ),
             'SubmitExperiment': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitExperiment,
-                    request_deserializer=protos_dot_trainer__pb2.SubmitExperimentRequest.FromString,
-                    response_serializer=protos_dot_trainer__pb2.Experiment.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.SubmitExperimentRequest.FromString,
+                    response_serializer=trainforge__protos_dot_trainer__pb2.Experiment.SerializeToString,
             ),
             'GetExperiment': grpc.unary_unary_rpc_method_handler(
                     servicer.GetExperiment,
-                    request_deserializer=protos_dot_trainer__pb2.GetExperimentRequest.FromString,
-                    response_serializer=protos_dot_trainer__pb2.Experiment.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.GetExperimentRequest.FromString,
+                    response_serializer=trainforge__protos_dot_trainer__pb2.Experiment.SerializeToString,
             ),
             'ListExperiments': grpc.unary_unary_rpc_method_handler(
                     servicer.ListExperiments,
-                    request_deserializer=protos_dot_trainer__pb2.ListExperimentsRequest.FromString,
-                    response_serializer=protos_dot_trainer__pb2.ListExperimentsResponse.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.ListExperimentsRequest.FromString,
+                    response_serializer=trainforge__protos_dot_trainer__pb2.ListExperimentsResponse.SerializeToString,
             ),
             'CancelExperiment': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelExperiment,
-                    request_deserializer=protos_dot_trainer__pb2.ExperimentAction.FromString,
-                    response_serializer=protos_dot_trainer__pb2.Experiment.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.ExperimentAction.FromString,
+                    response_serializer=trainforge__protos_dot_trainer__pb2.Experiment.SerializeToString,
             ),
             'HaltExperiment': grpc.unary_unary_rpc_method_handler(
                     servicer.HaltExperiment,
-                    request_deserializer=protos_dot_trainer__pb2.ExperimentAction.FromString,
-                    response_serializer=protos_dot_trainer__pb2.Experiment.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.ExperimentAction.FromString,
+                    response_serializer=trainforge__protos_dot_trainer__pb2.Experiment.SerializeToString,
             ),
             'ResumeExperiment': grpc.unary_unary_rpc_method_handler(
                     servicer.ResumeExperiment,
-                    request_deserializer=protos_dot_trainer__pb2.ExperimentAction.FromString,
-                    response_serializer=protos_dot_trainer__pb2.Experiment.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.ExperimentAction.FromString,
+                    response_serializer=trainforge__protos_dot_trainer__pb2.Experiment.SerializeToString,
             ),
             'SubmitWorkflow': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitWorkflow,
-                    request_deserializer=protos_dot_trainer__pb2.SubmitWorkflowRequest.FromString,
-                    response_serializer=protos_dot_trainer__pb2.Workflow.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.SubmitWorkflowRequest.FromString,
+                    response_serializer=trainforge__protos_dot_trainer__pb2.Workflow.SerializeToString,
             ),
             'GetWorkflow': grpc.unary_unary_rpc_method_handler(
                     servicer.GetWorkflow,
-                    request_deserializer=protos_dot_trainer__pb2.GetWorkflowRequest.FromString,
-                    response_serializer=protos_dot_trainer__pb2.Workflow.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.GetWorkflowRequest.FromString,
+                    response_serializer=trainforge__protos_dot_trainer__pb2.Workflow.SerializeToString,
             ),
             'ListWorkflows': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkflows,
-                    request_deserializer=protos_dot_trainer__pb2.ListWorkflowsRequest.FromString,
-                    response_serializer=protos_dot_trainer__pb2.ListWorkflowsResponse.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.ListWorkflowsRequest.FromString,
+                    response_serializer=trainforge__protos_dot_trainer__pb2.ListWorkflowsResponse.SerializeToString,
             ),
             'CancelWorkflow': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelWorkflow,
-                    request_deserializer=protos_dot_trainer__pb2.WorkflowAction.FromString,
-                    response_serializer=protos_dot_trainer__pb2.Workflow.SerializeToString,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.WorkflowAction.FromString,
+                    response_serializer=trainforge__protos_dot_trainer__pb2.Workflow.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -445,8 +445,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/SubmitJob',
-            protos_dot_trainer__pb2.SubmitJobRequest.SerializeToString,
-            protos_dot_common__pb2.Job.FromString,
+            trainforge__protos_dot_trainer__pb2.SubmitJobRequest.SerializeToString,
+            trainforge__protos_dot_common__pb2.Job.FromString,
             options,
             channel_credentials,
             insecure,
@@ -472,8 +472,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/GetJob',
-            protos_dot_trainer__pb2.GetJobRequest.SerializeToString,
-            protos_dot_common__pb2.Job.FromString,
+            trainforge__protos_dot_trainer__pb2.GetJobRequest.SerializeToString,
+            trainforge__protos_dot_common__pb2.Job.FromString,
             options,
             channel_credentials,
             insecure,
@@ -499,8 +499,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/ListJobs',
-            protos_dot_trainer__pb2.ListJobsRequest.SerializeToString,
-            protos_dot_trainer__pb2.ListJobsResponse.FromString,
+            trainforge__protos_dot_trainer__pb2.ListJobsRequest.SerializeToString,
+            trainforge__protos_dot_trainer__pb2.ListJobsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -526,8 +526,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/CancelJob',
-            protos_dot_trainer__pb2.CancelJobRequest.SerializeToString,
-            protos_dot_common__pb2.Job.FromString,
+            trainforge__protos_dot_trainer__pb2.CancelJobRequest.SerializeToString,
+            trainforge__protos_dot_common__pb2.Job.FromString,
             options,
             channel_credentials,
             insecure,
@@ -553,8 +553,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/HaltJob',
-            protos_dot_trainer__pb2.HaltJobRequest.SerializeToString,
-            protos_dot_common__pb2.Job.FromString,
+            trainforge__protos_dot_trainer__pb2.HaltJobRequest.SerializeToString,
+            trainforge__protos_dot_common__pb2.Job.FromString,
             options,
             channel_credentials,
             insecure,
@@ -580,8 +580,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/ResumeJob',
-            protos_dot_trainer__pb2.ResumeJobRequest.SerializeToString,
-            protos_dot_common__pb2.Job.FromString,
+            trainforge__protos_dot_trainer__pb2.ResumeJobRequest.SerializeToString,
+            trainforge__protos_dot_common__pb2.Job.FromString,
             options,
             channel_credentials,
             insecure,
@@ -607,8 +607,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/ReportJobStatus',
-            protos_dot_trainer__pb2.ReportJobStatusRequest.SerializeToString,
-            protos_dot_common__pb2.Job.FromString,
+            trainforge__protos_dot_trainer__pb2.ReportJobStatusRequest.SerializeToString,
+            trainforge__protos_dot_common__pb2.Job.FromString,
             options,
             channel_credentials,
             insecure,
@@ -634,8 +634,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/Health',
-            protos_dot_trainer__pb2.HealthRequest.SerializeToString,
-            protos_dot_trainer__pb2.HealthResponse.FromString,
+            trainforge__protos_dot_trainer__pb2.HealthRequest.SerializeToString,
+            trainforge__protos_dot_trainer__pb2.HealthResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -661,8 +661,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/SetQuota',
-            protos_dot_trainer__pb2.SetQuotaRequest.SerializeToString,
-            protos_dot_trainer__pb2.TeamUsage.FromString,
+            trainforge__protos_dot_trainer__pb2.SetQuotaRequest.SerializeToString,
+            trainforge__protos_dot_trainer__pb2.TeamUsage.FromString,
             options,
             channel_credentials,
             insecure,
@@ -688,8 +688,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/GetTeamUsage',
-            protos_dot_trainer__pb2.GetTeamUsageRequest.SerializeToString,
-            protos_dot_trainer__pb2.TeamUsage.FromString,
+            trainforge__protos_dot_trainer__pb2.GetTeamUsageRequest.SerializeToString,
+            trainforge__protos_dot_trainer__pb2.TeamUsage.FromString,
             options,
             channel_credentials,
             insecure,
@@ -715,8 +715,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/ListUsage',
-            protos_dot_trainer__pb2.ListUsageRequest.SerializeToString,
-            protos_dot_trainer__pb2.ListUsageResponse.FromString,
+            trainforge__protos_dot_trainer__pb2.ListUsageRequest.SerializeToString,
+            trainforge__protos_dot_trainer__pb2.ListUsageResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -742,8 +742,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/GetCluster',
-            protos_dot_trainer__pb2.GetClusterRequest.SerializeToString,
-            protos_dot_trainer__pb2.Cluster.FromString,
+            trainforge__protos_dot_trainer__pb2.GetClusterRequest.SerializeToString,
+            trainforge__protos_dot_trainer__pb2.Cluster.FromString,
             options,
             channel_credentials,
             insecure,
@@ -769,8 +769,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/SubmitExperiment',
-            protos_dot_trainer__pb2.SubmitExperimentRequest.SerializeToString,
-            protos_dot_trainer__pb2.Experiment.FromString,
+            trainforge__protos_dot_trainer__pb2.SubmitExperimentRequest.SerializeToString,
+            trainforge__protos_dot_trainer__pb2.Experiment.FromString,
             options,
             channel_credentials,
             insecure,
@@ -796,8 +796,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/GetExperiment',
-            protos_dot_trainer__pb2.GetExperimentRequest.SerializeToString,
-            protos_dot_trainer__pb2.Experiment.FromString,
+            trainforge__protos_dot_trainer__pb2.GetExperimentRequest.SerializeToString,
+            trainforge__protos_dot_trainer__pb2.Experiment.FromString,
             options,
             channel_credentials,
             insecure,
@@ -823,8 +823,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/ListExperiments',
-            protos_dot_trainer__pb2.ListExperimentsRequest.SerializeToString,
-            protos_dot_trainer__pb2.ListExperimentsResponse.FromString,
+            trainforge__protos_dot_trainer__pb2.ListExperimentsRequest.SerializeToString,
+            trainforge__protos_dot_trainer__pb2.ListExperimentsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -850,8 +850,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/CancelExperiment',
-            protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
-            protos_dot_trainer__pb2.Experiment.FromString,
+            trainforge__protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
+            trainforge__protos_dot_trainer__pb2.Experiment.FromString,
             options,
             channel_credentials,
             insecure,
@@ -877,8 +877,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/HaltExperiment',
-            protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
-            protos_dot_trainer__pb2.Experiment.FromString,
+            trainforge__protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
+            trainforge__protos_dot_trainer__pb2.Experiment.FromString,
             options,
             channel_credentials,
             insecure,
@@ -904,8 +904,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/ResumeExperiment',
-            protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
-            protos_dot_trainer__pb2.Experiment.FromString,
+            trainforge__protos_dot_trainer__pb2.ExperimentAction.SerializeToString,
+            trainforge__protos_dot_trainer__pb2.Experiment.FromString,
             options,
             channel_credentials,
             insecure,
@@ -931,8 +931,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/SubmitWorkflow',
-            protos_dot_trainer__pb2.SubmitWorkflowRequest.SerializeToString,
-            protos_dot_trainer__pb2.Workflow.FromString,
+            trainforge__protos_dot_trainer__pb2.SubmitWorkflowRequest.SerializeToString,
+            trainforge__protos_dot_trainer__pb2.Workflow.FromString,
             options,
             channel_credentials,
             insecure,
@@ -958,8 +958,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/GetWorkflow',
-            protos_dot_trainer__pb2.GetWorkflowRequest.SerializeToString,
-            protos_dot_trainer__pb2.Workflow.FromString,
+            trainforge__protos_dot_trainer__pb2.GetWorkflowRequest.SerializeToString,
+            trainforge__protos_dot_trainer__pb2.Workflow.FromString,
             options,
             channel_credentials,
             insecure,
@@ -985,8 +985,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/ListWorkflows',
-            protos_dot_trainer__pb2.ListWorkflowsRequest.SerializeToString,
-            protos_dot_trainer__pb2.ListWorkflowsResponse.FromString,
+            trainforge__protos_dot_trainer__pb2.ListWorkflowsRequest.SerializeToString,
+            trainforge__protos_dot_trainer__pb2.ListWorkflowsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1012,8 +1012,8 @@ class Trainer:
             request,
             target,
             '/trainforge.v1.Trainer/CancelWorkflow',
-            protos_dot_trainer__pb2.WorkflowAction.SerializeToString,
-            protos_dot_trainer__pb2.Workflow.FromString,
+            trainforge__protos_dot_trainer__pb2.WorkflowAction.SerializeToString,
+            trainforge__protos_dot_trainer__pb2.Workflow.FromString,
             options,
             channel_credentials,
             insecure,

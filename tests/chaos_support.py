@@ -27,12 +27,12 @@ from pathlib import Path
 
 import psutil
 
-from services.common import proctree
-from services.common.adapters.etcd import Coordinator
-from services.common.states import JobState, can_transition
-from services.devstack import launcher, procs
 from tests.servers import wait_for
 from trainforge.sdk import ApiError, Client
+from trainforge_services.common import proctree
+from trainforge_services.common.adapters.etcd import Coordinator
+from trainforge_services.common.states import JobState, can_transition
+from trainforge_services.devstack import launcher, procs
 
 TERMINAL = ("completed", "failed", "cancelled")
 # The API answers these while it, the Trainer or the LCM is being restarted.

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 import uuid
 
 import pytest
 
-from tests import servers
+if importlib.util.find_spec("trainforge_services") is None:
+    raise pytest.UsageError("the platform's packages (trainforge_services, ...) are not installed in this interpreter: "
+                            "run `pip install --no-deps -e .` in the checkout (`make install` does); the repository "
+                            "on PYTHONPATH does not provide their import names")
+
+from tests import servers  # noqa: E402
 from tests.kube import kube_cluster, kube_node  # noqa: F401 - the Kubernetes tier's fixtures, for every tier
 
 
@@ -39,7 +45,7 @@ def unique() -> str:
 
 @pytest.fixture
 def coordinator(etcd_server, unique):
-    from services.common.adapters.etcd import Coordinator
+    from trainforge_services.common.adapters.etcd import Coordinator
 
     c = Coordinator(etcd_server.address, prefix=f"/tf-{unique}")
     yield c
@@ -48,7 +54,7 @@ def coordinator(etcd_server, unique):
 
 @pytest.fixture
 def mongo_db(mongo_server, unique):
-    from services.common.adapters.mongo import connect
+    from trainforge_services.common.adapters.mongo import connect
 
     db = connect(mongo_server.url, f"tf{unique}")
     yield db
@@ -57,7 +63,7 @@ def mongo_db(mongo_server, unique):
 
 @pytest.fixture
 def logstore(osmem_server, unique):
-    from services.common.adapters.logstore import LogStore
+    from trainforge_services.common.adapters.logstore import LogStore
 
     store = LogStore(osmem_server.url, index=f"tf-logs-{unique}")
     yield store
@@ -67,7 +73,7 @@ def logstore(osmem_server, unique):
 @pytest.fixture
 def store_settings(etcd_server, mongo_server, osmem_server, tmp_path, unique):
     """StoreSettings pointing at the session's real servers, isolated per test."""
-    from services.common.settings import StoreSettings
+    from trainforge_services.common.settings import StoreSettings
 
     return StoreSettings(
         state_dir=tmp_path / "state", dev_mode=True, etcd_endpoints=etcd_server.address,

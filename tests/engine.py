@@ -34,8 +34,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.adapters.docker_engine import Engine
 from tests.servers import wait_for
+from trainforge_services.common.adapters.docker_engine import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUP = ROOT / "tools" / "engine" / "setup.sh"

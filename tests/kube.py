@@ -357,8 +357,7 @@ def kube_node(kube_cluster):
     """One test node (8 cpu, 32Gi, 4 nvidia.com/gpu, label trainforge.io/gpu-type=test) for one test; the
     Node object is deleted afterwards so the next test's node schedules alone."""
     name = f"testnode-{secrets.token_hex(3)}"
-    node = start_node(kube_cluster, name, gpus=4, labels={"trainforge.io/gpu-type": "test"},
-                      env={"PYTHONPATH": str(ROOT)})
+    node = start_node(kube_cluster, name, gpus=4, labels={"trainforge.io/gpu-type": "test"})
     yield node
     node.stop()
     _delete(kube_cluster, f"/api/v1/nodes/{name}")

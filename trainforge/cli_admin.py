@@ -3,7 +3,7 @@
 Team admins manage their own team's keys (`admin keys` without `--team`);
 everything else needs a platform_admin key. The first one comes from
 `trainforge admin bootstrap`, which runs the embedded-stack launcher
-(`python -m services.devstack bootstrap`) as a subprocess against the
+(`python -m trainforge_services.devstack bootstrap`) as a subprocess against the
 embedded stack, or against the platform the TF_* environment names: the CLI
 never imports the services. Admin commands use the key saved
 by `bootstrap --save` (or TRAINFORGE_ADMIN_KEY) when there is one, else the

@@ -1,6 +1,6 @@
 """The embedded stack, from the CLI's side: runs the launcher as a process and reads its JSON.
 
-The launcher (`python -m services.devstack`) lives with the services, which
+The launcher (`python -m trainforge_services.devstack`) lives with the services, which
 the CLI must not import; `trainforge up` / `down` / `admin bootstrap` start
 it with this interpreter and read its JSON Lines as they come (one
 `{"component": ...}` per component, then `{"result": ...}` or
@@ -16,7 +16,6 @@ traceback.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from typing import Any
 
 # Statuses that mean the component is where it should be (the launcher's Status values).
 OK_STATUSES = frozenset({"started", "running", "stopped"})
-_MODULE = "services.devstack"
+_MODULE = "trainforge_services.devstack"
 SERVER_EXTRA = "the embedded stack needs the server extra: pip install 'trainforge[server]'"
 # The last line of a launcher that could not import the services or one of their dependencies.
 _MISSING = re.compile(r"^ModuleNotFoundError: No module named '([^']+)'")
@@ -44,20 +43,8 @@ def _ignore(_: dict) -> None:
     pass
 
 
-def _env() -> dict[str, str]:
-    """Our environment, with this source tree on PYTHONPATH when the services sit next to the CLI."""
-    env = dict(os.environ)
-    root = Path(__file__).resolve().parents[1]
-    parts = [str(root)] if (root / "services").is_dir() else []
-    if env.get("PYTHONPATH"):
-        parts.append(env["PYTHONPATH"])
-    if parts:
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
-    return env
-
-
 def run(command: str, state: Path, *args: str, on_component: OnComponent = _ignore) -> dict:
-    """`python -m services.devstack COMMAND --state-dir STATE ARGS --json`; its result, or StackError."""
+    """`python -m trainforge_services.devstack COMMAND --state-dir STATE ARGS --json`; its result, or StackError."""
     # -P: the current directory must not shadow the platform's packages.
     argv = [sys.executable, "-P", "-m", _MODULE, command, "--state-dir", str(state), *args, "--json"]
     result: dict | None = None
@@ -65,7 +52,7 @@ def run(command: str, state: Path, *args: str, on_component: OnComponent = _igno
     # stderr to a file: a pipe nobody reads while we follow stdout could fill and stall the launcher
     with tempfile.TemporaryFile("w+") as err_file:
         try:
-            proc = subprocess.Popen(argv, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=err_file, text=True)
         except OSError as e:
             raise StackError(f"cannot run the stack launcher `python -m {_MODULE}`: {e}") from None

@@ -11,4 +11,4 @@ RUN python3 -m pip install "${TORCH}"
 USER 1000:1000
 # learners run in the pod's workdir emptyDir; the controller sets the DDP env (MASTER_ADDR, RANK, ...)
 WORKDIR /var/lib/trainforge/work
-CMD ["python3", "-m", "services.lcm.backends.kubernetes.entry", "learner"]
+CMD ["python3", "-m", "trainforge_services.lcm.backends.kubernetes.entry", "learner"]

@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
-from frameworks.torch.helper import (  # noqa: E402
+from trainforge_frameworks.torch.helper import (  # noqa: E402
     checkpoint_due,
     init_distributed,
     install_halt_handler,

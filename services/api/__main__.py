@@ -1,4 +1,4 @@
-"""`python -m services.api`: serve the REST API with settings from TF_* environment variables."""
+"""`python -m trainforge_services.api`: serve the REST API with settings from TF_* environment variables."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 import uvicorn
 from pydantic import ValidationError
 
-from services.api.app import create_app
-from services.common.observability import configure_logging
-from services.common.settings import ApiSettings
+from trainforge_services.api.app import create_app
+from trainforge_services.common.observability import configure_logging
+from trainforge_services.common.settings import ApiSettings
 
 
 def main() -> int:

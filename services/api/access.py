@@ -12,10 +12,10 @@ from __future__ import annotations
 import datetime as dt
 import time
 
-from services.api.identity import IdentityStore, Role, Tenant
-from services.api.schemas import KeyIn, QuotaIn
-from services.api.trainer_client import TrainerApi
-from services.common.errors import Conflict, InvalidArgument, PermissionDenied
+from trainforge_services.api.identity import IdentityStore, Role, Tenant
+from trainforge_services.api.schemas import KeyIn, QuotaIn
+from trainforge_services.api.trainer_client import TrainerApi
+from trainforge_services.common.errors import Conflict, InvalidArgument, PermissionDenied
 
 
 def issue_key(identity: IdentityStore, caller: Tenant, team: str, body: KeyIn) -> dict:

@@ -1,19 +1,19 @@
-"""`python -m services.api.admin`: manage teams and API keys from a shell on the platform's side.
+"""`python -m trainforge_services.api.admin`: manage teams and API keys from a shell on the platform's side.
 
 Day-to-day administration goes over HTTP (/v1/admin, `trainforge admin`);
 this is the way in before there is anyone to call it, and the way back when
 every admin key is lost: whoever can run it can reach the identity store
 anyway, so it needs no credentials. `bootstrap_key` is what the embedded-stack
-launcher (`services.devstack`) calls in process to get the stack's first key,
+launcher (`trainforge_services.devstack`) calls in process to get the stack's first key,
 and for `trainforge admin bootstrap` the first platform admin's; the
 `bootstrap` command prints the plaintext key once and it is not stored anywhere.
 
-    python -m services.api.admin bootstrap --team local [--json]
-    python -m services.api.admin bootstrap --platform-admin --team platform [--json]
-    python -m services.api.admin issue-key --team ml --name ci --role member [--json]
-    python -m services.api.admin revoke-key KEY_ID
-    python -m services.api.admin list-keys --team ml [--json]
-    python -m services.api.admin enable-team ml
+    python -m trainforge_services.api.admin bootstrap --team local [--json]
+    python -m trainforge_services.api.admin bootstrap --platform-admin --team platform [--json]
+    python -m trainforge_services.api.admin issue-key --team ml --name ci --role member [--json]
+    python -m trainforge_services.api.admin revoke-key KEY_ID
+    python -m trainforge_services.api.admin list-keys --team ml [--json]
+    python -m trainforge_services.api.admin enable-team ml
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from services.api.identity import IdentityStore, Role, key_id_of
-from services.common.adapters import mongo
-from services.common.errors import TrainforgeError
-from services.common.settings import ApiSettings
+from trainforge_services.api.identity import IdentityStore, Role, key_id_of
+from trainforge_services.common.adapters import mongo
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.settings import ApiSettings
 
 
 def _store(settings: ApiSettings) -> IdentityStore:
@@ -111,7 +111,7 @@ def list_keys(store: IdentityStore, args: argparse.Namespace) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m services.api.admin", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m trainforge_services.api.admin", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     def cmd(name: str, fn, help_: str) -> argparse.ArgumentParser:  # noqa: ANN001

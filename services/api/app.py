@@ -3,7 +3,7 @@
 `create_app` builds everything from settings unless a collaborator is
 handed in, so tests run the real routes against twins. Every failure leaves
 the app in one body shape, `{"error": {"code", "message", "details"}}`:
-domain errors (services.common.errors) carry their own status and code,
+domain errors (trainforge_services.common.errors) carry their own status and code,
 request validation lists every bad field, and anything unexpected is logged
 here and answered with a bare 500.
 """
@@ -24,34 +24,34 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api import prom, retention, ui
-from services.api.audit import AuditLog, AuditMiddleware
-from services.api.deps import REQUIRED_ROLE
-from services.api.experiments import ExperimentCalls
-from services.api.identity import IdentityStore, Role
-from services.api.ratelimit import RateLimiter
-from services.api.ratelimit_shared import SharedRateLimiter
-from services.api.routes import admin as admin_routes
-from services.api.routes import admin_jobs as admin_job_routes
-from services.api.routes import auth as auth_routes
-from services.api.routes import experiments as experiment_routes
-from services.api.routes import health as health_routes
-from services.api.routes import jobs as job_routes
-from services.api.routes import notifications as notification_routes
-from services.api.routes import observe as observe_routes
-from services.api.routes import outputs as output_routes
-from services.api.routes import retention as retention_routes
-from services.api.routes import secrets as secret_routes
-from services.api.routes import team as team_routes
-from services.api.routes import workflows as workflow_routes
-from services.api.tokens import TokenCodec
-from services.api.trainer_client import TrainerApi, TrainerClient
-from services.common.adapters import mongo
-from services.common.adapters.logstore import LogStore
-from services.common.adapters.objectstore import ObjectStore, store_from_settings
-from services.common.errors import TrainforgeError
-from services.common.secrets import SecretStore, load_key
-from services.common.settings import ApiSettings
+from trainforge_services.api import prom, retention, ui
+from trainforge_services.api.audit import AuditLog, AuditMiddleware
+from trainforge_services.api.deps import REQUIRED_ROLE
+from trainforge_services.api.experiments import ExperimentCalls
+from trainforge_services.api.identity import IdentityStore, Role
+from trainforge_services.api.ratelimit import RateLimiter
+from trainforge_services.api.ratelimit_shared import SharedRateLimiter
+from trainforge_services.api.routes import admin as admin_routes
+from trainforge_services.api.routes import admin_jobs as admin_job_routes
+from trainforge_services.api.routes import auth as auth_routes
+from trainforge_services.api.routes import experiments as experiment_routes
+from trainforge_services.api.routes import health as health_routes
+from trainforge_services.api.routes import jobs as job_routes
+from trainforge_services.api.routes import notifications as notification_routes
+from trainforge_services.api.routes import observe as observe_routes
+from trainforge_services.api.routes import outputs as output_routes
+from trainforge_services.api.routes import retention as retention_routes
+from trainforge_services.api.routes import secrets as secret_routes
+from trainforge_services.api.routes import team as team_routes
+from trainforge_services.api.routes import workflows as workflow_routes
+from trainforge_services.api.tokens import TokenCodec
+from trainforge_services.api.trainer_client import TrainerApi, TrainerClient
+from trainforge_services.common.adapters import mongo
+from trainforge_services.common.adapters.logstore import LogStore
+from trainforge_services.common.adapters.objectstore import ObjectStore, store_from_settings
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.secrets import SecretStore, load_key
+from trainforge_services.common.settings import ApiSettings
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ class _UploadLimit:
 
 
 def required_role(dependant: Dependant) -> Role | None:
-    """The strongest role a route's dependencies demand (services.api.deps.REQUIRED_ROLE), if any."""
+    """The strongest role a route's dependencies demand (trainforge_services.api.deps.REQUIRED_ROLE), if any."""
     roles = [REQUIRED_ROLE[d.call] for d in _walk(dependant) if d.call in REQUIRED_ROLE]
     return max(roles, key=lambda r: r.rank) if roles else None
 
@@ -265,7 +265,7 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
     app.state.tokens = tokens
     app.state.audit = audit
     app.state.limiter = limiter
-    app.state.secrets = secrets  # None: made on first use (services.api.routes.secrets), so building touches nothing
+    app.state.secrets = secrets  # None: made on first use (trainforge_services.api.routes.secrets), so building touches nothing
 
     app.add_exception_handler(TrainforgeError, _domain_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -26,9 +26,9 @@ import anyio.to_thread
 from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.common.adapters import mongo
-from services.common.adapters.mongo import DESCENDING, Database, InvalidId, ObjectId, PyMongoError
-from services.common.errors import InvalidArgument
+from trainforge_services.common.adapters import mongo
+from trainforge_services.common.adapters.mongo import DESCENDING, Database, InvalidId, ObjectId, PyMongoError
+from trainforge_services.common.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 

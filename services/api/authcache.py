@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.common.errors import InvalidArgument
+from trainforge_services.common.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from services.api.identity import Tenant
+    from trainforge_services.api.identity import Tenant
 
 MAX_TTL = 1.0
 # Bound on entries: a cache full of distinct keys is simply emptied (the next requests go to the store).

@@ -20,16 +20,16 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from services.api.audit import AuditLog
-from services.api.identity import KEY_PREFIX, IdentityStore, Role, Tenant
-from services.api.ratelimit import RateLimiter
-from services.api.tokens import TokenCodec
-from services.api.trainer_client import TrainerApi
-from services.api.ui import session as ui_session
-from services.common.adapters.logstore import LogStore
-from services.common.adapters.objectstore import ObjectStore
-from services.common.errors import PermissionDenied, Unauthenticated
-from services.common.settings import ApiSettings
+from trainforge_services.api.audit import AuditLog
+from trainforge_services.api.identity import KEY_PREFIX, IdentityStore, Role, Tenant
+from trainforge_services.api.ratelimit import RateLimiter
+from trainforge_services.api.tokens import TokenCodec
+from trainforge_services.api.trainer_client import TrainerApi
+from trainforge_services.api.ui import session as ui_session
+from trainforge_services.common.adapters.logstore import LogStore
+from trainforge_services.common.adapters.objectstore import ObjectStore
+from trainforge_services.common.errors import PermissionDenied, Unauthenticated
+from trainforge_services.common.settings import ApiSettings
 
 _bearer = HTTPBearer(auto_error=False, scheme_name="Bearer",
                      description="An API key (`tf_<id>_<secret>`) or a token from POST /v1/auth/token: "

@@ -13,18 +13,18 @@ import json
 from collections.abc import Callable
 from typing import BinaryIO
 
-from protos import trainer_pb2, trainer_pb2_grpc
-from services.api.identity import Tenant
-from services.api.submit import store_code
-from services.api.trainer_client import job_state_name
-from services.common import rpc
-from services.common.adapters.objectstore import ObjectStore
-from services.common.contracts.experiments import ExperimentState, load_recipe
-from services.common.contracts.ids import new_experiment_id, new_workflow_id
-from services.common.contracts.recipes import experiment_from_recipe
-from services.common.contracts.storekeys import experiment_code_key
-from services.common.contracts.workflows import parse_workflow
-from services.common.errors import TrainforgeError
+from trainforge_protos import trainer_pb2, trainer_pb2_grpc
+from trainforge_services.api.identity import Tenant
+from trainforge_services.api.submit import store_code
+from trainforge_services.api.trainer_client import job_state_name
+from trainforge_services.common import rpc
+from trainforge_services.common.adapters.objectstore import ObjectStore
+from trainforge_services.common.contracts.experiments import ExperimentState, load_recipe
+from trainforge_services.common.contracts.ids import new_experiment_id, new_workflow_id
+from trainforge_services.common.contracts.recipes import experiment_from_recipe
+from trainforge_services.common.contracts.storekeys import experiment_code_key
+from trainforge_services.common.contracts.workflows import parse_workflow
+from trainforge_services.common.errors import TrainforgeError
 
 
 def experiment_state_name(state: int) -> str:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.api.identity import IdentityStore
-from services.api.trainer_client import TrainerApi
-from services.common.adapters.logstore import LogStore
-from services.common.errors import TrainforgeError
+from trainforge_services.api.identity import IdentityStore
+from trainforge_services.api.trainer_client import TrainerApi
+from trainforge_services.common.adapters.logstore import LogStore
+from trainforge_services.common.errors import TrainforgeError
 
 
 def _probe(check: Callable[[], object]) -> dict:

@@ -31,10 +31,10 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from services.api.authcache import AuthCache
-from services.common.adapters import mongo
-from services.common.adapters.mongo import Database, DuplicateKeyError, PyMongoError
-from services.common.errors import Conflict, InvalidArgument, NotFound, Unauthenticated
+from trainforge_services.api.authcache import AuthCache
+from trainforge_services.common.adapters import mongo
+from trainforge_services.common.adapters.mongo import Database, DuplicateKeyError, PyMongoError
+from trainforge_services.common.errors import Conflict, InvalidArgument, NotFound, Unauthenticated
 
 KEY_PREFIX = "tf_"
 KEY_ID = re.compile(r"^[0-9a-f]{8}$")

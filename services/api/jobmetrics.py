@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 
-from services.api import logarchive
-from services.api.trainer_client import TrainerApi
-from services.common.adapters.logstore import LogStore
-from services.common.adapters.objectstore import ObjectStore
+from trainforge_services.api import logarchive
+from trainforge_services.api.trainer_client import TrainerApi
+from trainforge_services.common.adapters.logstore import LogStore
+from trainforge_services.common.adapters.objectstore import ObjectStore
 
 PROGRESS = ("epoch", "total_steps", "total_epochs")
 _INTERNAL = {"ts", "step"}

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.adapters.objectstore import ObjectStore
-from services.common.contracts import storekeys
+from trainforge_services.common.adapters.objectstore import ObjectStore
+from trainforge_services.common.contracts import storekeys
 
 log = logging.getLogger(__name__)
 

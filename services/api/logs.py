@@ -17,11 +17,11 @@ import json
 import re
 from collections.abc import Iterator
 
-from services.api import logarchive
-from services.api.trainer_client import TrainerApi
-from services.common.adapters.logstore import LogStore
-from services.common.adapters.objectstore import ObjectStore
-from services.common.errors import InvalidArgument, NotFound
+from trainforge_services.api import logarchive
+from trainforge_services.api.trainer_client import TrainerApi
+from trainforge_services.common.adapters.logstore import LogStore
+from trainforge_services.common.adapters.objectstore import ObjectStore
+from trainforge_services.common.errors import InvalidArgument, NotFound
 
 _ENTRY = re.compile(r"^(\d+):(\d+)=(\d+)$")
 

@@ -1,7 +1,7 @@
 """A job's results back: its outputs and checkpoints, listed with checksums, sent as files or a tar stream.
 
 What a learner leaves in the object store is a *tree* under one key prefix
-(`services.common.contracts.storekeys`): its outputs `jobs/<job>/outputs/<rank>/`
+(`trainforge_services.common.contracts.storekeys`): its outputs `jobs/<job>/outputs/<rank>/`
 and each checkpoint step `jobs/<job>/checkpoints/<rank>/<step>/`. Everything
 here works on such trees. Callers check the job belongs to the caller's
 team first (the routes ask the Trainer), so nothing here knows about teams.
@@ -20,16 +20,21 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from frameworks.torch.helper import CHECKPOINT_META
-from services.common.adapters.objectstore import ObjectInfo, ObjectStore, objects_under, safe_relative
-from services.common.contracts.storekeys import (
+from trainforge_frameworks.torch.helper import CHECKPOINT_META
+from trainforge_services.common.adapters.objectstore import (
+    ObjectInfo,
+    ObjectStore,
+    objects_under,
+    safe_relative,
+)
+from trainforge_services.common.contracts.storekeys import (
     checkpoint_root,
     checkpoint_step_prefix,
     is_step_dir,
     outputs_prefix,
     outputs_root,
 )
-from services.common.errors import NotFound
+from trainforge_services.common.errors import NotFound
 
 _BLOCK = 512
 

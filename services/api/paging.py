@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from services.common.errors import InvalidArgument
+from trainforge_services.common.errors import InvalidArgument
 
 _BAD = "not a cursor this API returned; pass `next_cursor` of the previous page as it is"
 

@@ -14,8 +14,8 @@ from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from starlette.middleware.base import BaseHTTPMiddleware
 
-from services.common import rpc
-from services.common.observability import service_registry
+from trainforge_services.common import rpc
+from trainforge_services.common.observability import service_registry
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 

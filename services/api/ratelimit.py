@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from services.common.errors import ResourceExhausted
+from trainforge_services.common.errors import ResourceExhausted
 
 
 class RateLimited(ResourceExhausted):

@@ -18,8 +18,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from services.api.ratelimit import RateLimiter
-from services.common.adapters.mongo import Database, DuplicateKeyError, mapped_as
+from trainforge_services.api.ratelimit import RateLimiter
+from trainforge_services.common.adapters.mongo import Database, DuplicateKeyError, mapped_as
 
 mapped = mapped_as("rate limit store")
 

@@ -1,7 +1,7 @@
 """Rebuild the log search index from the learners' archives in the object store.
 
-    python -m services.api.reindex --job j-1a2b3c4d5e6f [--job ...]
-    python -m services.api.reindex --all
+    python -m trainforge_services.api.reindex --job j-1a2b3c4d5e6f [--job ...]
+    python -m trainforge_services.api.reindex --all
 
 Settings come from the TF_* environment (the API's: log store and object
 store). The archive line is the index document and its id is
@@ -20,11 +20,11 @@ import re
 import sys
 from dataclasses import dataclass
 
-from services.api import logarchive
-from services.common.adapters.logstore import LogStore
-from services.common.adapters.objectstore import ObjectStore, store_from_settings
-from services.common.errors import TrainforgeError
-from services.common.retry import retry_call
+from trainforge_services.api import logarchive
+from trainforge_services.common.adapters.logstore import LogStore
+from trainforge_services.common.adapters.objectstore import ObjectStore, store_from_settings
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.retry import retry_call
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +72,9 @@ def _ship(logs: LogStore, docs: list[tuple[str, bytes]], deadline: float) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    from services.common.settings import ApiSettings
+    from trainforge_services.common.settings import ApiSettings
 
-    parser = argparse.ArgumentParser(prog="python -m services.api.reindex", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trainforge_services.api.reindex", description=__doc__.split("\n")[0])
     parser.add_argument("--job", action="append", default=[], help="a job to reindex (repeatable)")
     parser.add_argument("--all", action="store_true", help="every job with a log archive")
     args = parser.parse_args(argv)

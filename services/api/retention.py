@@ -20,14 +20,14 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.api.audit import AuditLog
-from services.api.trainer_client import TrainerApi
-from services.common.adapters.logstore import LogStore
-from services.common.adapters.mongo import Database, mapped_as
-from services.common.adapters.objectstore import ObjectStore
-from services.common.contracts import storekeys
-from services.common.errors import TrainforgeError
-from services.common.states import JobState
+from trainforge_services.api.audit import AuditLog
+from trainforge_services.api.trainer_client import TrainerApi
+from trainforge_services.common.adapters.logstore import LogStore
+from trainforge_services.common.adapters.mongo import Database, mapped_as
+from trainforge_services.common.adapters.objectstore import ObjectStore
+from trainforge_services.common.contracts import storekeys
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.states import JobState
 
 log = logging.getLogger(__name__)
 

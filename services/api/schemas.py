@@ -18,8 +18,8 @@ from pydantic import (
     field_validator,
 )
 
-from services.api.usage import UsageReport
-from services.common import egress
+from trainforge_services.api.usage import UsageReport
+from trainforge_services.common import egress
 
 
 class ErrorDetail(BaseModel):

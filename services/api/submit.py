@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from services.api.identity import Tenant
-from services.api.trainer_client import TrainerApi
-from services.common.adapters.objectstore import ObjectStore
-from services.common.contracts.ids import new_job_id
-from services.common.contracts.storekeys import code_key, uri_for
-from services.common.errors import Conflict, InvalidArgument, NotFound, TrainforgeError
-from services.common.manifest import parse_manifest
+from trainforge_services.api.identity import Tenant
+from trainforge_services.api.trainer_client import TrainerApi
+from trainforge_services.common.adapters.objectstore import ObjectStore
+from trainforge_services.common.contracts.ids import new_job_id
+from trainforge_services.common.contracts.storekeys import code_key, uri_for
+from trainforge_services.common.errors import Conflict, InvalidArgument, NotFound, TrainforgeError
+from trainforge_services.common.manifest import parse_manifest
 
 log = logging.getLogger(__name__)
 

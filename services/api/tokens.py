@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import jwt
 
-from services.api.identity import KEY_ID, Role, Tenant
-from services.common.errors import Unauthenticated
-from services.common.settings import ApiSettings
+from trainforge_services.api.identity import KEY_ID, Role, Tenant
+from trainforge_services.common.errors import Unauthenticated
+from trainforge_services.common.settings import ApiSettings
 
 # RFC 7518 section 3.2: an HMAC key at least as long as the hash.
 HMAC_MIN_KEY_BYTES = {"HS256": 32, "HS384": 48, "HS512": 64}

@@ -12,9 +12,9 @@ import json
 from collections.abc import Iterable
 from typing import Protocol
 
-from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
-from services.common import rpc
-from services.common.states import LEARNER_EXITED, JobState, LearnerState
+from trainforge_protos import common_pb2, trainer_pb2, trainer_pb2_grpc
+from trainforge_services.common import rpc
+from trainforge_services.common.states import LEARNER_EXITED, JobState, LearnerState
 
 
 class TrainerApi(Protocol):
@@ -142,7 +142,7 @@ def cluster_to_json(c: trainer_pb2.Cluster) -> dict:
 
 
 class TrainerClient:
-    """TrainerApi over gRPC; failures come back as domain errors (services.common.errors)."""
+    """TrainerApi over gRPC; failures come back as domain errors (trainforge_services.common.errors)."""
 
     def __init__(self, address: str, *, timeout: float = 30.0, health_timeout: float = 3.0):
         self.address = address

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
 
-from services.api.trainer_client import TrainerApi
-from services.common.errors import InvalidArgument
+from trainforge_services.api.trainer_client import TrainerApi
+from trainforge_services.common.errors import InvalidArgument
 
 DAY = 86400.0
 UNSPECIFIED_GPU = "unspecified"
-# The job states (REST names) in which a job holds its resources: services.common.states.ACTIVE.
+# The job states (REST names) in which a job holds its resources: trainforge_services.common.states.ACTIVE.
 ACTIVE = frozenset({"deploying", "running", "storing", "halting", "restarting"})
 # At most this many days in one report: a year and a day, enough for any chart or export.
 MAX_DAYS = 366

@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from services.common.adapters.etcd import Coordinator, Lease
-from services.common.errors import Unavailable
+from trainforge_services.common.adapters.etcd import Coordinator, Lease
+from trainforge_services.common.errors import Unavailable
 
 log = logging.getLogger(__name__)
 

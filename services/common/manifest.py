@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.functional_validators import BeforeValidator
 
-from services.common.errors import InvalidArgument
+from trainforge_services.common.errors import InvalidArgument
 
 _UNITS = {
     "": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -127,7 +127,7 @@ class Restart(_Strict):
 
 
 class Checkpoint(_Strict):
-    interval: Duration = Field(300.0, description="how often frameworks' checkpoint_due() says yes, e.g. 5m; 0: never")
+    interval: Duration = Field(300.0, description="how often trainforge_frameworks' checkpoint_due() says yes, e.g. 5m; 0: never")
 
 
 def _relative_path(v: str) -> str:

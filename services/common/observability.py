@@ -37,9 +37,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from services.common import rpc
-from services.common.adapters.objectstore.base import TRANSFERRED
-from services.common.rpc import CallStats
+from trainforge_services.common import rpc
+from trainforge_services.common.adapters.objectstore.base import TRANSFERRED
+from trainforge_services.common.rpc import CallStats
 
 log = logging.getLogger(__name__)
 

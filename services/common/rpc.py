@@ -30,7 +30,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import grpc
 
-from services.common import errors
+from trainforge_services.common import errors
 
 log = logging.getLogger(__name__)
 

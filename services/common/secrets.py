@@ -4,7 +4,7 @@ The API writes them (`PUT /v1/team/secrets/<name>`) and lists their names;
 no route ever returns a value. The Trainer reads them once per deploy,
 to hand them to the LCM in the DeployJob request (never persisted), and
 the learner gets them in its environment only. A manifest refers to one by
-name: `env: {WANDB_API_KEY: {secret: wandb}}` (`services.common.manifest`).
+name: `env: {WANDB_API_KEY: {secret: wandb}}` (`trainforge_services.common.manifest`).
 
 Values are encrypted with Fernet (AES-128-CBC + HMAC-SHA256, from
 `cryptography`) under the key in the `secrets_key` setting. Outside dev mode
@@ -28,9 +28,9 @@ from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken
 
-from services.common.adapters.mongo import Database, mapped_as
-from services.common.errors import InvalidArgument, NotFound, TrainforgeError
-from services.common.manifest import SECRET_NAME, SECRET_NAME_RULE
+from trainforge_services.common.adapters.mongo import Database, mapped_as
+from trainforge_services.common.errors import InvalidArgument, NotFound, TrainforgeError
+from trainforge_services.common.manifest import SECRET_NAME, SECRET_NAME_RULE
 
 COLLECTION = "secrets"
 NAME_RULE = SECRET_NAME_RULE

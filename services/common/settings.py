@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from services.common.egress import parse as parse_egress
+from trainforge_services.common.egress import parse as parse_egress
 
 DEV_JWT_SECRET = "dev-only-insecure-secret-change-me"  # noqa: S105 - refused outside dev mode
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-from protos import common_pb2
+from trainforge_protos import common_pb2
 
 JobState = enum.IntEnum("JobState", {n: v for n, v in common_pb2.JobState.items()})
 LearnerState = enum.IntEnum("LearnerState", {n: v for n, v in common_pb2.LearnerState.items()})

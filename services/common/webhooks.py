@@ -24,9 +24,15 @@ import secrets as pysecrets
 import time
 from collections.abc import Callable
 
-from services.common.adapters.mongo import ASCENDING, DESCENDING, Database, ReturnDocument, mapped_as
-from services.common.errors import InvalidArgument
-from services.common.secrets import SecretBox
+from trainforge_services.common.adapters.mongo import (
+    ASCENDING,
+    DESCENDING,
+    Database,
+    ReturnDocument,
+    mapped_as,
+)
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common.secrets import SecretBox
 
 HOOKS = "team_webhooks"
 OUTBOX = "webhook_outbox"

@@ -1,4 +1,4 @@
-"""`python -m services.controller --spec learner-<r>.json`: the process the LCM starts per learner.
+"""`python -m trainforge_services.controller --spec learner-<r>.json`: the process the LCM starts per learner.
 
 Settings come from TF_* variables; logs of the controller itself go to
 stderr. SIGTERM and SIGINT are turned into a stop request, so the learner is
@@ -17,20 +17,20 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from services.common.contracts.specs import LearnerSpec
-from services.common.errors import TrainforgeError
-from services.common.settings import ControllerSettings
+from trainforge_services.common.contracts.specs import LearnerSpec
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.settings import ControllerSettings
 
 from .controller import Controller
 
-log = logging.getLogger("services.controller")
+log = logging.getLogger("trainforge_services.controller")
 
 # The controller could not even begin: a bad spec or bad settings.
 EXIT_USAGE = 2
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.controller",
+    parser = argparse.ArgumentParser(prog="python -m trainforge_services.controller",
                                      description="Run one learner and report it to etcd.")
     parser.add_argument("--spec", required=True, type=Path, help="the learner spec file written by the LCM")
     args = parser.parse_args(argv)

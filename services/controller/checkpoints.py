@@ -29,12 +29,12 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from frameworks.torch.helper import CHECKPOINT_META as META
-from frameworks.torch.helper import step_in
-from services.common.adapters.etcd import Coordinator
-from services.common.adapters.objectstore import ObjectStore, get_dir
-from services.common.contracts.etcd import CheckpointStored
-from services.common.contracts.storekeys import (
+from trainforge_frameworks.torch.helper import CHECKPOINT_META as META
+from trainforge_frameworks.torch.helper import step_in
+from trainforge_services.common.adapters.etcd import Coordinator
+from trainforge_services.common.adapters.objectstore import ObjectStore, get_dir
+from trainforge_services.common.contracts.etcd import CheckpointStored
+from trainforge_services.common.contracts.storekeys import (
     checkpoint_rank_prefix,
     checkpoint_root,
     checkpoint_step_prefix,
@@ -42,7 +42,7 @@ from services.common.contracts.storekeys import (
     split_checkpoint_uri,
     uri_for_prefix,
 )
-from services.common.errors import NotFound, TrainforgeError
+from trainforge_services.common.errors import NotFound, TrainforgeError
 
 log = logging.getLogger(__name__)
 

@@ -39,15 +39,15 @@ import threading
 import time
 from pathlib import Path
 
-from services.common.adapters.etcd import Coordinator
-from services.common.adapters.logstore import LogStore
-from services.common.adapters.objectstore import ObjectStore, put_dir, store_from_settings
-from services.common.contracts.etcd import LearnerStatus
-from services.common.contracts.specs import LearnerSpec
-from services.common.contracts.storekeys import uri_for_prefix
-from services.common.errors import TrainforgeError
-from services.common.settings import ControllerSettings
-from services.common.states import LearnerState
+from trainforge_services.common.adapters.etcd import Coordinator
+from trainforge_services.common.adapters.logstore import LogStore
+from trainforge_services.common.adapters.objectstore import ObjectStore, put_dir, store_from_settings
+from trainforge_services.common.contracts.etcd import LearnerStatus
+from trainforge_services.common.contracts.specs import LearnerSpec
+from trainforge_services.common.contracts.storekeys import uri_for_prefix
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.settings import ControllerSettings
+from trainforge_services.common.states import LearnerState
 
 from .checkpoints import CheckpointSync, copy_uri
 from .halt import Halting

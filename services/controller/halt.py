@@ -16,13 +16,13 @@ import logging
 import threading
 from collections.abc import Callable
 
-from services.common.adapters.etcd import Coordinator
-from services.common.adapters.objectstore import ObjectStore
-from services.common.contracts.etcd import Halted, HaltRequest
-from services.common.contracts.specs import LearnerSpec
-from services.common.errors import InvalidArgument, TrainforgeError
-from services.common.retry import retry_call
-from services.common.states import LearnerState
+from trainforge_services.common.adapters.etcd import Coordinator
+from trainforge_services.common.adapters.objectstore import ObjectStore
+from trainforge_services.common.contracts.etcd import Halted, HaltRequest
+from trainforge_services.common.contracts.specs import LearnerSpec
+from trainforge_services.common.errors import InvalidArgument, TrainforgeError
+from trainforge_services.common.retry import retry_call
+from trainforge_services.common.states import LearnerState
 
 from .checkpoints import CheckpointSync, choose_step, copy_uri
 from .logship import LogArchive

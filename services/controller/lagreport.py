@@ -14,8 +14,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from services.common.adapters.etcd import Coordinator, Lease
-from services.common.errors import TrainforgeError
+from trainforge_services.common.adapters.etcd import Coordinator, Lease
+from trainforge_services.common.errors import TrainforgeError
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import psutil
 
-from frameworks.torch.launch import ddp_env
-from services.common.contracts.specs import LearnerSpec
+from trainforge_frameworks.torch.launch import ddp_env
+from trainforge_services.common.contracts.specs import LearnerSpec
 
 from .logship import LogArchive
 from .spool import SpooledStream

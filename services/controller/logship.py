@@ -27,11 +27,11 @@ from json.encoder import encode_basestring as _quote  # the C encoder, as json.d
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from services.common.adapters.logstore import LogLine
-from services.common.adapters.objectstore import ObjectStore
-from services.common.contracts import storekeys
-from services.common.contracts.specs import LearnerSpec
-from services.common.retry import Backoff
+from trainforge_services.common.adapters.logstore import LogLine
+from trainforge_services.common.adapters.objectstore import ObjectStore
+from trainforge_services.common.contracts import storekeys
+from trainforge_services.common.contracts.specs import LearnerSpec
+from trainforge_services.common.retry import Backoff
 
 from .priority import background_priority
 

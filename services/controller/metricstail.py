@@ -21,10 +21,10 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from services.common.adapters.logstore import LogStore, metrics_index
-from services.common.adapters.objectstore import ObjectStore
-from services.common.contracts import storekeys
-from services.common.contracts.specs import LearnerSpec
+from trainforge_services.common.adapters.logstore import LogStore, metrics_index
+from trainforge_services.common.adapters.objectstore import ObjectStore
+from trainforge_services.common.contracts import storekeys
+from trainforge_services.common.contracts.specs import LearnerSpec
 
 from .logship import LogArchive, LogShipper
 

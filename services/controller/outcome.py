@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from services.common.contracts.etcd import LearnerStatus
-from services.common.errors import TrainforgeError
-from services.common.states import LearnerState
+from trainforge_services.common.contracts.etcd import LearnerStatus
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.states import LearnerState
 
 from .logship import LogArchive
 

@@ -4,10 +4,12 @@ A job that names requirements runs its learner in a virtual environment
 built for exactly that requirement set, on top of the platform's own
 interpreter. The environment's own site-packages come first on `sys.path`;
 after them a `.pth` file adds the platform's site-packages (so torch, which
-a user rarely wants a second copy of, is still found) and the folder that
-holds the learner-side helper `frameworks/` (which imports nothing from
-`services/`). A requirement that asks for another version of something the
-platform has installs its own copy, and that copy wins.
+a user rarely wants a second copy of, is still found, and so is the
+learner-side helper `trainforge_frameworks`, which imports nothing from
+`trainforge_services`: installed there, or mapped to frameworks/ by the
+editable install's finder that those site-packages hold). A requirement
+that asks for another version of something the platform has installs its
+own copy, and that copy wins.
 
 Environments are shared: each lives under `<cache>/<digest>/`, the digest
 covering the normalised requirements, the platform interpreter and the
@@ -39,9 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import frameworks
-from services.common.errors import InvalidArgument, TrainforgeError
-from services.common.manifest import Manifest
+import trainforge_frameworks
+from trainforge_services.common.errors import InvalidArgument, TrainforgeError
+from trainforge_services.common.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +128,17 @@ def installer() -> str:
         return found
 
 
-def helper_root() -> Path:
-    """The folder holding the `frameworks` package, which learners import the helper from."""
-    return Path(frameworks.__file__).resolve().parent.parent
+def helper_dir() -> Path:
+    """The folder of the `trainforge_frameworks` package, which learners import the helper from."""
+    return Path(trainforge_frameworks.__file__).resolve().parent
+
+
+def helper_root() -> Path | None:
+    """The folder to put on a learner's path for `import trainforge_frameworks`: the one holding the package
+    when it is installed under that name (also outside site-packages); None for an editable install (the
+    package is the folder frameworks/, mapped to its name by the finder in the platform's site-packages)."""
+    folder = helper_dir()
+    return folder.parent if folder.name == "trainforge_frameworks" else None
 
 
 def platform_site_dirs(python: str) -> list[str]:
@@ -152,7 +162,7 @@ class EnvCache:
 
     def digest(self, reqs: Requirements) -> str:
         h = hashlib.sha256()
-        for part in (os.path.realpath(self.python), str(helper_root()), reqs.text()):
+        for part in (os.path.realpath(self.python), str(helper_dir()), reqs.text()):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()[:24]
@@ -206,8 +216,9 @@ class EnvCache:
         self._run([uv, "venv", "--quiet", "--python", self.python, str(env_dir)], "creating the environment",
                   progress, stop_requested)
         site_packages = self._site_packages(env_dir)
-        lines = [str(helper_root())] + [f"import site; site.addsitedir({d!r})" for d in
-                                        platform_site_dirs(self.python)]
+        root = helper_root()
+        lines = [str(root)] * (root is not None) + [f"import site; site.addsitedir({d!r})" for d in
+                                                    platform_site_dirs(self.python)]
         (site_packages / PLATFORM_PTH).write_text("\n".join(lines) + "\n")
         req_file = env_dir / REQUIREMENTS_FILE
         req_file.write_text(reqs.text())

@@ -19,9 +19,9 @@ import logging
 import threading
 import time
 
-from services.common.adapters.etcd import Coordinator, Lease
-from services.common.contracts.etcd import LearnerStatus
-from services.common.retry import Backoff
+from trainforge_services.common.adapters.etcd import Coordinator, Lease
+from trainforge_services.common.contracts.etcd import LearnerStatus
+from trainforge_services.common.retry import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,14 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
-from services.common.adapters.objectstore import ObjectStore, key_from_uri, objects_under, safe_relative
-from services.common.contracts.specs import LearnerSpec
-from services.common.errors import InvalidArgument, NotFound
+from trainforge_services.common.adapters.objectstore import (
+    ObjectStore,
+    key_from_uri,
+    objects_under,
+    safe_relative,
+)
+from trainforge_services.common.contracts.specs import LearnerSpec
+from trainforge_services.common.errors import InvalidArgument, NotFound
 
 from .checkpoints import restore
 

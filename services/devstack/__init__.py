@@ -1,6 +1,6 @@
 """The embedded stack: every server and service of the platform as local processes, for one machine.
 
-`python -m services.devstack up|down|status|bootstrap --state-dir DIR [--json]`
+`python -m trainforge_services.devstack up|down|status|bootstrap --state-dir DIR [--json]`
 is what `trainforge up` / `trainforge down` / `trainforge admin bootstrap`
 run as a subprocess (the CLI never imports the services). The pieces:
 
@@ -12,6 +12,6 @@ run as a subprocess (the CLI never imports the services). The pieces:
 * `launcher`: `up` (idempotent), `down`, `status`, and the first API key
   (issued in process by the API's bootstrap function).
 
-Nothing imports this package; it imports `services.common` and the API's
+Nothing imports this package; it imports `trainforge_services.common` and the API's
 bootstrap function only (import-linter contracts in pyproject.toml).
 """

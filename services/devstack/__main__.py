@@ -1,4 +1,4 @@
-"""`python -m services.devstack up|down|status|bootstrap --state-dir DIR [--json]`.
+"""`python -m trainforge_services.devstack up|down|status|bootstrap --state-dir DIR [--json]`.
 
 With `--json` stdout is JSON Lines, one object per line, flushed as they
 happen so the CLI can show progress: `{"component": {...}}` for each
@@ -13,8 +13,8 @@ import json
 import sys
 from typing import Any
 
-from services.devstack import launcher
-from services.devstack.components import ComponentStatus, StackError
+from trainforge_services.devstack import launcher
+from trainforge_services.devstack.components import ComponentStatus, StackError
 
 
 def _emit(as_json: bool, kind: str, body: Any, text: str) -> None:
@@ -51,7 +51,7 @@ def _run(args: argparse.Namespace) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m services.devstack", description="the embedded trainforge stack")
+    p = argparse.ArgumentParser(prog="python -m trainforge_services.devstack", description="the embedded trainforge stack")
     sub = p.add_subparsers(dest="command", required=True)
 
     def cmd(name: str, help_: str) -> argparse.ArgumentParser:

@@ -22,13 +22,11 @@ from pathlib import Path
 
 import httpx
 
-from services.common.errors import TrainforgeError
-from services.common.settings import ApiSettings, LcmSettings, StoreSettings, TrainerSettings
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.settings import ApiSettings, LcmSettings, StoreSettings, TrainerSettings
 
 HOST = "127.0.0.1"
 TEAM = "local"
-# Where this source tree's `services` package lives, for the PYTHONPATH of what we start.
-_ROOT = Path(__file__).resolve().parents[2]
 
 
 class StackError(TrainforgeError):
@@ -216,17 +214,10 @@ def _service_argv(module: str) -> Callable[[Plan], list[str]]:
 
 def base_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment a platform process starts from: ours without TRAINFORGE_* (the CLI's own
-    settings), with a PYTHONPATH that finds this source tree's services."""
+    settings). The processes run this interpreter, which imports the platform's packages from its
+    installation (a wheel, or `pip install -e .`'s finder), never from a folder on PYTHONPATH."""
     environ = os.environ if environ is None else environ
-    env = {k: v for k, v in environ.items() if not k.startswith("TRAINFORGE_")}
-    parts = [str(_ROOT)] if (_ROOT / "services").is_dir() else []
-    if environ.get("PYTHONPATH"):
-        parts.append(environ["PYTHONPATH"])
-    if parts:
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
-    else:
-        env.pop("PYTHONPATH", None)
-    return env
+    return {k: v for k, v in environ.items() if not k.startswith("TRAINFORGE_")}
 
 
 # -- the table ----------------------------------------------------------------------------------
@@ -240,17 +231,17 @@ COMPONENTS: tuple[Component, ...] = (
     Component("logstore", _logstore_argv, _http_health("logstore", "/"), ("logstore",),
               lambda plan: plan.url("logstore"), store=True),
     # The Trainer and the LCM serve /metrics on a port of their own (TF_METRICS_PORT), recorded beside the others.
-    Component("trainer", _service_argv("services.trainer"), _port_health("trainer"), ("trainer", "trainer_metrics"),
+    Component("trainer", _service_argv("trainforge_services.trainer"), _port_health("trainer"), ("trainer", "trainer_metrics"),
               lambda plan: plan.hostport("trainer"),
               settings=lambda plan: TrainerSettings(**plan.store_settings(), metrics_port=plan.ports["trainer_metrics"],
                                                     listen_address=plan.hostport("trainer")),
               metrics=lambda plan: plan.url("trainer_metrics") + "/metrics"),
-    Component("lcm", _service_argv("services.lcm"), _port_health("lcm"), ("lcm", "lcm_metrics"),
+    Component("lcm", _service_argv("trainforge_services.lcm"), _port_health("lcm"), ("lcm", "lcm_metrics"),
               lambda plan: plan.hostport("lcm"),
               settings=lambda plan: LcmSettings(**plan.store_settings(), metrics_port=plan.ports["lcm_metrics"],
                                                 listen_address=plan.hostport("lcm")),
               metrics=lambda plan: plan.url("lcm_metrics") + "/metrics"),
-    Component("api", _service_argv("services.api"), _http_health("api", "/healthz"), ("api",),
+    Component("api", _service_argv("trainforge_services.api"), _http_health("api", "/healthz"), ("api",),
               lambda plan: plan.url("api"), settings=lambda plan: plan.api_settings(),
               metrics=lambda plan: plan.url("api") + "/metrics"),
 )
@@ -260,7 +251,7 @@ def _replica(service: str, i: int) -> Component:
     """Replica i (2, 3...) of the API, the Trainer or the LCM: its own ports and pid, the same settings."""
     port, metrics = replica_port(service, i), replica_port(service, i, "metrics")
     if service == "api":
-        return Component(f"api-{i}", _service_argv("services.api"), _http_health(port, "/healthz"), (port,),
+        return Component(f"api-{i}", _service_argv("trainforge_services.api"), _http_health(port, "/healthz"), (port,),
                          lambda plan: plan.url(port), settings=lambda plan: plan.api_settings(i),
                          metrics=lambda plan: plan.url(port) + "/metrics")
     kind = TrainerSettings if service == "trainer" else LcmSettings

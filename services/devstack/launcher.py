@@ -8,7 +8,7 @@ It then makes sure `config.json` holds a key that works, issuing team
 `local` one in process through the API's bootstrap function when it does
 not. `down` stops the services, then every other process carrying the
 stack's id (controllers, monitors, learners, even orphans), then the
-stores, with the one process-tree killer (`services.common.proctree`).
+stores, with the one process-tree killer (`trainforge_services.common.proctree`).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import httpx
 import psutil
 from pydantic import ValidationError
 
-from services.api.admin import IssuedKey, bootstrap_key
-from services.common import isolation, proctree
-from services.common.errors import TrainforgeError
-from services.common.settings import ApiSettings, LcmSettings
-from services.devstack import procs
-from services.devstack.components import (
+from trainforge_services.api.admin import IssuedKey, bootstrap_key
+from trainforge_services.common import isolation, proctree
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.settings import ApiSettings, LcmSettings
+from trainforge_services.devstack import procs
+from trainforge_services.devstack.components import (
     BY_NAME,
     HOST,
     STORES,
@@ -63,7 +63,7 @@ class StackInfo:
     team: str
     key_created: bool
     components: list[ComponentStatus] = field(default_factory=list)
-    isolation: str = ""  # what learners will run in (services.common.isolation.describe)
+    isolation: str = ""  # what learners will run in (trainforge_services.common.isolation.describe)
 
     def to_json(self) -> dict:
         return {"state_dir": str(self.state_dir), "stack_id": self.stack_id, "api_url": self.api_url,
@@ -337,7 +337,7 @@ def _remove_containers(stack_id: str, done: Callable[[ComponentStatus], None]) -
         return
     if settings.backend != "docker":
         return
-    from services.common.adapters.docker_engine import Engine
+    from trainforge_services.common.adapters.docker_engine import Engine
 
     try:
         engine = Engine(settings.docker_url)
@@ -357,7 +357,7 @@ def _remove_containers(stack_id: str, done: Callable[[ComponentStatus], None]) -
 def _remove_pods(settings: LcmSettings, stack_id: str, done: Callable[[ComponentStatus], None]) -> None:
     """With the kubernetes backend: delete the stack's attempts (their root ConfigMaps, whose owned objects the
     garbage collector removes) and, should an owner reference have missed one, their pods."""
-    from services.common.adapters.kube import Kube
+    from trainforge_services.common.adapters.kube import Kube
 
     selector = f"app.kubernetes.io/managed-by=trainforge,tf.stack={stack_id},tf.job"
     where = settings.kube_config or "in-cluster"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from services.common import proctree
+from trainforge_services.common import proctree
 
 STACK_FILE = "stack.json"
 CONFIG_FILE = "config.json"
@@ -143,8 +143,8 @@ def describe(proc: psutil.Process) -> str:
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return "process"
     for i, arg in enumerate(cmd[:-1]):
-        if arg == "-m" and cmd[i + 1].startswith("services."):
-            return cmd[i + 1].removeprefix("services.")
+        if arg == "-m" and cmd[i + 1].startswith("trainforge_services."):
+            return cmd[i + 1].removeprefix("trainforge_services.")
     return "learner" if cmd else "process"
 
 

@@ -1,4 +1,4 @@
-"""`python -m services.jobmonitor --spec <attempt dir>/monitor.json`: one job attempt's monitor.
+"""`python -m trainforge_services.jobmonitor --spec <attempt dir>/monitor.json`: one job attempt's monitor.
 
 Started by the LCM in its own session, so it outlives an LCM restart. Reads
 MonitorSettings from TF_* variables (the LCM passes its own through), logs
@@ -19,19 +19,19 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from services.common.adapters.etcd import Coordinator
-from services.common.contracts.specs import MonitorSpec
-from services.common.errors import TrainforgeError
-from services.common.keys import MONITOR_DONE
-from services.common.process import LOG_FORMAT
-from services.common.settings import MonitorSettings
-from services.jobmonitor.monitor import GrpcReporter, JobMonitor
+from trainforge_services.common.adapters.etcd import Coordinator
+from trainforge_services.common.contracts.specs import MonitorSpec
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.keys import MONITOR_DONE
+from trainforge_services.common.process import LOG_FORMAT
+from trainforge_services.common.settings import MonitorSettings
+from trainforge_services.jobmonitor.monitor import GrpcReporter, JobMonitor
 
-log = logging.getLogger("services.jobmonitor")
+log = logging.getLogger("trainforge_services.jobmonitor")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.jobmonitor",
+    parser = argparse.ArgumentParser(prog="python -m trainforge_services.jobmonitor",
                                      description="Aggregate one job attempt's learner states for the Trainer.")
     parser.add_argument("--spec", required=True, help="path of monitor.json written by the LCM")
     args = parser.parse_args(argv)

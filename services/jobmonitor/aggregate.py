@@ -16,8 +16,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from services.common.contracts.etcd import LearnerStatus
-from services.common.states import (
+from trainforge_services.common.contracts.etcd import LearnerStatus
+from trainforge_services.common.states import (
     LEARNER_DONE,
     LEARNER_EXITED_OK,
     LEARNER_FINAL,

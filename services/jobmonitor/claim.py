@@ -15,10 +15,10 @@ import socket
 import threading
 from collections.abc import Callable
 
-from services.common.adapters.etcd import Coordinator, Lease
-from services.common.contracts.etcd import MonitorClaim
-from services.common.errors import Unavailable
-from services.common.retry import Backoff
+from trainforge_services.common.adapters.etcd import Coordinator, Lease
+from trainforge_services.common.contracts.etcd import MonitorClaim
+from trainforge_services.common.errors import Unavailable
+from trainforge_services.common.retry import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -31,13 +31,13 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
-from services.common import rpc, states
-from services.common.adapters.etcd import Coordinator, Event
-from services.common.contracts.etcd import LearnerStatus
-from services.common.contracts.specs import MonitorSpec
-from services.common.contracts.storekeys import outputs_root, uri_for_prefix
-from services.common.errors import (
+from trainforge_protos import common_pb2, trainer_pb2, trainer_pb2_grpc
+from trainforge_services.common import rpc, states
+from trainforge_services.common.adapters.etcd import Coordinator, Event
+from trainforge_services.common.contracts.etcd import LearnerStatus
+from trainforge_services.common.contracts.specs import MonitorSpec
+from trainforge_services.common.contracts.storekeys import outputs_root, uri_for_prefix
+from trainforge_services.common.errors import (
     Conflict,
     InvalidArgument,
     NotFound,
@@ -45,10 +45,16 @@ from services.common.errors import (
     TrainforgeError,
     Unauthenticated,
 )
-from services.common.retry import Backoff
-from services.common.states import JobState
-from services.jobmonitor.aggregate import Verdict, aggregate, learner_views, of_attempt, preparing_reason
-from services.jobmonitor.claim import BACKOFF_CAP, JobClaim
+from trainforge_services.common.retry import Backoff
+from trainforge_services.common.states import JobState
+from trainforge_services.jobmonitor.aggregate import (
+    Verdict,
+    aggregate,
+    learner_views,
+    of_attempt,
+    preparing_reason,
+)
+from trainforge_services.jobmonitor.claim import BACKOFF_CAP, JobClaim
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""`python -m services.lcm`: the Lifecycle Manager process.
+"""`python -m trainforge_services.lcm`: the Lifecycle Manager process.
 
 Reads LcmSettings from TF_* variables and serves until SIGTERM or SIGINT.
 Stopping the LCM never stops learners or job monitors: they run in their own
@@ -12,13 +12,13 @@ import sys
 
 from pydantic import ValidationError
 
-from services.common.errors import TrainforgeError
-from services.common.observability import configure_logging
-from services.common.process import start_service
-from services.common.settings import LcmSettings
-from services.lcm.server import build_lifecycle, build_replica, serve
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.observability import configure_logging
+from trainforge_services.common.process import start_service
+from trainforge_services.common.settings import LcmSettings
+from trainforge_services.lcm.server import build_lifecycle, build_replica, serve
 
-log = logging.getLogger("services.lcm")
+log = logging.getLogger("trainforge_services.lcm")
 
 
 def main() -> int:

@@ -28,11 +28,11 @@ import socket
 import threading
 from collections.abc import Callable
 
-from services.common.adapters.etcd import Coordinator
-from services.common.election import FOLLOWING, Election
-from services.common.errors import TrainforgeError, Unavailable
-from services.lcm.backends.base import Capacity, Handle, JobDeployment, JobView, TeamQuota
-from services.lcm.lifecycle import Lifecycle, RunningJob
+from trainforge_services.common.adapters.etcd import Coordinator
+from trainforge_services.common.election import FOLLOWING, Election
+from trainforge_services.common.errors import TrainforgeError, Unavailable
+from trainforge_services.lcm.backends.base import Capacity, Handle, JobDeployment, JobView, TeamQuota
+from trainforge_services.lcm.lifecycle import Lifecycle, RunningJob
 
 log = logging.getLogger(__name__)
 

@@ -10,21 +10,21 @@ import logging
 
 import grpc
 
-from protos import lcm_pb2_grpc
-from services.common import rpc
-from services.common.adapters.etcd import Coordinator
-from services.common.observability import (
+from trainforge_protos import lcm_pb2_grpc
+from trainforge_services.common import rpc
+from trainforge_services.common.adapters.etcd import Coordinator
+from trainforge_services.common.observability import (
     GaugeCollector,
     MetricsEndpoint,
     add_health,
     service_registry,
     set_serving,
 )
-from services.common.settings import LcmSettings
-from services.lcm.backends import make_backend
-from services.lcm.lifecycle import Lifecycle
-from services.lcm.replicas import LeaderLifecycle
-from services.lcm.servicer import LcmServicer
+from trainforge_services.common.settings import LcmSettings
+from trainforge_services.lcm.backends import make_backend
+from trainforge_services.lcm.lifecycle import Lifecycle
+from trainforge_services.lcm.replicas import LeaderLifecycle
+from trainforge_services.lcm.servicer import LcmServicer
 
 log = logging.getLogger(__name__)
 

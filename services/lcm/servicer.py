@@ -13,12 +13,17 @@ import logging
 
 import grpc
 
-from protos import common_pb2, lcm_pb2, lcm_pb2_grpc
-from services.common.contracts.ids import check_job_id
-from services.common.errors import InvalidArgument
-from services.common.rpc import handler
-from services.lcm.lifecycle import Lifecycle, check_attempt, deployment_from_request, team_quota_from_proto
-from services.lcm.replicas import LeaderLifecycle
+from trainforge_protos import common_pb2, lcm_pb2, lcm_pb2_grpc
+from trainforge_services.common.contracts.ids import check_job_id
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common.rpc import handler
+from trainforge_services.lcm.lifecycle import (
+    Lifecycle,
+    check_attempt,
+    deployment_from_request,
+    team_quota_from_proto,
+)
+from trainforge_services.lcm.replicas import LeaderLifecycle
 
 log = logging.getLogger(__name__)
 Ctx = grpc.ServicerContext

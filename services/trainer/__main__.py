@@ -1,4 +1,4 @@
-"""`python -m services.trainer`: the Trainer process.
+"""`python -m trainforge_services.trainer`: the Trainer process.
 
 Reads TrainerSettings from TF_* variables, serves until SIGTERM or SIGINT,
 then stops taking requests and lets in-flight LCM calls finish.
@@ -9,13 +9,13 @@ from __future__ import annotations
 import logging
 import sys
 
-from services.common.errors import TrainforgeError
-from services.common.observability import configure_logging
-from services.common.process import start_service
-from services.common.settings import TrainerSettings
-from services.trainer.server import serve
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.observability import configure_logging
+from trainforge_services.common.process import start_service
+from trainforge_services.common.settings import TrainerSettings
+from trainforge_services.trainer.server import serve
 
-log = logging.getLogger("services.trainer")
+log = logging.getLogger("trainforge_services.trainer")
 
 
 def main() -> int:

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from services.common import states
-from services.common.states import JobState
-from services.trainer.admission import Capacity, Quota, TeamUse, Usage
-from services.trainer.record import JobRecord
+from trainforge_services.common import states
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.admission import Capacity, Quota, TeamUse, Usage
+from trainforge_services.trainer.record import JobRecord
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from services.common.manifest import Manifest
+from trainforge_services.common.manifest import Manifest
 
 # Tolerance for sums of fractional CPUs (0.1 + 0.2 must fit in 0.3).
 _EPS = 1e-9

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.common.contracts.storekeys import checkpoint_root, uri_for_prefix
-from services.trainer.record import JobRecord
+from trainforge_services.common.contracts.storekeys import checkpoint_root, uri_for_prefix
+from trainforge_services.trainer.record import JobRecord
 
 
 def checkpoint_uri(job_id: str) -> str:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 import time
 
-from services.common.errors import TrainforgeError
-from services.trainer.admission import Capacity
-from services.trainer.lcm_client import Lcm
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.trainer.admission import Capacity
+from trainforge_services.trainer.lcm_client import Lcm
 
 log = logging.getLogger(__name__)
 

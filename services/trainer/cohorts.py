@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from services.trainer.admission import (
+from trainforge_services.trainer.admission import (
     _EPS,
     NO_QUOTA,
     Queued,

@@ -41,24 +41,24 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from services.common import states
-from services.common.errors import ResourceExhausted, TrainforgeError, Unavailable
-from services.common.observability import LabelCounts
-from services.common.retry import Backoff, Stopped, retry_call
-from services.common.states import JobState
-from services.trainer import admission, cohorts
-from services.trainer.admission import Capacity, Plan, Quota
-from services.trainer.capacity import CapacityCache
-from services.trainer.fence import Deposed, FenceGate
-from services.trainer.lcm_client import Lcm
-from services.trainer.preemption import Policy
-from services.trainer.preemptor import FIELDS as _PREEMPT_FIELDS
-from services.trainer.preemptor import Preemptor
-from services.trainer.queuenotes import QueueNotes
-from services.trainer.quotas import QuotaStore
-from services.trainer.record import JobRecord
-from services.trainer.rules import ACTOR, Lifecycle, Rule
-from services.trainer.store import JobStore
+from trainforge_services.common import states
+from trainforge_services.common.errors import ResourceExhausted, TrainforgeError, Unavailable
+from trainforge_services.common.observability import LabelCounts
+from trainforge_services.common.retry import Backoff, Stopped, retry_call
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer import admission, cohorts
+from trainforge_services.trainer.admission import Capacity, Plan, Quota
+from trainforge_services.trainer.capacity import CapacityCache
+from trainforge_services.trainer.fence import Deposed, FenceGate
+from trainforge_services.trainer.lcm_client import Lcm
+from trainforge_services.trainer.preemption import Policy
+from trainforge_services.trainer.preemptor import FIELDS as _PREEMPT_FIELDS
+from trainforge_services.trainer.preemptor import Preemptor
+from trainforge_services.trainer.queuenotes import QueueNotes
+from trainforge_services.trainer.quotas import QuotaStore
+from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.rules import ACTOR, Lifecycle, Rule
+from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)
 

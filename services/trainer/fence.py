@@ -31,8 +31,8 @@ import logging
 import threading
 import time
 
-from services.common.adapters.mongo import Database, DuplicateKeyError, ReturnDocument, mapped_as
-from services.common.errors import Conflict
+from trainforge_services.common.adapters.mongo import Database, DuplicateKeyError, ReturnDocument, mapped_as
+from trainforge_services.common.errors import Conflict
 
 log = logging.getLogger(__name__)
 mapped = mapped_as("fence store")

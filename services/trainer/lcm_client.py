@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from protos import lcm_pb2, lcm_pb2_grpc
-from services.common import rpc
-from services.common.election import FOLLOWING
-from services.common.errors import Unavailable
-from services.trainer.admission import Capacity, Quota, Usage
+from trainforge_protos import lcm_pb2, lcm_pb2_grpc
+from trainforge_services.common import rpc
+from trainforge_services.common.election import FOLLOWING
+from trainforge_services.common.errors import Unavailable
+from trainforge_services.trainer.admission import Capacity, Quota, Usage
 
 
 class Lcm(Protocol):

@@ -21,11 +21,11 @@ from collections.abc import Callable
 
 import httpx
 
-from services.common import states
-from services.common.errors import TrainforgeError
-from services.common.retry import Backoff
-from services.common.states import JobState
-from services.common.webhooks import (
+from trainforge_services.common import states
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.retry import Backoff
+from trainforge_services.common.states import JobState
+from trainforge_services.common.webhooks import (
     DELIVERED,
     DELIVERY_HEADER,
     FAILED,
@@ -35,7 +35,7 @@ from services.common.webhooks import (
     TeamWebhooks,
     sign,
 )
-from services.trainer.record import JobRecord
+from trainforge_services.trainer.record import JobRecord
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from services.trainer.admission import Capacity, Queued, Quota, Usage, shortfall, team_use, total
-from services.trainer.cohorts import Book
+from trainforge_services.trainer.admission import Capacity, Queued, Quota, Usage, shortfall, team_use, total
+from trainforge_services.trainer.cohorts import Book
 
 
 @dataclass(frozen=True)

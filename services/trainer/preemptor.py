@@ -22,14 +22,14 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from services.common.states import JobState
-from services.trainer import admission, preemption
-from services.trainer.admission import Capacity, Plan, Quota
-from services.trainer.cohorts import describe
-from services.trainer.preemption import Decision, Policy, Running
-from services.trainer.record import JobRecord
-from services.trainer.rules import Lifecycle, RequestHalt
-from services.trainer.store import JobStore
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer import admission, preemption
+from trainforge_services.trainer.admission import Capacity, Plan, Quota
+from trainforge_services.trainer.cohorts import describe
+from trainforge_services.trainer.preemption import Decision, Policy, Running
+from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.rules import Lifecycle, RequestHalt
+from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)
 

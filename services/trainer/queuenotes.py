@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from services.trainer.store import JobStore
+from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ import re
 import time
 from collections.abc import Mapping
 
-from services.common import egress
-from services.common.adapters.mongo import Database, mapped_as
-from services.common.errors import InvalidArgument
-from services.trainer.admission import Limits, Quota
+from trainforge_services.common import egress
+from trainforge_services.common.adapters.mongo import Database, mapped_as
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.trainer.admission import Limits, Quota
 
 COLLECTION = "quotas"
 mapped = mapped_as("quota store")

@@ -17,9 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from services.common.manifest import Manifest, parse_manifest
-from services.common.states import JobState
-from services.trainer.admission import Queued, Usage
+from trainforge_services.common.manifest import Manifest, parse_manifest
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.admission import Queued, Usage
 
 
 class _Frozen(BaseModel):

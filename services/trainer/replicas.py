@@ -28,14 +28,14 @@ import logging
 import os
 import socket
 
-from services.common.adapters.etcd import Coordinator
-from services.common.election import Election
-from services.common.errors import TrainforgeError
-from services.trainer.dispatcher import Dispatcher
-from services.trainer.experiments.driver import ExperimentDriver
-from services.trainer.fence import Fence, FenceGate
-from services.trainer.service import JobService
-from services.trainer.store import JobStore
+from trainforge_services.common.adapters.etcd import Coordinator
+from trainforge_services.common.election import Election
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.trainer.dispatcher import Dispatcher
+from trainforge_services.trainer.experiments.driver import ExperimentDriver
+from trainforge_services.trainer.fence import Fence, FenceGate
+from trainforge_services.trainer.service import JobService
+from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
 
-from services.common import states
-from services.common.states import JobState
-from services.trainer.attempts import next_attempt
-from services.trainer.record import JobRecord
-from services.trainer.store import JobStore, Transition
+from trainforge_services.common import states
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.attempts import next_attempt
+from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.store import JobStore, Transition
 
 log = logging.getLogger(__name__)
 

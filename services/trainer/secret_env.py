@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.common.manifest import parse_manifest
-from services.trainer.admission import Capacity, Quota
-from services.trainer.lcm_client import Lcm
+from trainforge_services.common.manifest import parse_manifest
+from trainforge_services.trainer.admission import Capacity, Quota
+from trainforge_services.trainer.lcm_client import Lcm
 
 # reveal(team, names) -> name -> value; NotFound naming the missing ones
 Reveal = Callable[[str, set[str]], dict[str, str]]

@@ -19,42 +19,42 @@ from dataclasses import dataclass, field
 import grpc
 from prometheus_client import CollectorRegistry
 
-from protos import trainer_pb2_grpc
-from services.common import rpc
-from services.common.adapters.mongo import Database, connect
-from services.common.errors import Unavailable
-from services.common.observability import (
+from trainforge_protos import trainer_pb2_grpc
+from trainforge_services.common import rpc
+from trainforge_services.common.adapters.mongo import Database, connect
+from trainforge_services.common.errors import Unavailable
+from trainforge_services.common.observability import (
     CounterCollector,
     GaugeCollector,
     MetricsEndpoint,
     add_health,
     service_registry,
 )
-from services.common.secrets import SecretBox, SecretStore, load_key
-from services.common.settings import TrainerSettings
-from services.common.states import JobState
-from services.common.webhooks import Outbox, TeamWebhooks
-from services.trainer.dispatcher import ADMISSIONS, Dispatcher
-from services.trainer.experiments.driver import ExperimentDriver, TrialChanged
-from services.trainer.experiments.metrics import LogStoreMetrics, MetricsReader
-from services.trainer.experiments.service import ExperimentService
-from services.trainer.experiments.store import COLLECTION as EXPERIMENT_COLLECTION
-from services.trainer.experiments.store import ExperimentStore
-from services.trainer.experiments.workflow_store import COLLECTION as WORKFLOW_COLLECTION
-from services.trainer.experiments.workflow_store import WorkflowStore
-from services.trainer.experiments.workflows import WorkflowRunner, WorkflowService
-from services.trainer.fence import Fence
-from services.trainer.lcm_client import GrpcLcm, Lcm
-from services.trainer.notifier import ANNOUNCED, RECONCILE_WINDOW, Notifier
-from services.trainer.preemption import Policy
-from services.trainer.quotas import COLLECTION as QUOTA_COLLECTION
-from services.trainer.quotas import QuotaStore
-from services.trainer.replicas import Leadership, leadership
-from services.trainer.rules import DEFAULT_RULES, Announce
-from services.trainer.secret_env import SecretResolvingLcm
-from services.trainer.service import JobService
-from services.trainer.servicer import TrainerServicer
-from services.trainer.store import COLLECTION, JobStore
+from trainforge_services.common.secrets import SecretBox, SecretStore, load_key
+from trainforge_services.common.settings import TrainerSettings
+from trainforge_services.common.states import JobState
+from trainforge_services.common.webhooks import Outbox, TeamWebhooks
+from trainforge_services.trainer.dispatcher import ADMISSIONS, Dispatcher
+from trainforge_services.trainer.experiments.driver import ExperimentDriver, TrialChanged
+from trainforge_services.trainer.experiments.metrics import LogStoreMetrics, MetricsReader
+from trainforge_services.trainer.experiments.service import ExperimentService
+from trainforge_services.trainer.experiments.store import COLLECTION as EXPERIMENT_COLLECTION
+from trainforge_services.trainer.experiments.store import ExperimentStore
+from trainforge_services.trainer.experiments.workflow_store import COLLECTION as WORKFLOW_COLLECTION
+from trainforge_services.trainer.experiments.workflow_store import WorkflowStore
+from trainforge_services.trainer.experiments.workflows import WorkflowRunner, WorkflowService
+from trainforge_services.trainer.fence import Fence
+from trainforge_services.trainer.lcm_client import GrpcLcm, Lcm
+from trainforge_services.trainer.notifier import ANNOUNCED, RECONCILE_WINDOW, Notifier
+from trainforge_services.trainer.preemption import Policy
+from trainforge_services.trainer.quotas import COLLECTION as QUOTA_COLLECTION
+from trainforge_services.trainer.quotas import QuotaStore
+from trainforge_services.trainer.replicas import Leadership, leadership
+from trainforge_services.trainer.rules import DEFAULT_RULES, Announce
+from trainforge_services.trainer.secret_env import SecretResolvingLcm
+from trainforge_services.trainer.service import JobService
+from trainforge_services.trainer.servicer import TrainerServicer
+from trainforge_services.trainer.store import COLLECTION, JobStore
 
 log = logging.getLogger(__name__)
 

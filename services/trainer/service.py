@@ -20,20 +20,20 @@ import logging
 import time
 from typing import Any
 
-from services.common import states
-from services.common.contracts.ids import check_job_id, new_job_id
-from services.common.errors import Conflict, InvalidArgument, NotFound
-from services.common.manifest import Manifest, parse_manifest
-from services.common.states import JobState
-from services.trainer import accounting, admission, cohorts
-from services.trainer.accounting import ClusterView, TeamReport
-from services.trainer.admission import Quota
-from services.trainer.attempts import next_attempt
-from services.trainer.dispatcher import Dispatcher
-from services.trainer.quotas import QuotaStore
-from services.trainer.record import JobRecord, LearnerReport
-from services.trainer.rules import ACTOR, Proposal, RequestHalt
-from services.trainer.store import AlreadySubmitted, JobStore
+from trainforge_services.common import states
+from trainforge_services.common.contracts.ids import check_job_id, new_job_id
+from trainforge_services.common.errors import Conflict, InvalidArgument, NotFound
+from trainforge_services.common.manifest import Manifest, parse_manifest
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer import accounting, admission, cohorts
+from trainforge_services.trainer.accounting import ClusterView, TeamReport
+from trainforge_services.trainer.admission import Quota
+from trainforge_services.trainer.attempts import next_attempt
+from trainforge_services.trainer.dispatcher import Dispatcher
+from trainforge_services.trainer.quotas import QuotaStore
+from trainforge_services.trainer.record import JobRecord, LearnerReport
+from trainforge_services.trainer.rules import ACTOR, Proposal, RequestHalt
+from trainforge_services.trainer.store import AlreadySubmitted, JobStore
 
 log = logging.getLogger(__name__)
 

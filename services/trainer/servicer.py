@@ -15,17 +15,17 @@ from collections.abc import Iterable
 
 import grpc
 
-from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
-from services.common.errors import InvalidArgument, Unavailable
-from services.common.rpc import handler
-from services.common.states import JobState
-from services.trainer.accounting import ClusterView, TeamReport
-from services.trainer.admission import Limits, Quota, Usage
-from services.trainer.experiments.service import ExperimentService
-from services.trainer.experiments.wire import experiment_to_proto, view_to_proto, workflow_to_proto
-from services.trainer.experiments.workflows import WorkflowService
-from services.trainer.record import JobRecord, LearnerReport
-from services.trainer.service import JobService
+from trainforge_protos import common_pb2, trainer_pb2, trainer_pb2_grpc
+from trainforge_services.common.errors import InvalidArgument, Unavailable
+from trainforge_services.common.rpc import handler
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.accounting import ClusterView, TeamReport
+from trainforge_services.trainer.admission import Limits, Quota, Usage
+from trainforge_services.trainer.experiments.service import ExperimentService
+from trainforge_services.trainer.experiments.wire import experiment_to_proto, view_to_proto, workflow_to_proto
+from trainforge_services.trainer.experiments.workflows import WorkflowService
+from trainforge_services.trainer.record import JobRecord, LearnerReport
+from trainforge_services.trainer.service import JobService
 
 Ctx = grpc.ServicerContext
 _BORROWABLE = ("gpus", "cpus", "memory")

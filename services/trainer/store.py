@@ -37,8 +37,8 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
-from services.common import states
-from services.common.adapters.mongo import (
+from trainforge_services.common import states
+from trainforge_services.common.adapters.mongo import (
     ASCENDING,
     DESCENDING,
     Database,
@@ -47,12 +47,12 @@ from services.common.adapters.mongo import (
     mapped_as,
     ping,
 )
-from services.common.errors import Conflict, NotFound
-from services.common.manifest import Manifest
-from services.common.states import JobState
-from services.trainer.admission import Usage, demand
-from services.trainer.fence import Deposed
-from services.trainer.record import JobRecord, LearnerReport, StatusEvent
+from trainforge_services.common.errors import Conflict, NotFound
+from trainforge_services.common.manifest import Manifest
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.admission import Usage, demand
+from trainforge_services.trainer.fence import Deposed
+from trainforge_services.trainer.record import JobRecord, LearnerReport, StatusEvent
 
 log = logging.getLogger(__name__)
 # What a client reads when MongoDB fails under this store ("job store unavailable; retry shortly").

@@ -23,20 +23,20 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from protos import trainer_pb2, trainer_pb2_grpc
-from services.api.app import create_app
-from services.api.identity import IdentityStore, Role
-from services.api.trainer_client import TrainerClient
-from services.common import rpc
-from services.common.adapters.logstore import LogLine
-from services.common.adapters.objectstore import LocalStore
-from services.common.contracts import storekeys
-from services.common.settings import ApiSettings, TrainerSettings
-from services.common.states import JobState
-from services.trainer.admission import Usage
-from services.trainer.server import serve
 from tests.fakes.lcm import IdleLcm
 from tests.servers import serve_app
+from trainforge_protos import trainer_pb2, trainer_pb2_grpc
+from trainforge_services.api.app import create_app
+from trainforge_services.api.identity import IdentityStore, Role
+from trainforge_services.api.trainer_client import TrainerClient
+from trainforge_services.common import rpc
+from trainforge_services.common.adapters.logstore import LogLine
+from trainforge_services.common.adapters.objectstore import LocalStore
+from trainforge_services.common.contracts import storekeys
+from trainforge_services.common.settings import ApiSettings, TrainerSettings
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.admission import Usage
+from trainforge_services.trainer.server import serve
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("TF_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "browser"

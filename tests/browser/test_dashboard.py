@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from playwright.sync_api import expect
 
-from protos import common_pb2
-from services.common.states import JobState, LearnerState
 from tests.servers import free_port
+from trainforge_protos import common_pb2
+from trainforge_services.common.states import JobState, LearnerState
 
 XSS = "<img src=x onerror=alert(1)>"
 MANIFEST = {"name": "browser-job", "framework": "custom", "command": "python train.py", "learners": 1,

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from services.devstack import launcher
 from tests.chaos_support import ChaosStack, assert_everything_agrees, check_history, diagnose
 from tests.servers import wait_for
+from trainforge_services.devstack import launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 

@@ -15,11 +15,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-from services.common.adapters import mongo
-from services.common.adapters.etcd import Coordinator
-from services.devstack.launcher import recorded_plan
 from tests.e2e.test_embedded_stack import CLI, ROOT, cli_json, run_cli, wait_terminal
 from tests.servers import wait_for
+from trainforge_services.common.adapters import mongo
+from trainforge_services.common.adapters.etcd import Coordinator
+from trainforge_services.devstack.launcher import recorded_plan
 
 WRITER = textwrap.dedent("""
     import os, random, pathlib

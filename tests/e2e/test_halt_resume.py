@@ -21,9 +21,9 @@ import psutil
 import pytest
 import torch
 
-from services.common import isolation
 from tests.e2e.test_embedded_stack import ROOT, cli_json, stack_processes, wait_terminal
 from tests.servers import wait_for
+from trainforge_services.common import isolation
 
 EXAMPLE = ROOT / "examples" / "mnist"
 # Small enough for 2 CPU cores, long enough to be interrupted mid-epoch.

@@ -13,8 +13,17 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.common.errors import TrainforgeError
-from services.lcm.backends.base import AttemptPlan, Backend, Capacity, Handle, JobView, Observed, Role, Site
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.lcm.backends.base import (
+    AttemptPlan,
+    Backend,
+    Capacity,
+    Handle,
+    JobView,
+    Observed,
+    Role,
+    Site,
+)
 
 
 @dataclass

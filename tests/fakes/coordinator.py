@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import threading
 
-from services.common.keys import Keys
+from trainforge_services.common.keys import Keys
 
 
 class MemoryCoordinator:

@@ -6,7 +6,7 @@ run: jobs stay DEPLOYING until the test reports for them as a job monitor would.
 
 from __future__ import annotations
 
-from services.trainer.admission import Capacity, Quota, Usage
+from trainforge_services.trainer.admission import Capacity, Quota, Usage
 
 
 class IdleLcm:

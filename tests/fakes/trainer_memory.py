@@ -4,7 +4,7 @@ Tests of the API, the SDK and the CLI use it; it lives under tests/ so no
 test twin ships in the production package. It keeps the parts of the
 Trainer's contract the API relies on: team scoping (another team's job is
 NOT_FOUND), newest-first listing, state filters, legal transitions from
-services.common.states, a status history, and team quotas with usage (what
+trainforge_services.common.states, a status history, and team quotas with usage (what
 the team's active jobs hold, its queue). It does not admit, queue or run
 anything, and it does not enforce quotas; `report()` moves a job the way
 the job monitor's ReportJobStatus would.
@@ -18,10 +18,10 @@ import threading
 import time
 from collections.abc import Iterable
 
-from services.api.trainer_client import job_state_name
-from services.common import states
-from services.common.errors import Conflict, InvalidArgument, NotFound
-from services.common.states import JobState
+from trainforge_services.api.trainer_client import job_state_name
+from trainforge_services.common import states
+from trainforge_services.common.errors import Conflict, InvalidArgument, NotFound
+from trainforge_services.common.states import JobState
 
 # States in which a job holds its resources (protos/trainer.proto, Quota.jobs).
 _HOLDING = frozenset({"deploying", "running", "storing", "halting", "restarting"})

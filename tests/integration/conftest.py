@@ -3,8 +3,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from services.common.states import LearnerState
-from services.lcm.lifecycle import Lifecycle
+from trainforge_services.common.states import LearnerState
+from trainforge_services.lcm.lifecycle import Lifecycle
 
 
 def pytest_collection_modifyitems(items):

@@ -18,18 +18,18 @@ from pathlib import Path
 
 import pytest
 
-from services.api.app import create_app
-from services.common.adapters.objectstore import LocalStore, store_from_settings
-from services.common.manifest import Manifest
-from services.common.settings import ApiSettings, LcmSettings
-from services.common.states import LEARNER_FINAL
-from services.lcm.backends.base import TeamQuota
-from services.lcm.backends.local import LocalBackend
-from services.lcm.lifecycle import JobDeployment, Lifecycle
 from tests.fakes.trainer_memory import InMemoryTrainer
 from tests.integration.test_controller_run import pack  # noqa: F401 - the hostile tests pack their code with it
 from tests.integration.test_monitor_process import start_trainer
 from tests.servers import free_port, serve_app, wait_for
+from trainforge_services.api.app import create_app
+from trainforge_services.common.adapters.objectstore import LocalStore, store_from_settings
+from trainforge_services.common.manifest import Manifest
+from trainforge_services.common.settings import ApiSettings, LcmSettings
+from trainforge_services.common.states import LEARNER_FINAL
+from trainforge_services.lcm.backends.base import TeamQuota
+from trainforge_services.lcm.backends.local import LocalBackend
+from trainforge_services.lcm.lifecycle import JobDeployment, Lifecycle
 
 
 @dataclass

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from services.common.adapters.logstore import LogLine
-from services.common.adapters.objectstore import LocalStore, get_dir, put_dir
 from tests.servers import wait_for
+from trainforge_services.common.adapters.logstore import LogLine
+from trainforge_services.common.adapters.objectstore import LocalStore, get_dir, put_dir
 
 
 def test_etcd_create_is_exclusive_and_replace_compares_revision(coordinator):

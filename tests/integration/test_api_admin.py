@@ -18,16 +18,16 @@ import httpx
 import pytest
 from fastapi import APIRouter
 
-from services.api.app import create_app
-from services.api.deps import TenantDep
-from services.api.identity import IdentityStore, Role, key_id_of
-from services.api.ratelimit import RateLimiter
-from services.common.adapters.objectstore import LocalStore
-from services.common.settings import ApiSettings
-from services.common.states import JobState
 from tests.fakes.trainer_memory import InMemoryTrainer
 from tests.integration.test_api_app import assert_error_shape
 from tests.servers import serve_app
+from trainforge_services.api.app import create_app
+from trainforge_services.api.deps import TenantDep
+from trainforge_services.api.identity import IdentityStore, Role, key_id_of
+from trainforge_services.api.ratelimit import RateLimiter
+from trainforge_services.common.adapters.objectstore import LocalStore
+from trainforge_services.common.settings import ApiSettings
+from trainforge_services.common.states import JobState
 
 JOB = json.dumps({"name": "tiny", "framework": "custom", "command": "true", "learners": 2,
                   "resources": {"gpus": 1, "cpus": 2, "memory": "1Gi", "gpu_type": "a100"}})
@@ -407,9 +407,9 @@ def test_rate_limit_settings_are_applied(mongo_db, logstore, tmp_path):
 def test_the_default_signing_secret_is_refused_outside_dev_mode(monkeypatch, capsys):
     from pydantic import ValidationError
 
-    from services.api import __main__ as api_main
-    from services.api import admin as admin_tool
-    from services.common.settings import DEV_JWT_SECRET
+    from trainforge_services.api import __main__ as api_main
+    from trainforge_services.api import admin as admin_tool
+    from trainforge_services.common.settings import DEV_JWT_SECRET
 
     for name in ("TF_DEV_MODE", "TF_JWT_SECRET"):
         monkeypatch.delenv(name, raising=False)
@@ -424,7 +424,7 @@ def test_the_default_signing_secret_is_refused_outside_dev_mode(monkeypatch, cap
 
 
 def test_jwt_settings_the_api_cannot_serve_with_refuse_to_start(monkeypatch, capsys):
-    from services.api import __main__ as api_main
+    from trainforge_services.api import __main__ as api_main
 
     with pytest.raises(ValueError, match="RS256"):
         create_app(ApiSettings(dev_mode=True, jwt_algorithms=["RS256"]), trainer=InMemoryTrainer(),

@@ -16,16 +16,16 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from services.api.app import create_app
-from services.api.identity import IdentityStore, Role, key_id_of
-from services.common.adapters.logstore import LogLine
-from services.common.adapters.objectstore import LocalStore
-from services.common.errors import Unavailable
-from services.common.manifest import parse_manifest
-from services.common.settings import ApiSettings
-from services.common.states import JobState
 from tests.fakes.trainer_memory import InMemoryTrainer
 from tests.servers import serve_app
+from trainforge_services.api.app import create_app
+from trainforge_services.api.identity import IdentityStore, Role, key_id_of
+from trainforge_services.common.adapters.logstore import LogLine
+from trainforge_services.common.adapters.objectstore import LocalStore
+from trainforge_services.common.errors import Unavailable
+from trainforge_services.common.manifest import parse_manifest
+from trainforge_services.common.settings import ApiSettings
+from trainforge_services.common.states import JobState
 
 MANIFEST = """
 name: mnist

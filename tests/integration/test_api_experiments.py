@@ -16,15 +16,15 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from services.api.app import create_app
-from services.api.identity import IdentityStore, Role
-from services.common.adapters.logstore import LogStore
-from services.common.adapters.objectstore import LocalStore
-from services.common.settings import ApiSettings
 from tests.integration.test_trainer_experiments import TEAM, Env
 from tests.servers import serve_app, wait_for
 from trainforge import config
 from trainforge.cli import main
+from trainforge_services.api.app import create_app
+from trainforge_services.api.identity import IdentityStore, Role
+from trainforge_services.common.adapters.logstore import LogStore
+from trainforge_services.common.adapters.objectstore import LocalStore
+from trainforge_services.common.settings import ApiSettings
 
 RECIPE = """kind: experiment
 name: sweep

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from services.api.ratelimit import RateLimited
-from services.api.ratelimit_shared import SharedRateLimiter
 from tests.integration.test_api_admin import FakeClock, assert_error_shape, make_platform
+from trainforge_services.api.ratelimit import RateLimited
+from trainforge_services.api.ratelimit_shared import SharedRateLimiter
 
 pytestmark = pytest.mark.integration
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
-from services.api.trainer_client import TrainerClient
-from services.common import rpc
-from services.common.errors import Conflict, NotFound, Unavailable
-from services.common.states import JobState, LearnerState
 from tests.servers import free_port
+from trainforge_protos import common_pb2, trainer_pb2, trainer_pb2_grpc
+from trainforge_services.api.trainer_client import TrainerClient
+from trainforge_services.common import rpc
+from trainforge_services.common.errors import Conflict, NotFound, Unavailable
+from trainforge_services.common.states import JobState, LearnerState
 
 JOB = common_pb2.Job(
     id="j-0123456789ab", team="alpha", name="mnist", state=JobState.RUNNING, reason="every learner started",

@@ -8,10 +8,10 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from services.api.authcache import AuthCache
-from services.api.identity import IdentityStore, Role, Tenant, key_id_of
-from services.common.errors import InvalidArgument, Unauthenticated
-from services.common.settings import ApiSettings
+from trainforge_services.api.authcache import AuthCache
+from trainforge_services.api.identity import IdentityStore, Role, Tenant, key_id_of
+from trainforge_services.common.errors import InvalidArgument, Unauthenticated
+from trainforge_services.common.settings import ApiSettings
 
 TTL = 1.0
 # Scheduling slack on a loaded 2-core machine; the bound itself is TTL (checked_at precedes the store read).
@@ -128,7 +128,7 @@ def test_the_bound_is_enforced():
 
 
 def test_entries_are_bounded(monkeypatch):
-    from services.api import authcache
+    from trainforge_services.api import authcache
 
     monkeypatch.setattr(authcache, "MAX_ENTRIES", 3)
     cache = AuthCache(1.0)

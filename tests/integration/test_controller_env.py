@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.states import LearnerState
 from tests.integration.test_controller_run import controller_log, launch, pack, status  # noqa: F401 - fixture
+from trainforge_services.common.states import LearnerState
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +21,7 @@ SCRIPT = """\
 import sys
 import numpy
 import torch
-import frameworks.torch.helper as helper
+import trainforge_frameworks.torch.helper as helper
 
 print("prefix", sys.prefix)
 print("sum", torch.from_numpy(numpy.arange(4)).sum().item())
@@ -48,7 +48,7 @@ def test_requirements_file_builds_an_environment_the_learner_runs_in(launch, coo
     doc = status(coordinator, run)
     lines = lines_of(logstore, run.job)
     assert doc["state"] == LearnerState.LEARNER_COMPLETED, (doc, lines[-15:])
-    assert "sum 6" in lines and "helper frameworks.torch.helper" in lines, lines
+    assert "sum 6" in lines and "helper trainforge_frameworks.torch.helper" in lines, lines
     prefix = next(ln for ln in lines if ln.startswith("prefix "))
     assert prefix.removeprefix("prefix ").startswith(str(env_cache)), prefix
     assert not any(NUMPY_WARNING in ln for ln in lines), lines

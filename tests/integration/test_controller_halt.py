@@ -14,11 +14,11 @@ import time
 
 import psutil
 
-from services.common.adapters.objectstore import store_from_settings
-from services.common.contracts.etcd import CheckpointStored, Halted, LearnerStatus
-from services.common.states import LearnerState
 from tests.integration.test_controller_run import controller_log, launch, pack, status, watch_states  # noqa: F401
 from tests.servers import wait_for
+from trainforge_services.common.adapters.objectstore import store_from_settings
+from trainforge_services.common.contracts.etcd import CheckpointStored, Halted, LearnerStatus
+from trainforge_services.common.states import LearnerState
 
 LEARNER = '''
 import json, os, pathlib, signal, sys, time

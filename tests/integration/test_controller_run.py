@@ -16,13 +16,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from services.common import isolation
-from services.common.adapters.objectstore import store_from_settings
-from services.common.contracts.specs import LearnerSpec
-from services.common.settings import ControllerSettings
-from services.common.states import LearnerState
-from services.controller.controller import Controller
 from tests.servers import wait_for
+from trainforge_services.common import isolation
+from trainforge_services.common.adapters.objectstore import store_from_settings
+from trainforge_services.common.contracts.specs import LearnerSpec
+from trainforge_services.common.settings import ControllerSettings
+from trainforge_services.common.states import LearnerState
+from trainforge_services.controller.controller import Controller
 
 PYTHON = sys.executable
 
@@ -83,7 +83,7 @@ def launch(store_settings, tmp_path, unique):
         spec_path = attempt_dir / f"learner-{rank}.json"
         spec_path.write_text(json.dumps(spec))
         with open(attempt_dir / f"controller-{rank}.log", "w") as log_file:
-            proc = subprocess.Popen([PYTHON, "-m", "services.controller", "--spec", str(spec_path)],
+            proc = subprocess.Popen([PYTHON, "-m", "trainforge_services.controller", "--spec", str(spec_path)],
                                     env=controller_env(store_settings, **env_extra), cwd=Path(__file__).parents[2],
                                     stdout=subprocess.DEVNULL, stderr=log_file, start_new_session=True)
         run = Run(proc, job, rank, attempt, spec_path)

@@ -15,16 +15,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from services.common.adapters.docker_engine import Engine
-from services.common.errors import ResourceExhausted, Unavailable
-from services.common.manifest import Manifest
-from services.common.settings import LcmSettings
-from services.lcm.backends.docker import DockerBackend
-from services.lcm.lifecycle import JobDeployment, Lifecycle
 from tests.e2e.test_embedded_stack import cli_json, run_cli, stack_processes, wait_terminal
 from tests.e2e.test_halt_resume import assert_bitwise_equal, example, log_text, model_of
 from tests.engine import NUMPY_IMAGE, Daemon, start_engine
 from tests.servers import wait_for
+from trainforge_services.common.adapters.docker_engine import Engine
+from trainforge_services.common.errors import ResourceExhausted, Unavailable
+from trainforge_services.common.manifest import Manifest
+from trainforge_services.common.settings import LcmSettings
+from trainforge_services.lcm.backends.docker import DockerBackend
+from trainforge_services.lcm.lifecycle import JobDeployment, Lifecycle
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -148,7 +148,7 @@ def test_an_lcm_killed_during_a_run_adopts_its_containers(docker_stack, daemon, 
     job_id = cli_json(env, "submit", str(example(tmp_path, "mnist-adopt")))["id"]
     before = wait_for(lambda: len(c := ours(daemon.engine, job_id)) == 2 and c, 120, "two containers")
     lcm = next(p for p in stack_processes(stack_id.strip() and _stack_id(stack_id))
-               if "services.lcm" in " ".join(p.cmdline()))
+               if "trainforge_services.lcm" in " ".join(p.cmdline()))
     lcm.send_signal(signal.SIGKILL)
     psutil.wait_procs([lcm], 10)
     run_cli(env, "up", timeout=180)  # starts what is missing: a new LCM on the same state

@@ -19,11 +19,11 @@ import psutil
 import pytest
 import yaml
 
-from services.common.adapters.objectstore import store_from_settings
-from services.common.manifest import parse_manifest
-from services.common.states import LearnerState
 from tests.integration.test_controller_run import controller_log, launch, status  # noqa: F401 - fixture
 from tests.servers import free_port, wait_for
+from trainforge_services.common.adapters.objectstore import store_from_settings
+from trainforge_services.common.manifest import parse_manifest
+from trainforge_services.common.states import LearnerState
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "mnist"
 SKIP = {"results", "checkpoints", "outputs", "__pycache__"}

@@ -21,7 +21,7 @@ def test_metrics_reported_by_the_helper_read_back_through_api_and_cli(launch, co
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(REPO)!r})
-        from frameworks.torch.helper import report_metrics
+        from trainforge_frameworks.torch.helper import report_metrics
         for step in range(1, 21):
             report_metrics(step, loss=1.0 / step, accuracy=step / 20, epoch=(step - 1) // 10, total_steps=20,
                            total_epochs=2)

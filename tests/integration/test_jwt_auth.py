@@ -19,11 +19,11 @@ import time
 import jwt
 import pytest
 
-from services.api.identity import Role, Tenant, key_id_of
-from services.api.tokens import TokenCodec
-from services.common.errors import Unauthenticated
 from tests.integration.test_api_admin import bearer, make_platform
 from tests.integration.test_api_app import assert_error_shape
+from trainforge_services.api.identity import Role, Tenant, key_id_of
+from trainforge_services.api.tokens import TokenCodec
+from trainforge_services.common.errors import Unauthenticated
 
 SECRET = "x" * 24 + "-test-signing-secret-0123456789"
 RSA_PUBLIC_KEY = """-----BEGIN PUBLIC KEY-----

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from services.common.adapters.kube import Kube
-from services.common.errors import ResourceExhausted
-from services.common.manifest import Manifest
-from services.common.settings import LcmSettings
-from services.lcm.backends.kubernetes import naming
-from services.lcm.backends.kubernetes.backend import KubernetesBackend
-from services.lcm.backends.kubernetes.team import TeamQuota
-from services.lcm.lifecycle import JobDeployment, Lifecycle
 from tests.servers import wait_for
+from trainforge_services.common.adapters.kube import Kube
+from trainforge_services.common.errors import ResourceExhausted
+from trainforge_services.common.manifest import Manifest
+from trainforge_services.common.settings import LcmSettings
+from trainforge_services.lcm.backends.kubernetes import naming
+from trainforge_services.lcm.backends.kubernetes.backend import KubernetesBackend
+from trainforge_services.lcm.backends.kubernetes.team import TeamQuota
+from trainforge_services.lcm.lifecycle import JobDeployment, Lifecycle
 
 ROOT = Path(__file__).resolve().parents[2]
 HELM = ROOT / ".cache" / "kube" / "clients" / "helm"
@@ -113,9 +113,9 @@ def test_team_namespace_quota_and_policies_are_created_and_kept_in_step(backend)
 
 def test_an_admins_quota_change_reaches_the_namespace_at_once_through_the_lcm(backend, lifecycle, settings):
     """The Trainer's SyncTeam call (sent when an admin sets a quota), over gRPC to a real LCM on this backend."""
-    from services.lcm.server import serve
-    from services.trainer.admission import Quota
-    from services.trainer.lcm_client import GrpcLcm
+    from trainforge_services.lcm.server import serve
+    from trainforge_services.trainer.admission import Quota
+    from trainforge_services.trainer.lcm_client import GrpcLcm
 
     server, port = serve(settings.model_copy(update={"lcm_address": "127.0.0.1:0", "metrics_port": -1}), lifecycle)
     lcm = GrpcLcm(f"127.0.0.1:{port}")
@@ -126,7 +126,7 @@ def test_an_admins_quota_change_reaches_the_namespace_at_once_through_the_lcm(ba
         assert quota["spec"]["hard"]["requests.nvidia.com/gpu"] == "3"
         assert backend.kube.get("ResourceQuota", ns, "tf-gpu-a100")["spec"]["hard"]["requests.nvidia.com/gpu"] == "1"
         # a bad quota is refused naming the field; the namespace keeps what it had
-        from services.common.errors import InvalidArgument
+        from trainforge_services.common.errors import InvalidArgument
         with pytest.raises(InvalidArgument, match="quota"):
             lcm.sync_team("alpha", Quota(gpus=-1))
         assert backend.kube.get("ResourceQuota", ns, "tf-quota")["spec"]["hard"]["requests.nvidia.com/gpu"] == "3"

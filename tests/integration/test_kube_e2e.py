@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from services.common.adapters.kube import Kube
 from tests.e2e.test_embedded_stack import cli_json, run_cli, wait_terminal
 from tests.e2e.test_halt_resume import assert_bitwise_equal, example, log_text, model_of
 from tests.kube import start_node
 from tests.servers import wait_for
+from trainforge_services.common.adapters.kube import Kube
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "e2e-"
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def kube_stack(kube_cluster):
     # one test node for the module's jobs (tests/kube.py's kube_node is per test)
     node_name = f"e2e-{secrets.token_hex(3)}"
-    node = start_node(kube_cluster, node_name, gpus=4, env={"PYTHONPATH": str(ROOT)})
+    node = start_node(kube_cluster, node_name, gpus=4)
     # not under /tmp: the test node rewrites a mount path (the pods' /tmp emptyDir) wherever it starts a path
     # in a pod's env, and the object store's file:// path is in the pods' env
     state = ROOT / ".cache" / f"kube-e2e-{secrets.token_hex(3)}"
@@ -42,7 +42,7 @@ def kube_stack(kube_cluster):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "TRAINFORGE_"))}
     env.update(TF_STATE_DIR=str(state), PYTHONUNBUFFERED="1", TF_BACKEND="kubernetes",
                TF_KUBE_CONFIG=str(kube_cluster.kubeconfig), TF_KUBE_PYTHON=sys.executable,
-               TF_KUBE_PYTHONPATH=str(ROOT), TF_KUBE_WORKDIR=str(state / "pods"), TF_KUBE_MASTER_ADDR="127.0.0.1",
+               TF_KUBE_WORKDIR=str(state / "pods"), TF_KUBE_MASTER_ADDR="127.0.0.1",
                TF_KUBE_MASTER_PORT="31000", TF_KUBE_MASTER_PORT_SPAN="2000", TF_KUBE_NAMESPACE_PREFIX=PREFIX,
                TF_KUBE_PENDING_TIMEOUT="15")
     kube = Kube(str(kube_cluster.kubeconfig))

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from services.common.adapters.etcd import Coordinator
-from services.common.errors import Unavailable
-from services.common.states import JobState
-from services.trainer.lcm_client import GrpcLcm
 from tests.integration.test_monitor_process import start_trainer
 from tests.servers import free_port, wait_for
+from trainforge_services.common.adapters.etcd import Coordinator
+from trainforge_services.common.errors import Unavailable
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.lcm_client import GrpcLcm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 LEASE = 2
@@ -67,7 +67,7 @@ def test_the_lcm_leader_sigkilled_between_deploys_loses_and_repeats_nothing(stor
     procs = []
     for i, port in enumerate(ports):
         with (tmp_path / f"lcm-{i}.log").open("wb") as out:
-            procs.append(subprocess.Popen([sys.executable, "-m", "services.lcm"],
+            procs.append(subprocess.Popen([sys.executable, "-m", "trainforge_services.lcm"],
                                           env={**env, "TF_LISTEN_ADDRESS": f"127.0.0.1:{port}"}, stdout=out,
                                           stderr=subprocess.STDOUT, start_new_session=True))
     coordinator = Coordinator(store_settings.etcd_endpoints, store_settings.etcd_prefix)

@@ -1,4 +1,4 @@
-"""The LCM over gRPC with its lifecycle on the local backend and real etcd: in-process, then as `python -m services.lcm`.
+"""The LCM over gRPC with its lifecycle on the local backend and real etcd: in-process, then as `python -m trainforge_services.lcm`.
 
 Controllers are the fake interpreter of test_lcm_local.py, so these tests do
 not depend on services/controller.
@@ -16,13 +16,13 @@ import grpc
 import psutil
 import pytest
 
-from protos import lcm_pb2, lcm_pb2_grpc
-from services.common import rpc
-from services.common.errors import Conflict, InvalidArgument, ResourceExhausted
-from services.common.manifest import Manifest
-from services.lcm.server import serve
 from tests.integration.lcm_local.conftest import fake, gone, lcm_settings, lifecycles  # noqa: F401 - fixtures
 from tests.servers import free_port, port_open, wait_for
+from trainforge_protos import lcm_pb2, lcm_pb2_grpc
+from trainforge_services.common import rpc
+from trainforge_services.common.errors import Conflict, InvalidArgument, ResourceExhausted
+from trainforge_services.common.manifest import Manifest
+from trainforge_services.lcm.server import serve
 
 MANIFEST = Manifest(name="mnist-ddp", learners=2, command="python train.py --lr {{lr}}", params={"lr": 0.1},
                     resources={"cpus": 1, "memory": "1Gi"})
@@ -106,7 +106,7 @@ def spawn_lcm(tmp_path, etcd_server, coordinator, fake, port: int) -> subprocess
            "TF_ETCD_PREFIX": coordinator.keys.prefix, "TF_LCM_ADDRESS": f"127.0.0.1:{port}",
            "TF_PYTHON": str(fake.python), "TF_LOCAL_GPUS": "0"}
     log = (tmp_path / f"lcm-{port}.log").open("ab")
-    proc = subprocess.Popen([sys.executable, "-m", "services.lcm"], env=env, stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([sys.executable, "-m", "trainforge_services.lcm"], env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     log.close()
     wait_for(lambda: port_open(port) or proc.poll() is not None, 30, "the LCM to listen")

@@ -19,15 +19,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from services.common.manifest import Manifest
-from services.common.settings import LcmSettings
-from services.common.states import JobState, LearnerState
-from services.lcm.backends.base import Role
-from services.lcm.backends.local import LocalBackend
-from services.lcm.lifecycle import JobDeployment, Lifecycle
 from tests.integration.conftest import backend_maker
 from tests.integration.test_monitor_process import start_trainer
 from tests.servers import free_port, wait_for
+from trainforge_services.common.manifest import Manifest
+from trainforge_services.common.settings import LcmSettings
+from trainforge_services.common.states import JobState, LearnerState
+from trainforge_services.lcm.backends.base import Role
+from trainforge_services.lcm.backends.local import LocalBackend
+from trainforge_services.lcm.lifecycle import JobDeployment, Lifecycle
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -127,7 +127,7 @@ def test_a_monitor_killed_while_no_lcm_ran_is_started_by_the_next_lcm(make_backe
 
     wait_for(completed, 60, "both learners to complete")
     wait_for(lambda: not learners_of(job) and not any(
-        "services.controller" in " ".join(p.cmdline()) and job in " ".join(p.cmdline())
+        "trainforge_services.controller" in " ".join(p.cmdline()) and job in " ".join(p.cmdline())
         for p in psutil.process_iter() if p.status() != psutil.STATUS_ZOMBIE), 30, "the controllers to exit")
     second = make_backend()
     wait_for(lambda: JobState.COMPLETED in states(trainer, job), 60, "the next LCM's monitor to report the end")

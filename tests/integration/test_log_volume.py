@@ -21,12 +21,6 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from services.api.app import create_app
-from services.api.identity import IdentityStore, Role
-from services.api.reindex import reindex_job
-from services.common.adapters.logstore import LogStore
-from services.common.adapters.objectstore import store_from_settings
-from services.common.states import JobState
 from tests import servers
 from tests.fakes.trainer_memory import InMemoryTrainer
 from tests.integration.test_controller_run import controller_log, launch, status  # noqa: F401 - the fixture
@@ -34,6 +28,12 @@ from tests.servers import serve_app, wait_for
 from trainforge import config
 from trainforge.cli import main
 from trainforge.sdk import Client
+from trainforge_services.api.app import create_app
+from trainforge_services.api.identity import IdentityStore, Role
+from trainforge_services.api.reindex import reindex_job
+from trainforge_services.common.adapters.logstore import LogStore
+from trainforge_services.common.adapters.objectstore import store_from_settings
+from trainforge_services.common.states import JobState
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -120,7 +120,7 @@ def reader(mongo_db, store_settings, tmp_path):
 
 
 def store_settings_api(store_settings):  # noqa: ANN001, ANN201
-    from services.common.settings import ApiSettings
+    from trainforge_services.common.settings import ApiSettings
 
     return ApiSettings(**store_settings.model_dump())
 

@@ -10,14 +10,14 @@ import threading
 
 import pytest
 
-from protos import trainer_pb2
-from services.common.contracts.etcd import MonitorClaim
-from services.common.contracts.specs import MonitorSpec
-from services.common.errors import NotFound, Unavailable
-from services.common.states import JobState, LearnerState
-from services.jobmonitor.monitor import JobMonitor
 from tests.integration.conftest import monitor_claimed, put
 from tests.servers import wait_for
+from trainforge_protos import trainer_pb2
+from trainforge_services.common.contracts.etcd import MonitorClaim
+from trainforge_services.common.contracts.specs import MonitorSpec
+from trainforge_services.common.errors import NotFound, Unavailable
+from trainforge_services.common.states import JobState, LearnerState
+from trainforge_services.jobmonitor.monitor import JobMonitor
 
 L = LearnerState
 

@@ -1,4 +1,4 @@
-"""`python -m services.jobmonitor` as a process against real etcd and a fake Trainer gRPC server.
+"""`python -m trainforge_services.jobmonitor` as a process against real etcd and a fake Trainer gRPC server.
 
 The real reporter, the settings and the retry while the Trainer is
 unreachable are exercised here; the monitor's logic is in test_monitor_flow.py.
@@ -14,11 +14,11 @@ import sys
 
 import grpc
 
-from protos import common_pb2, trainer_pb2, trainer_pb2_grpc
-from services.common import rpc
-from services.common.states import JobState, LearnerState
 from tests.integration.conftest import monitor_claimed, put
 from tests.servers import free_port, wait_for
+from trainforge_protos import common_pb2, trainer_pb2, trainer_pb2_grpc
+from trainforge_services.common import rpc
+from trainforge_services.common.states import JobState, LearnerState
 
 L = LearnerState
 
@@ -50,7 +50,7 @@ def spawn_monitor(tmp_path, coordinator, etcd_server, job: str, trainer_port: in
     env = {**os.environ, "TF_ETCD_ENDPOINTS": etcd_server.address, "TF_ETCD_PREFIX": coordinator.keys.prefix,
            "TF_TRAINER_ADDRESS": f"127.0.0.1:{trainer_port}", "TF_REPORT_RETRY_SECONDS": "0.1", **settings}
     log = (tmp_path / "monitor.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "services.jobmonitor", "--spec", str(spec)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "trainforge_services.jobmonitor", "--spec", str(spec)], env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
     return proc
@@ -115,7 +115,7 @@ def test_the_monitor_process_claims_the_job_for_tf_lease_ttl(tmp_path, coordinat
 def test_the_monitor_process_rejects_a_bad_spec(tmp_path):
     spec = tmp_path / "monitor.json"
     spec.write_text(json.dumps({"job_id": "j", "attempt": 1, "learners": 0}))
-    done = subprocess.run([sys.executable, "-m", "services.jobmonitor", "--spec", str(spec)],
+    done = subprocess.run([sys.executable, "-m", "trainforge_services.jobmonitor", "--spec", str(spec)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "learners" in done.stderr

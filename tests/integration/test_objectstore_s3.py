@@ -18,7 +18,8 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from services.common.adapters.objectstore import (
+from tests.servers import free_port
+from trainforge_services.common.adapters.objectstore import (
     LocalStore,
     S3Store,
     StoreError,
@@ -27,10 +28,9 @@ from services.common.adapters.objectstore import (
     put_dir,
     sha256_file,
 )
-from services.common.adapters.objectstore import s3 as objectstore_s3
-from services.common.adapters.objectstore.base import TRANSFERRED
-from services.common.errors import InvalidArgument, NotFound
-from tests.servers import free_port
+from trainforge_services.common.adapters.objectstore import s3 as objectstore_s3
+from trainforge_services.common.adapters.objectstore.base import TRANSFERRED
+from trainforge_services.common.errors import InvalidArgument, NotFound
 
 BUCKET = "tf-tests"
 

@@ -10,17 +10,17 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from protos import trainer_pb2, trainer_pb2_grpc
-from services.api.app import create_app
-from services.common import rpc
-from services.common.observability import JsonFormatter, log_context
-from services.common.settings import ApiSettings
-from services.lcm import server as lcm_server
-from services.trainer.server import serve as serve_trainer
 from tests.fakes.trainer_memory import InMemoryTrainer
 from tests.integration.lcm_local.conftest import fake, lcm_settings, lifecycles  # noqa: F401 - fixtures
 from tests.integration.test_trainer_service import fake_lcm, trainer_settings  # noqa: F401 - fixtures
 from tests.servers import free_port, serve_app, wait_for
+from trainforge_protos import trainer_pb2, trainer_pb2_grpc
+from trainforge_services.api.app import create_app
+from trainforge_services.common import rpc
+from trainforge_services.common.observability import JsonFormatter, log_context
+from trainforge_services.common.settings import ApiSettings
+from trainforge_services.lcm import server as lcm_server
+from trainforge_services.trainer.server import serve as serve_trainer
 
 pytestmark = pytest.mark.integration
 
@@ -46,8 +46,8 @@ def serving(address: str, service: str) -> bool:
 
 
 def test_the_api_serves_request_metrics(mongo_db, logstore, tmp_path):
-    from services.api.identity import IdentityStore
-    from services.common.adapters.objectstore import LocalStore
+    from trainforge_services.api.identity import IdentityStore
+    from trainforge_services.common.adapters.objectstore import LocalStore
 
     objects = LocalStore(tmp_path / "objects")
     app = create_app(ApiSettings(dev_mode=True), trainer=InMemoryTrainer(), identity=IdentityStore(mongo_db),
@@ -119,7 +119,7 @@ def test_the_lcm_serves_metrics_and_health(lifecycles, lcm_settings):  # noqa: F
 
 
 def test_service_logs_are_json_with_their_ids():
-    record = logging.LogRecord("services.x", logging.INFO, __file__, 1, "deployed %s", ("it",), None)
+    record = logging.LogRecord("trainforge_services.x", logging.INFO, __file__, 1, "deployed %s", ("it",), None)
     record.team = "team-a"
     with log_context(job="j-0123456789ab", request_id="r-1"):
         doc = json.loads(JsonFormatter().format(record))

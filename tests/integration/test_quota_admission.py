@@ -16,15 +16,15 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from protos import common_pb2, lcm_pb2_grpc, trainer_pb2, trainer_pb2_grpc
-from services.common import rpc
-from services.common.errors import Conflict, InvalidArgument
-from services.common.manifest import parse_manifest
-from services.common.states import JobState
-from services.trainer.server import serve
-from services.trainer.store import JobStore
 from tests.integration.test_trainer_service import FakeLcm, trainer_settings
 from tests.servers import wait_for
+from trainforge_protos import common_pb2, lcm_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+from trainforge_services.common import rpc
+from trainforge_services.common.errors import Conflict, InvalidArgument
+from trainforge_services.common.manifest import parse_manifest
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.server import serve
+from trainforge_services.trainer.store import JobStore
 
 GI = 2**30
 

@@ -27,12 +27,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from services.common import states
-from services.common.manifest import parse_manifest
-from services.common.states import JobState
-from services.trainer.admission import Usage, demand
 from tests.integration.test_quota_admission import Teams, manifest, running_fake_lcm, running_trainer
 from tests.servers import wait_for
+from trainforge_services.common import states
+from trainforge_services.common.manifest import parse_manifest
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.admission import Usage, demand
 
 GI = 2**30
 JOBS = 500

@@ -22,17 +22,21 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from services.api.app import create_app
-from services.api.identity import IdentityStore, Role
-from services.common.adapters.objectstore import LocalStore, put_dir
-from services.common.contracts.storekeys import checkpoint_root, checkpoint_step_prefix, outputs_prefix
-from services.common.settings import ApiSettings
 from tests.fakes.trainer_memory import InMemoryTrainer
 from tests.integration.test_api_admin import bearer
 from tests.integration.test_objectstore_s3 import s3_store
 from tests.servers import serve_app
 from trainforge import cli
 from trainforge.sdk import Client, ClientError
+from trainforge_services.api.app import create_app
+from trainforge_services.api.identity import IdentityStore, Role
+from trainforge_services.common.adapters.objectstore import LocalStore, put_dir
+from trainforge_services.common.contracts.storekeys import (
+    checkpoint_root,
+    checkpoint_step_prefix,
+    outputs_prefix,
+)
+from trainforge_services.common.settings import ApiSettings
 
 JOB = json.dumps({"name": "two", "framework": "custom", "command": "true", "learners": 2})
 

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from services.common.adapters.logstore import LogLine
-from services.common.adapters.objectstore import LocalStore
-from services.common.states import JobState
 from tests.integration.test_api_admin import make_platform
 from tests.servers import wait_for
 from trainforge.sdk import Client
+from trainforge_services.common.adapters.logstore import LogLine
+from trainforge_services.common.adapters.objectstore import LocalStore
+from trainforge_services.common.states import JobState
 
 pytestmark = pytest.mark.integration
 

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from services.common import isolation
-from services.common.adapters.objectstore.s3 import S3Store
-from services.common.states import LearnerState
 from tests.integration.sandbox_jobs import platform  # noqa: F401 - fixture
+from trainforge_services.common import isolation
+from trainforge_services.common.adapters.objectstore.s3 import S3Store
+from trainforge_services.common.states import LearnerState
 
 pytestmark = [
     pytest.mark.slow,

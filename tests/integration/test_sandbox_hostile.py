@@ -19,11 +19,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from services.common import isolation
-from services.common.adapters.objectstore import store_from_settings
-from services.common.states import LearnerState
 from tests.integration.sandbox_jobs import outcome_lines, platform  # noqa: F401 - fixture
 from tests.servers import wait_for
+from trainforge_services.common import isolation
+from trainforge_services.common.adapters.objectstore import store_from_settings
+from trainforge_services.common.states import LearnerState
 
 pytestmark = [
     pytest.mark.slow,
@@ -127,7 +127,7 @@ for name, pid in json.load(open("targets.json")).items():
     attempt(f"signal {name} (pid {pid})", lambda: os.kill(pid, sig))
 '''), env={"HOSTILE_ARGS": "{}"})
     controller = wait_for(lambda: next((p for p in psutil.process_iter(["cmdline"])
-                                        if "services.controller" in " ".join(p.info["cmdline"] or [])
+                                        if "trainforge_services.controller" in " ".join(p.info["cmdline"] or [])
                                         and f"/{job}/" in " ".join(p.info["cmdline"] or [])), None), 60,
                           "the hostile job's controller")
     targets = {"controller": controller.pid, "victim learner": victim_learner.pid, "lcm": os.getpid()}

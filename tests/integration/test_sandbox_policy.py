@@ -15,10 +15,10 @@ import signal
 import psutil
 import pytest
 
-from services.common import isolation
-from services.common.states import LearnerState
 from tests.integration.test_controller_run import controller_log, launch, status  # noqa: F401 - fixture
 from tests.servers import wait_for
+from trainforge_services.common import isolation
+from trainforge_services.common.states import LearnerState
 
 needs_sandbox = pytest.mark.skipif(bool(isolation.unavailable()), reason=f"no sandbox here: {isolation.unavailable()}")
 

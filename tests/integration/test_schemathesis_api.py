@@ -34,18 +34,18 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from services.api.app import create_app
-from services.api.experiments import ExperimentCalls
-from services.api.identity import IdentityStore, Role
-from services.common.adapters.logstore import LogStore
-from services.common.adapters.mongo import connect
-from services.common.adapters.objectstore import LocalStore
-from services.common.settings import ApiSettings, TrainerSettings
-from services.trainer.admission import Capacity, Usage
-from services.trainer.server import serve
 from tests.fakes.trainer_memory import InMemoryTrainer
 from tests.integration.test_trainer_dispatcher import ScriptedLcm
 from tests.servers import serve_app
+from trainforge_services.api.app import create_app
+from trainforge_services.api.experiments import ExperimentCalls
+from trainforge_services.api.identity import IdentityStore, Role
+from trainforge_services.common.adapters.logstore import LogStore
+from trainforge_services.common.adapters.mongo import connect
+from trainforge_services.common.adapters.objectstore import LocalStore
+from trainforge_services.common.settings import ApiSettings, TrainerSettings
+from trainforge_services.trainer.admission import Capacity, Usage
+from trainforge_services.trainer.server import serve
 
 # Not among the checks: positive_data_acceptance (a valid-looking request may
 # rightly be refused, e.g. 404 for a generated id or 409 for a state) and

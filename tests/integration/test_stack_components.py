@@ -13,10 +13,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from services.common.rpc import replicas_target
-from services.common.settings import ApiSettings, LcmSettings, StoreSettings, TrainerSettings
-from services.devstack import launcher
-from services.devstack.components import (
+from tests.servers import free_port
+from trainforge import stack
+from trainforge_services.common.rpc import replicas_target
+from trainforge_services.common.settings import ApiSettings, LcmSettings, StoreSettings, TrainerSettings
+from trainforge_services.devstack import launcher
+from trainforge_services.devstack.components import (
     BY_NAME,
     COMPONENTS,
     NAMES,
@@ -31,8 +33,6 @@ from services.devstack.components import (
     port_names,
     stop_order,
 )
-from tests.servers import free_port
-from trainforge import stack
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,7 +113,7 @@ def test_status_of_no_stack_is_not_running(tmp_path):
 
 def _launcher(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "TRAINFORGE_"))}
-    return subprocess.run([sys.executable, "-m", "services.devstack", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "trainforge_services.devstack", *args], env=env, capture_output=True,
                           text=True, timeout=60, cwd=ROOT, check=False)
 
 
@@ -135,13 +135,13 @@ def test_the_cli_side_turns_launcher_failures_into_one_stack_error(tmp_path, mon
     with pytest.raises(stack.StackError, match="^could not create an API key: invalid settings"):
         stack.bootstrap_admin(tmp_path, "ops")
     # the launcher could not even start: its last line of stderr
-    with pytest.raises(stack.StackError, match="services.devstack nonsense` failed: .*invalid choice"):
+    with pytest.raises(stack.StackError, match="trainforge_services.devstack nonsense` failed: .*invalid choice"):
         stack.run("nonsense", tmp_path)
 
 
 def test_a_component_that_dies_or_never_gets_healthy_is_named_with_its_log_tail(tmp_path):
-    from services.common import proctree
-    from services.devstack.components import Component, Health, StackError
+    from trainforge_services.common import proctree
+    from trainforge_services.devstack.components import Component, Health, StackError
 
     (tmp_path / "logs").mkdir()
     (tmp_path / "pids").mkdir()

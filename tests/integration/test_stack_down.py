@@ -12,10 +12,10 @@ import textwrap
 import psutil
 import pytest
 
-from services.devstack import launcher
-from services.devstack.components import NAMES, Status
-from services.devstack.procs import stack_processes
 from tests.servers import wait_for
+from trainforge_services.devstack import launcher
+from trainforge_services.devstack.components import NAMES, Status
+from trainforge_services.devstack.procs import stack_processes
 
 STAND_IN = textwrap.dedent("""
     import pathlib, signal, sys, time

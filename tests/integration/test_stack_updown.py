@@ -1,6 +1,6 @@
 """`trainforge up` / `down` with the real services, as subprocesses, the way a user runs them.
 
-The CLI runs the launcher (`python -m services.devstack`) as a process; these tests go through the CLI
+The CLI runs the launcher (`python -m trainforge_services.devstack`) as a process; these tests go through the CLI
 and, for `status` and the first key, the launcher itself."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.common.settings import ApiSettings
-from services.devstack import launcher
-from services.devstack.components import NAMES, PORT_NAMES, StackError
-from services.devstack.procs import stack_processes
 from tests.servers import free_port, wait_for
+from trainforge_services.common.settings import ApiSettings
+from trainforge_services.devstack import launcher
+from trainforge_services.devstack.components import NAMES, PORT_NAMES, StackError
+from trainforge_services.devstack.procs import stack_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ def cli(env, *args, timeout=200):
 
 
 def launcher_json(env, command, state, *args):
-    proc = subprocess.run([sys.executable, "-m", "services.devstack", command, "--state-dir", str(state), *args,
+    proc = subprocess.run([sys.executable, "-m", "trainforge_services.devstack", command, "--state-dir", str(state), *args,
                            "--json"], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])["result"]

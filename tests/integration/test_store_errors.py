@@ -15,16 +15,16 @@ import signal
 import httpx
 import pytest
 
-from services.api.app import create_app
-from services.api.identity import IdentityStore, Role
-from services.api.trainer_client import TrainerClient
-from services.common.adapters import mongo
-from services.common.adapters.objectstore import LocalStore
-from services.common.settings import ApiSettings
-from services.trainer.server import serve
 from tests import servers
 from tests.integration.test_trainer_service import FakeLcm, trainer_settings
 from tests.servers import serve_app
+from trainforge_services.api.app import create_app
+from trainforge_services.api.identity import IdentityStore, Role
+from trainforge_services.api.trainer_client import TrainerClient
+from trainforge_services.common.adapters import mongo
+from trainforge_services.common.adapters.objectstore import LocalStore
+from trainforge_services.common.settings import ApiSettings
+from trainforge_services.trainer.server import serve
 
 _LEAKS = ("Topology", "ServerSelectionTimeoutError", "AutoReconnect", "Connection refused", "127.0.0.1:", "Errno")
 

@@ -13,10 +13,10 @@ import json
 
 import pytest
 
-from services.common.errors import NotFound, TrainforgeError
-from services.common.secrets import SecretBox, SecretStore, load_key
-from services.trainer.secret_env import SecretResolvingLcm
 from tests.integration.test_api_admin import make_platform
+from trainforge_services.common.errors import NotFound, TrainforgeError
+from trainforge_services.common.secrets import SecretBox, SecretStore, load_key
+from trainforge_services.trainer.secret_env import SecretResolvingLcm
 
 VALUE = "sk-live-0123456789abcdef-not-for-anyone"
 

@@ -21,13 +21,13 @@ import re
 
 import pytest
 
-from services.api.experiments import ExperimentCalls
-from services.api.identity import Role, key_id_of
-from services.common.settings import TrainerSettings
-from services.trainer.admission import Capacity, Usage
-from services.trainer.server import serve
 from tests.integration.test_api_admin import make_platform
 from tests.integration.test_trainer_dispatcher import ScriptedLcm
+from trainforge_services.api.experiments import ExperimentCalls
+from trainforge_services.api.identity import Role, key_id_of
+from trainforge_services.common.settings import TrainerSettings
+from trainforge_services.trainer.admission import Capacity, Usage
+from trainforge_services.trainer.server import serve
 
 JOB = json.dumps({"name": "secret-model", "framework": "custom", "command": "true"})
 PARAM = re.compile(r"\{([^}]+)\}")

@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from services.common.errors import ResourceExhausted, Unavailable
-from services.common.manifest import parse_manifest
-from services.common.states import JobState
-from services.trainer.admission import Capacity, Usage
-from services.trainer.dispatcher import Dispatcher
-from services.trainer.store import JobStore
 from tests.servers import wait_for
+from trainforge_services.common.errors import ResourceExhausted, Unavailable
+from trainforge_services.common.manifest import parse_manifest
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.admission import Capacity, Usage
+from trainforge_services.trainer.dispatcher import Dispatcher
+from trainforge_services.trainer.store import JobStore
 
 GI = 2**30
 

@@ -16,16 +16,16 @@ import threading
 import grpc
 import pytest
 
-from protos import trainer_pb2, trainer_pb2_grpc
-from services.common import rpc
-from services.common.adapters.logstore import LogLine, LogStore
-from services.common.contracts.experiments import ExperimentState
-from services.common.settings import TrainerSettings
-from services.common.states import JobState
-from services.trainer.admission import Capacity, Quota, Usage
-from services.trainer.server import serve
 from tests.integration.test_trainer_dispatcher import ScriptedLcm
 from tests.servers import wait_for
+from trainforge_protos import trainer_pb2, trainer_pb2_grpc
+from trainforge_services.common import rpc
+from trainforge_services.common.adapters.logstore import LogLine, LogStore
+from trainforge_services.common.contracts.experiments import ExperimentState
+from trainforge_services.common.settings import TrainerSettings
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.admission import Capacity, Quota, Usage
+from trainforge_services.trainer.server import serve
 
 GI = 2**30
 TEAM = "vision"

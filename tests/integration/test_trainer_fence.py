@@ -7,15 +7,15 @@ import time
 
 import pytest
 
-from services.common.election import Election
-from services.common.manifest import parse_manifest
-from services.common.states import JobState
-from services.trainer.admission import Usage
-from services.trainer.dispatcher import Dispatcher
-from services.trainer.fence import Deposed, Fence, FenceGate
-from services.trainer.store import JobStore
 from tests.fakes.lcm import IdleLcm
 from tests.servers import wait_for
+from trainforge_services.common.election import Election
+from trainforge_services.common.manifest import parse_manifest
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.admission import Usage
+from trainforge_services.trainer.dispatcher import Dispatcher
+from trainforge_services.trainer.fence import Deposed, Fence, FenceGate
+from trainforge_services.trainer.store import JobStore
 
 pytestmark = pytest.mark.integration
 GI = 2**30

@@ -12,16 +12,16 @@ import time
 
 import pytest
 
-from services.common.errors import Conflict
-from services.common.states import JobState, LearnerState
-from services.trainer.admission import Capacity, Quota, Usage
-from services.trainer.dispatcher import Dispatcher
-from services.trainer.quotas import QuotaStore
-from services.trainer.record import LearnerReport
-from services.trainer.service import JobService
-from services.trainer.store import JobStore
 from tests.integration.test_trainer_dispatcher import ScriptedLcm
 from tests.servers import wait_for
+from trainforge_services.common.errors import Conflict
+from trainforge_services.common.states import JobState, LearnerState
+from trainforge_services.trainer.admission import Capacity, Quota, Usage
+from trainforge_services.trainer.dispatcher import Dispatcher
+from trainforge_services.trainer.quotas import QuotaStore
+from trainforge_services.trainer.record import LearnerReport
+from trainforge_services.trainer.service import JobService
+from trainforge_services.trainer.store import JobStore
 
 GI = 2**30
 TEAM = "vision"
@@ -194,8 +194,8 @@ def test_the_cluster_view_has_the_lcm_s_capacity_and_what_active_jobs_hold(train
     assert view.held == Usage(gpus=0, cpus=3.0, memory=2 * GI, learners=2)
     assert (view.active_jobs, view.queued_jobs) == (1, 1)
 
-    from services.api.trainer_client import cluster_to_json
-    from services.trainer.servicer import cluster_to_proto
+    from trainforge_services.api.trainer_client import cluster_to_json
+    from trainforge_services.trainer.servicer import cluster_to_proto
 
     wire = cluster_to_json(cluster_to_proto(view))
     assert wire["known"] and wire["capacity"] == {"gpus": 0, "cpus": 8.0, "memory": 32 * GI, "learners": 8}

@@ -14,15 +14,15 @@ import time
 
 import pytest
 
-from services.common.states import JobState
-from services.trainer.admission import Capacity, Quota, Usage
-from services.trainer.dispatcher import Dispatcher
-from services.trainer.preemption import Policy
-from services.trainer.quotas import QuotaStore
-from services.trainer.service import JobService
-from services.trainer.store import JobStore
 from tests.integration.test_trainer_dispatcher import ScriptedLcm
 from tests.servers import wait_for
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.admission import Capacity, Quota, Usage
+from trainforge_services.trainer.dispatcher import Dispatcher
+from trainforge_services.trainer.preemption import Policy
+from trainforge_services.trainer.quotas import QuotaStore
+from trainforge_services.trainer.service import JobService
+from trainforge_services.trainer.store import JobStore
 
 GI = 2**30
 MIN_RUNTIME = 1.5

@@ -26,15 +26,15 @@ from pathlib import Path
 import pytest
 from cryptography.fernet import Fernet
 
-from protos import trainer_pb2, trainer_pb2_grpc
-from services.common import rpc
-from services.common.adapters.etcd import Coordinator
-from services.common.errors import Unavailable
-from services.common.states import JobState
-from services.trainer.store import JobStore
 from tests.chaos_support import check_history
 from tests.integration.test_quota_admission import manifest, running_fake_lcm
 from tests.servers import free_port, wait_for
+from trainforge_protos import trainer_pb2, trainer_pb2_grpc
+from trainforge_services.common import rpc
+from trainforge_services.common.adapters.etcd import Coordinator
+from trainforge_services.common.errors import Unavailable
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.store import JobStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -45,7 +45,7 @@ LEASE = 2
 
 def _spawn_trainer(env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
     with log.open("wb") as out:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen([sys.executable, "-m", "services.trainer"],
+        return subprocess.Popen([sys.executable, "-m", "trainforge_services.trainer"],
                                 env={**env, "TF_LISTEN_ADDRESS": f"127.0.0.1:{port}"},
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -18,15 +18,15 @@ import threading
 import grpc
 import pytest
 
-from protos import common_pb2, lcm_pb2, lcm_pb2_grpc, trainer_pb2, trainer_pb2_grpc
-from services.common import rpc
-from services.common.errors import Conflict, InvalidArgument, NotFound
-from services.common.manifest import parse_manifest
-from services.common.settings import TrainerSettings
-from services.common.states import JobState, LearnerState
-from services.trainer.server import serve
-from services.trainer.store import JobStore
 from tests.servers import free_port, wait_for
+from trainforge_protos import common_pb2, lcm_pb2, lcm_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+from trainforge_services.common import rpc
+from trainforge_services.common.errors import Conflict, InvalidArgument, NotFound
+from trainforge_services.common.manifest import parse_manifest
+from trainforge_services.common.settings import TrainerSettings
+from trainforge_services.common.states import JobState, LearnerState
+from trainforge_services.trainer.server import serve
+from trainforge_services.trainer.store import JobStore
 
 GI = 2**30
 SECRETS_KEY = "0" * 43 + "="  # a well-formed Fernet key (32 zero-ish bytes), for processes outside dev mode
@@ -341,7 +341,7 @@ def test_the_process_refuses_to_start_without_a_secrets_key_outside_dev_mode(mon
            "TF_TRAINER_ADDRESS": f"127.0.0.1:{free_port()}", "TF_STATE_DIR": str(tmp_path)}
     env.pop("TF_SECRETS_KEY", None)
     env.pop("TF_DEV_MODE", None)
-    done = subprocess.run([sys.executable, "-m", "services.trainer"], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "trainforge_services.trainer"], env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 1 and "secrets_key (TF_SECRETS_KEY) is required" in done.stderr
     assert "Traceback" not in done.stderr
@@ -352,7 +352,7 @@ def test_the_process_serves_and_stops_on_sigterm(mongo_server, unique, tmp_path)
     env = {**os.environ, "TF_MONGO_URL": mongo_server.url, "TF_MONGO_DB": f"tf{unique}",
            "TF_TRAINER_ADDRESS": f"127.0.0.1:{port}", "TF_LCM_ADDRESS": f"127.0.0.1:{free_port()}",
            "TF_STATE_DIR": str(tmp_path), "TF_SECRETS_KEY": SECRETS_KEY}
-    proc = subprocess.Popen([sys.executable, "-m", "services.trainer"], env=env, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "trainforge_services.trainer"], env=env, stderr=subprocess.PIPE,
                             text=True)
     channel = rpc.channel(f"127.0.0.1:{port}")
     try:

@@ -6,12 +6,12 @@ import threading
 
 import pytest
 
-from services.common.errors import Conflict, NotFound
-from services.common.manifest import parse_manifest
-from services.common.states import JobState
-from services.trainer.admission import Usage
-from services.trainer.record import JobRecord, LearnerReport
-from services.trainer.store import JobStore
+from trainforge_services.common.errors import Conflict, NotFound
+from trainforge_services.common.manifest import parse_manifest
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.admission import Usage
+from trainforge_services.trainer.record import JobRecord, LearnerReport
+from trainforge_services.trainer.store import JobStore
 
 MANIFEST = parse_manifest({"name": "mnist", "command": "python train.py", "learners": 2,
                            "resources": {"gpus": 1, "cpus": 2, "memory": "4Gi"}, "priority": "high"})

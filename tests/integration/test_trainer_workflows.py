@@ -8,10 +8,10 @@ import json
 import grpc
 import pytest
 
-from protos import trainer_pb2
-from services.common.contracts.experiments import ExperimentState
 from tests.integration.test_trainer_experiments import TEAM, Env
 from tests.servers import wait_for
+from trainforge_protos import trainer_pb2
+from trainforge_services.common.contracts.experiments import ExperimentState
 
 COMPLETED = ExperimentState.EXPERIMENT_COMPLETED
 

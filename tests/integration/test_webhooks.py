@@ -17,16 +17,16 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from services.api.app import create_app
-from services.api.identity import IdentityStore, Role
-from services.api.trainer_client import TrainerClient
-from services.common.adapters.objectstore import LocalStore
-from services.common.settings import ApiSettings, TrainerSettings
-from services.common.webhooks import DELIVERY_HEADER, SIGNATURE_HEADER, verify
-from services.trainer.admission import Usage
-from services.trainer.server import serve
 from tests.fakes.lcm import IdleLcm
 from tests.servers import serve_app, wait_for
+from trainforge_services.api.app import create_app
+from trainforge_services.api.identity import IdentityStore, Role
+from trainforge_services.api.trainer_client import TrainerClient
+from trainforge_services.common.adapters.objectstore import LocalStore
+from trainforge_services.common.settings import ApiSettings, TrainerSettings
+from trainforge_services.common.webhooks import DELIVERY_HEADER, SIGNATURE_HEADER, verify
+from trainforge_services.trainer.admission import Usage
+from trainforge_services.trainer.server import serve
 
 
 class Receiver:

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import httpx
 
-from services.common.retry import Backoff
 from tests.kubenode import fit
 from tests.kubenode.containers import POD_IP
 from tests.kubenode.pod import PodWorker, now
 from tests.kubenode.rest import MERGE, ApiError, Kube, WatchExpired
+from trainforge_services.common.retry import Backoff
 
 log = logging.getLogger("kubenode")
 TERMINAL = ("Succeeded", "Failed")

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import psutil
 
-from services.common import proctree
-from services.common.retry import Backoff
 from tests.kubenode.containers import POD_IP, ConfigError, Resolver, make_volumes, process_spec
 from tests.kubenode.rest import MERGE, ApiError, Kube
+from trainforge_services.common import proctree
+from trainforge_services.common.retry import Backoff
 
 _POLL = 0.1
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.api.logs import format_cursor, parse_cursor
-from services.common.errors import InvalidArgument
+from trainforge_services.api.logs import format_cursor, parse_cursor
+from trainforge_services.common.errors import InvalidArgument
 
 
 def test_cursor_round_trips_in_a_stable_order():

@@ -6,10 +6,10 @@ import json
 
 from click.testing import CliRunner
 
-from services.common.states import JobState
 from tests.unit.test_cli_commands import cli, manifest, ship  # noqa: F401 - cli is a fixture
 from trainforge import config, exitcodes, stack
 from trainforge.cli import main
+from trainforge_services.common.states import JobState
 
 
 def test_logs_follow_exits_by_the_jobs_outcome(cli):  # noqa: F811

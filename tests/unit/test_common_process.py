@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent("""
     import sys, threading
-    from services.common.process import start_service
+    from trainforge_services.common.process import start_service
 
     stop = start_service(slow_stop_s={slow})
     print("ready", flush=True)

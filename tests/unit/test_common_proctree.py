@@ -1,4 +1,4 @@
-"""services.common.proctree: SIGTERM, grace, SIGKILL, over whole process trees and groups."""
+"""trainforge_services.common.proctree: SIGTERM, grace, SIGKILL, over whole process trees and groups."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from services.common import proctree
 from tests.servers import wait_for
+from trainforge_services.common import proctree
 
 # argv: ready-file, polite ("1": exit on SIGTERM, "0": ignore it), then what to start:
 # "child" (a child ignoring SIGTERM, its pid written to ready-file.child) or "helper" (a

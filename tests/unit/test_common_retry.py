@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from services.common.retry import Backoff, Stopped, retry_call
+from trainforge_services.common.retry import Backoff, Stopped, retry_call
 
 
 def test_backoff_doubles_up_to_the_cap_and_resets():

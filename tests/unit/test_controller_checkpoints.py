@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from frameworks.torch.helper import CHECKPOINT_META as META
-from services.common.adapters.objectstore import LocalStore, StoreError
-from services.common.errors import NotFound
-from services.common.keys import Keys
-from services.controller.checkpoints import (
+from trainforge_frameworks.torch.helper import CHECKPOINT_META as META
+from trainforge_services.common.adapters.objectstore import LocalStore, StoreError
+from trainforge_services.common.errors import NotFound
+from trainforge_services.common.keys import Keys
+from trainforge_services.controller.checkpoints import (
     CheckpointSync,
     choose_step,
     common_step,
@@ -158,7 +158,7 @@ def test_a_copy_whose_json_was_replaced_meanwhile_is_thrown_away(store, tmp_path
         if not (sync.directory / META).read_text().startswith('{"step": 6'):
             save(sync.directory, 6, payload="weights at 6")
 
-    monkeypatch.setattr("services.controller.checkpoints.os.link", link_then_save)
+    monkeypatch.setattr("trainforge_services.controller.checkpoints.os.link", link_then_save)
     assert sync.sync() is None and store.puts == []
     monkeypatch.undo()
     assert sync.sync() == 6
@@ -168,7 +168,7 @@ def test_a_copy_whose_json_was_replaced_meanwhile_is_thrown_away(store, tmp_path
 def test_copies_never_mix_two_checkpoints_while_the_helper_saves(store, tmp_path, monkeypatch):
     import torch
 
-    from frameworks.torch import helper
+    from trainforge_frameworks.torch import helper
 
     sync = syncer(store, tmp_path, keep=10**6)
     monkeypatch.setenv("TF_CHECKPOINT_DIR", str(sync.directory))

@@ -11,9 +11,10 @@ import time
 import psutil
 import pytest
 
-from services.common.contracts.specs import LearnerSpec
-from services.common.errors import InvalidArgument
-from services.controller.learner import (
+from tests.servers import wait_for
+from trainforge_services.common.contracts.specs import LearnerSpec
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.controller.learner import (
     LearnerProcess,
     MemoryWatchdog,
     describe_exit,
@@ -22,8 +23,7 @@ from services.controller.learner import (
     human_bytes,
     learner_env,
 )
-from services.controller.logship import LogArchive
-from tests.servers import wait_for
+from trainforge_services.controller.logship import LogArchive
 
 
 def spec_dict(tmp_path, **kw) -> dict:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.errors import InvalidArgument
-from services.common.manifest import parse_manifest
-from services.controller.pyenv import EnvCache, requirements_of
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common.manifest import parse_manifest
+from trainforge_services.controller.pyenv import EnvCache, requirements_of
 
 
 def manifest(**kw):

@@ -6,8 +6,8 @@ import json
 import os
 import threading
 
-from services.controller.logship import LogArchive
-from services.controller.spool import PIPE_BYTES, SpooledStream, enlarge_pipe, split_lines
+from trainforge_services.controller.logship import LogArchive
+from trainforge_services.controller.spool import PIPE_BYTES, SpooledStream, enlarge_pipe, split_lines
 
 
 def test_split_lines_as_readline_with_a_limit():
@@ -56,8 +56,8 @@ def test_the_pipe_is_enlarged_where_the_kernel_allows():
 
 
 def test_the_splitter_runs_at_background_priority_and_the_reader_does_not(tmp_path):
-    from services.controller.priority import BACKGROUND_NICE
     from tests.servers import wait_for
+    from trainforge_services.controller.priority import BACKGROUND_NICE
 
     archive = LogArchive(tmp_path / "a.jsonl", job="j", team="t", learner=0, attempt=1)
     r, w = os.pipe()

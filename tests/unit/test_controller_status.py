@@ -5,11 +5,11 @@ from __future__ import annotations
 import threading
 import time
 
-from services.common.contracts.etcd import LearnerStatus
-from services.common.errors import Unavailable
-from services.common.states import LearnerState
-from services.controller.status import StatusPublisher
 from tests.servers import wait_for
+from trainforge_services.common.contracts.etcd import LearnerStatus
+from trainforge_services.common.errors import Unavailable
+from trainforge_services.common.states import LearnerState
+from trainforge_services.controller.status import StatusPublisher
 
 
 class FakeLease:
@@ -28,7 +28,7 @@ class FakeLease:
 
 
 class FakeEtcd:
-    """put/grant_lease like services.common.adapters.etcd.Coordinator; `down` makes every call fail."""
+    """put/grant_lease like trainforge_services.common.adapters.etcd.Coordinator; `down` makes every call fail."""
 
     def __init__(self):
         self.data: dict[str, tuple[dict, int | None]] = {}

@@ -7,10 +7,10 @@ import tarfile
 
 import pytest
 
-from services.common.adapters.objectstore import LocalStore
-from services.common.contracts.specs import LearnerSpec
-from services.common.errors import InvalidArgument, NotFound
-from services.controller.workdir import Stopped, extract_code, fetch, prepare
+from trainforge_services.common.adapters.objectstore import LocalStore
+from trainforge_services.common.contracts.specs import LearnerSpec
+from trainforge_services.common.errors import InvalidArgument, NotFound
+from trainforge_services.controller.workdir import Stopped, extract_code, fetch, prepare
 
 
 def tar_bytes(entries: list[tarfile.TarInfo | tuple[str, bytes]]) -> bytes:

@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from services.common.adapters.docker_engine import (
+from trainforge_services.common.adapters.docker_engine import (
     ContainerRequest,
     device_requests,
     host_config,
     label_filter,
 )
-from services.common.errors import ResourceExhausted
-from services.common.isolation import job_uid
-from services.common.manifest import Manifest
-from services.lcm.backends.base import Site
-from services.lcm.backends.docker import containers
-from services.lcm.backends.docker.runner import container_env, container_user, human_bytes
-from services.lcm.lifecycle import JobDeployment, build_plan
+from trainforge_services.common.errors import ResourceExhausted
+from trainforge_services.common.isolation import job_uid
+from trainforge_services.common.manifest import Manifest
+from trainforge_services.lcm.backends.base import Site
+from trainforge_services.lcm.backends.docker import containers
+from trainforge_services.lcm.backends.docker.runner import container_env, container_user, human_bytes
+from trainforge_services.lcm.lifecycle import JobDeployment, build_plan
 
 
 def plan_for(tmp_path: Path, gpus: int = 0, learners: int = 2):
@@ -138,7 +138,9 @@ def test_the_container_env_puts_the_platform_before_the_images_pythonpath(tmp_pa
                                     python=sys.executable)
     env = container_env(box, {"PYTHONPATH": "/opt/image-libs", "PATH": "/usr/bin"},
                         {"PATH": "/venv/bin", "TF_RANK": "0"})
-    assert env["PYTHONPATH"] == f"{containers.ROOT}:/opt/image-libs"
+    # the helper's folder only when it is installed under its name; an editable install's finder maps it
+    assert env["PYTHONPATH"] == ":".join(p for p in (containers.HELPER_PATH, "/opt/image-libs") if p)
+    assert str(containers.HELPER) in {target for _, target, _ in box.mounts}
     assert env["PATH"] == "/venv/bin:/usr/bin" and env["TF_RANK"] == "0"
     assert env["TINI_KILL_PROCESS_GROUP"] == "1"
     assert human_bytes(256 * 2**20) == "256Mi" and human_bytes(2 * 2**30) == "2Gi" and human_bytes(1000) == "1000B"
@@ -154,7 +156,7 @@ def test_a_spec_without_launcher_serialises_as_before(tmp_path):
 
 
 def test_the_controller_runs_a_launcher_before_the_shell_and_reports_its_reason(tmp_path):
-    from services.controller.learner import GUARD, guarded_argv, launcher_reason
+    from trainforge_services.controller.learner import GUARD, guarded_argv, launcher_reason
 
     # the controller puts the launcher before the shell (a sandbox's entry takes that place without one)
     assert guarded_argv("python t.py", 7, "/py", ["/py", "runner.py", "c.json", "/bin/sh", "-c", "python t.py"]) == [

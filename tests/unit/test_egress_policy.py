@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.common import egress
-from services.common.settings import ControllerSettings
-from services.controller.sandbox.egress import hosts_file, plan, store_destination
+from trainforge_services.common import egress
+from trainforge_services.common.settings import ControllerSettings
+from trainforge_services.controller.sandbox.egress import hosts_file, plan, store_destination
 
 
 def test_a_policy_is_none_store_or_host_ports_and_bad_items_are_named():

@@ -8,9 +8,9 @@ later once enough trials reached rung k to put it in that top set.
 
 from __future__ import annotations
 
-from services.common.contracts.experiments import Asha, Goal, Objective
-from services.trainer.experiments import asha
-from services.trainer.experiments.asha import TrialRungs
+from trainforge_services.common.contracts.experiments import Asha, Goal, Objective
+from trainforge_services.trainer.experiments import asha
+from trainforge_services.trainer.experiments.asha import TrialRungs
 
 LOSS = Objective(metric="loss", goal=Goal.MINIMIZE)
 ACC = Objective(metric="acc", goal=Goal.MAXIMIZE)

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.contracts.experiments import RecipeKind, load_recipe, parse_experiment, recipe_kind
-from services.common.contracts.hyper import translate
-from services.common.errors import InvalidArgument
+from trainforge_services.common.contracts.experiments import (
+    RecipeKind,
+    load_recipe,
+    parse_experiment,
+    recipe_kind,
+)
+from trainforge_services.common.contracts.hyper import translate
+from trainforge_services.common.errors import InvalidArgument
 
 BASE = {"kind": "experiment", "name": "sweep", "command": "python train.py --lr {{lr}}",
         "parameters": {"lr": [0.1, 0.01]}}

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from services.common.contracts.experiments import Range, Sampling, parse_experiment
-from services.common.contracts.sampling import balanced, draw, plan_trials, trial_manifest
-from services.common.errors import InvalidArgument
+from trainforge_services.common.contracts.experiments import Range, Sampling, parse_experiment
+from trainforge_services.common.contracts.sampling import balanced, draw, plan_trials, trial_manifest
+from trainforge_services.common.errors import InvalidArgument
 
 
 def spec(parameters: dict, **extra):

@@ -11,11 +11,11 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
-from services.common.manifest import Manifest
-from services.lcm.backends.base import Site
-from services.lcm.backends.kubernetes import naming, pods, team
-from services.lcm.backends.kubernetes.naming import KubeOptions
-from services.lcm.lifecycle import JobDeployment, build_plan
+from trainforge_services.common.manifest import Manifest
+from trainforge_services.lcm.backends.base import Site
+from trainforge_services.lcm.backends.kubernetes import naming, pods, team
+from trainforge_services.lcm.backends.kubernetes.naming import KubeOptions
+from trainforge_services.lcm.lifecycle import JobDeployment, build_plan
 
 VERSION = "1.33.0"
 OPTS = KubeOptions(stack="s1", gpu_tolerations=({"key": "nvidia.com/gpu", "operator": "Exists",
@@ -185,7 +185,7 @@ def test_names_are_dns_labels_and_ports_are_spread_per_attempt():
 
 
 def test_pods_are_told_the_platform_but_never_its_credentials(tmp_path):
-    from services.common.settings import LcmSettings
+    from trainforge_services.common.settings import LcmSettings
 
     settings = LcmSettings(state_dir=tmp_path, etcd_endpoints="etcd:2379", s3_secret_key="sk", mongo_url="mongodb://x")
     opts = KubeOptions.from_settings(settings, "s1")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from protos import lcm_pb2
-from services.common.errors import InvalidArgument
-from services.common.manifest import Manifest
-from services.lcm.backends.base import TeamQuota
-from services.lcm.lifecycle.plan import deployment_from_request
-from services.trainer.admission import Quota
-from services.trainer.lcm_client import team_quota_to_proto
+from trainforge_protos import lcm_pb2
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common.manifest import Manifest
+from trainforge_services.lcm.backends.base import TeamQuota
+from trainforge_services.lcm.lifecycle.plan import deployment_from_request
+from trainforge_services.trainer.admission import Quota
+from trainforge_services.trainer.lcm_client import team_quota_to_proto
 
 MANIFEST = Manifest(name="m", command="true").model_dump_json()
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from services.common.errors import InvalidArgument
-from services.common.keys import MONITOR_DONE
-from services.lcm.backends.kubernetes import entry, pods
-from services.lcm.backends.kubernetes.backend import plan_from_root
-from services.lcm.backends.kubernetes.status import pod_state, quantity
 from tests.unit.test_kube_builders import OPTS, plan_for
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common.keys import MONITOR_DONE
+from trainforge_services.lcm.backends.kubernetes import entry, pods
+from trainforge_services.lcm.backends.kubernetes.backend import plan_from_root
+from trainforge_services.lcm.backends.kubernetes.status import pod_state, quantity
 
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,7 +95,7 @@ def test_a_root_reads_back_into_the_same_plan_without_secret_values():
 
 def test_the_monitor_entrypoint_exits_0_only_when_the_monitor_delivered(tmp_path):
     plan = plan_for()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), entry.SPEC_ENV: plan.monitor.to_json(),
+    env = {**os.environ, entry.SPEC_ENV: plan.monitor.to_json(),
            entry.ATTEMPT_DIR_ENV: str(tmp_path), "TF_ETCD_ENDPOINTS": "127.0.0.1:1", "TF_LEASE_TTL": "1"}
     # an unusable setting: the monitor exits 2 without a marker, and so does the pod
     env["TF_REPORT_RETRY_SECONDS"] = "-1"
@@ -109,7 +109,7 @@ def test_the_monitor_entrypoint_exits_0_only_when_the_monitor_delivered(tmp_path
 def test_the_learner_entrypoint_writes_the_spec_with_secrets_and_hands_over_to_the_controller(tmp_path):
     plan = plan_for(secret=True)
     spec = pods.pod_spec_of(plan.learners[0]).model_copy(update={"workdir": tmp_path / "learner-0"})
-    env = {**os.environ, "PYTHONPATH": str(ROOT), entry.SPEC_ENV: spec.to_json(),
+    env = {**os.environ, entry.SPEC_ENV: spec.to_json(),
            f"{entry.SECRET_PREFIX}WANDB_KEY": "s3cr3t", "TF_ETCD_ENDPOINTS": "not a host:port:x"}
     proc = subprocess.run([sys.executable, "-m", pods.ENTRY_MODULE, "learner"], env=env, timeout=60,
                           capture_output=True, text=True)
@@ -122,7 +122,7 @@ def test_the_learner_entrypoint_writes_the_spec_with_secrets_and_hands_over_to_t
 
 def test_the_entrypoint_refuses_an_unknown_role_and_a_bad_spec():
     assert entry.main(["sidecar"]) == entry.EXIT_USAGE
-    env = {**os.environ, "PYTHONPATH": str(ROOT), entry.SPEC_ENV: "{"}
+    env = {**os.environ, entry.SPEC_ENV: "{"}
     proc = subprocess.run([sys.executable, "-m", pods.ENTRY_MODULE, "learner"], env=env, timeout=60,
                           capture_output=True, text=True)
     assert proc.returncode == entry.EXIT_USAGE and "TF_SPEC is not valid JSON" in proc.stderr

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from protos import lcm_pb2
-from services.common.contracts.ids import check_job_id
-from services.common.errors import InvalidArgument, Unavailable
-from services.common.manifest import Manifest
-from services.common.settings import LcmSettings
-from services.lcm.backends import make_backend
-from services.lcm.backends.local import child_env, detect_gpus
-from services.lcm.lifecycle import JobDeployment, deployment_from_request
+from trainforge_protos import lcm_pb2
+from trainforge_services.common.contracts.ids import check_job_id
+from trainforge_services.common.errors import InvalidArgument, Unavailable
+from trainforge_services.common.manifest import Manifest
+from trainforge_services.common.settings import LcmSettings
+from trainforge_services.lcm.backends import make_backend
+from trainforge_services.lcm.backends.local import child_env, detect_gpus
+from trainforge_services.lcm.lifecycle import JobDeployment, deployment_from_request
 
 MANIFEST = Manifest(name="mnist", learners=3, command="python train.py")
 
@@ -78,8 +80,11 @@ def test_children_get_the_lcms_settings_and_can_import_the_project(tmp_path, mon
     settings = LcmSettings(state_dir=tmp_path, etcd_endpoints="10.0.0.1:2379", etcd_prefix="/x", dev_mode=True,
                            lease_ttl=12, backend="docker")
     env = child_env(settings)
-    root = str(Path(__file__).resolve().parents[2])
-    assert env["PYTHONPATH"].split(os.pathsep) == [root, "/opt/extra"]
+    # no source folder on the path: the interpreter imports the platform from its installation
+    assert env["PYTHONPATH"] == "/opt/extra"
+    imported = subprocess.run([sys.executable, "-P", "-c", "import trainforge_services.controller.controller"],
+                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert imported.returncode == 0, imported.stderr
     assert (env["TF_ETCD_ENDPOINTS"], env["TF_ETCD_PREFIX"], env["TF_STATE_DIR"]) == ("10.0.0.1:2379", "/x",
                                                                                        str(tmp_path))
     assert (env["TF_DEV_MODE"], env["TF_LEASE_TTL"], env["TF_STACK_ID"]) == ("true", "12", "stack-1")

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from services.common.contracts.etcd import AttemptInfo, HaltRequest, LearnerStatus
-from services.common.errors import Conflict, InvalidArgument, ResourceExhausted, TrainforgeError
-from services.common.manifest import Manifest
-from services.common.states import LearnerState
-from services.lcm.backends.base import Role, Site
-from services.lcm.lifecycle import JobDeployment, Lifecycle, build_plan
 from tests.fakes.backend import FakeBackend
 from tests.fakes.coordinator import MemoryCoordinator
+from trainforge_services.common.contracts.etcd import AttemptInfo, HaltRequest, LearnerStatus
+from trainforge_services.common.errors import Conflict, InvalidArgument, ResourceExhausted, TrainforgeError
+from trainforge_services.common.manifest import Manifest
+from trainforge_services.common.states import LearnerState
+from trainforge_services.lcm.backends.base import Role, Site
+from trainforge_services.lcm.lifecycle import JobDeployment, Lifecycle, build_plan
 
 
 def deployment(job_id: str = "j-1", attempt: int = 1, learners: int = 2, gpus: int = 0, **kw) -> JobDeployment:

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from services.common.adapters.logstore import LogLine
-from services.common.errors import Unavailable
-from services.controller.logship import LogArchive, LogShipper, utc_timestamp
 from tests.servers import wait_for
+from trainforge_services.common.adapters.logstore import LogLine
+from trainforge_services.common.errors import Unavailable
+from trainforge_services.controller.logship import LogArchive, LogShipper, utc_timestamp
 
 
 class RecordingSink:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.common.errors import Unavailable
-from services.common.keys import Keys
-from services.controller.lagreport import LagReporter
-from services.lcm.lifecycle.types import RunningJob
-from services.lcm.server import lcm_registry
+from trainforge_services.common.errors import Unavailable
+from trainforge_services.common.keys import Keys
+from trainforge_services.controller.lagreport import LagReporter
+from trainforge_services.lcm.lifecycle.types import RunningJob
+from trainforge_services.lcm.server import lcm_registry
 
 
 class FakeCoordinator:

@@ -2,9 +2,9 @@
 
 import pytest
 
-from services.common.errors import InvalidArgument
-from services.common.manifest import Priority, parse_duration, parse_manifest, parse_memory
-from services.trainer.admission import demand
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common.manifest import Priority, parse_duration, parse_manifest, parse_memory
+from trainforge_services.trainer.admission import demand
 
 
 def test_valid_manifest_is_normalised():

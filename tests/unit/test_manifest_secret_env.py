@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from services.common.contracts.specs import LearnerSpec
-from services.common.errors import InvalidArgument
-from services.common.manifest import parse_manifest
-from services.controller.learner import learner_env
+from trainforge_services.common.contracts.specs import LearnerSpec
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common.manifest import parse_manifest
+from trainforge_services.controller.learner import learner_env
 
 MANIFEST = {"name": "a", "command": "true", "env": {"PLAIN": "1", "WANDB_API_KEY": {"secret": "wandb"}}}
 

@@ -12,11 +12,11 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from services.common.adapters import mongo
-from services.common.errors import Conflict, TrainforgeError, Unavailable
-from services.common.states import JobState
-from services.trainer.quotas import QuotaStore
-from services.trainer.store import JobStore
+from trainforge_services.common.adapters import mongo
+from trainforge_services.common.errors import Conflict, TrainforgeError, Unavailable
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.quotas import QuotaStore
+from trainforge_services.trainer.store import JobStore
 
 
 @pytest.mark.parametrize("error", [ServerSelectionTimeoutError("no servers"), AutoReconnect("reset"),

@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from services.common.contracts.etcd import LearnerStatus
-from services.common.states import JobState, LearnerState
-from services.jobmonitor.aggregate import aggregate, learner_state, learner_views
+from trainforge_services.common.contracts.etcd import LearnerStatus
+from trainforge_services.common.states import JobState, LearnerState
+from trainforge_services.jobmonitor.aggregate import aggregate, learner_state, learner_views
 
 L = LearnerState
 ATTEMPT = 2

@@ -6,13 +6,13 @@ import subprocess
 import sys
 import textwrap
 
-from services.common.adapters.objectstore import LocalStore, get_dir, objects_under, put_dir
+from trainforge_services.common.adapters.objectstore import LocalStore, get_dir, objects_under, put_dir
 
 
 def test_importing_the_package_and_opening_a_local_store_never_imports_boto3(tmp_path):
     script = textwrap.dedent(f"""
         import sys
-        from services.common.adapters.objectstore import open_store
+        from trainforge_services.common.adapters.objectstore import open_store
         store = open_store("file://{tmp_path}/store")
         store.put_bytes("a/b", b"x")
         assert store.get_bytes("a/b") == b"x"
@@ -24,8 +24,8 @@ def test_importing_the_package_and_opening_a_local_store_never_imports_boto3(tmp
 
 
 def test_s3store_is_still_importable_by_name_from_the_package():
-    from services.common.adapters.objectstore import S3Store
-    from services.common.adapters.objectstore.s3 import S3Store as direct
+    from trainforge_services.common.adapters.objectstore import S3Store
+    from trainforge_services.common.adapters.objectstore.s3 import S3Store as direct
 
     assert S3Store is direct
 

@@ -7,11 +7,11 @@ import json
 
 from rich.console import Console
 
-from services.api.jobmetrics import summarize
-from services.controller.logship import LogArchive
-from services.controller.metricstail import MetricsTail, clean_record
 from trainforge.cli_logs import LinePrinter, format_cursor
 from trainforge.cli_observe import progress_text, sparkline
+from trainforge_services.api.jobmetrics import summarize
+from trainforge_services.controller.logship import LogArchive
+from trainforge_services.controller.metricstail import MetricsTail, clean_record
 
 
 def test_a_metrics_record_keeps_the_step_and_finite_numbers_only():

@@ -10,9 +10,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from protos import lcm_pb2, lcm_pb2_grpc
-from services.common import rpc
-from services.common.errors import NotFound
+from trainforge_protos import lcm_pb2, lcm_pb2_grpc
+from trainforge_services.common import rpc
+from trainforge_services.common.errors import NotFound
 
 HEALTH = "/trainforge.v1.LifecycleManager/Health"
 
@@ -120,7 +120,7 @@ def test_a_server_logs_the_request_id_and_hands_it_on_to_the_calls_it_makes(stat
     server.start()
     channel = rpc.channel(f"127.0.0.1:{port}")
     try:
-        with caplog.at_level("DEBUG", logger="services.common.rpc"):
+        with caplog.at_level("DEBUG", logger="trainforge_services.common.rpc"):
             relayed = lcm_pb2_grpc.LifecycleManagerStub(channel).Health(
                 lcm_pb2.LcmHealthRequest(), metadata=[(rpc.REQUEST_ID, "req-7")], timeout=10)
     finally:

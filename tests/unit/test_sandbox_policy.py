@@ -5,12 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from services.common import isolation
-from services.common.contracts.etcd import LearnerStatus
-from services.common.isolation import Isolation
-from services.common.states import LearnerState
-from services.controller.sandbox import decide, view
-from services.jobmonitor.aggregate import learner_views
+from trainforge_services.common import isolation
+from trainforge_services.common.contracts.etcd import LearnerStatus
+from trainforge_services.common.isolation import Isolation
+from trainforge_services.common.states import LearnerState
+from trainforge_services.controller.sandbox import decide, view
+from trainforge_services.jobmonitor.aggregate import learner_views
 
 
 def test_auto_sandboxes_where_possible_and_says_why_not_elsewhere():
@@ -62,7 +62,7 @@ def test_the_isolation_reaches_the_monitors_view():
 
 
 def test_trainforge_up_says_plainly_what_learners_run_in(monkeypatch):
-    from services.common import isolation
+    from trainforge_services.common import isolation
 
     assert isolation.describe("none", False).startswith("learners: NOT isolated (isolation: none) - TF_ISOLATION=none")
     assert isolation.describe("none", True).startswith("learners: REFUSED")

@@ -10,15 +10,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.api.app import create_app
-from services.api.identity import IdentityStore, Role
-from services.common.adapters.logstore import LogLine
-from services.common.adapters.objectstore import LocalStore
-from services.common.settings import ApiSettings
-from services.common.states import JobState
 from tests.fakes.trainer_memory import InMemoryTrainer
 from tests.servers import free_port, serve_app, wait_for
 from trainforge.sdk import ApiError, Client, ClientError, WaitTimeout, pack_code
+from trainforge_services.api.app import create_app
+from trainforge_services.api.identity import IdentityStore, Role
+from trainforge_services.common.adapters.logstore import LogLine
+from trainforge_services.common.adapters.objectstore import LocalStore
+from trainforge_services.common.settings import ApiSettings
+from trainforge_services.common.states import JobState
 
 TO_COMPLETED = (JobState.DEPLOYING, JobState.RUNNING, JobState.STORING, JobState.COMPLETED)
 

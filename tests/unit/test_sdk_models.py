@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from services.api.app import create_app
-from services.common.settings import ApiSettings
-from services.common.states import JobState as ServerJobState
 from tests.fakes.trainer_memory import InMemoryTrainer
 from trainforge import models
+from trainforge_services.api.app import create_app
+from trainforge_services.common.settings import ApiSettings
+from trainforge_services.common.states import JobState as ServerJobState
 
 
 @pytest.fixture(scope="module")

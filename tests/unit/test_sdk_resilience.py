@@ -8,16 +8,16 @@ import httpx
 import pytest
 import uvicorn
 
-from services.api.app import create_app
-from services.api.identity import IdentityStore, Role
-from services.common.adapters.logstore import LogLine
-from services.common.adapters.objectstore import LocalStore
-from services.common.settings import ApiSettings
-from services.common.states import JobState
 from tests.fakes.trainer_memory import InMemoryTrainer
 from tests.servers import free_port, wait_for
 from trainforge import sdk
 from trainforge.sdk import ApiError, Client
+from trainforge_services.api.app import create_app
+from trainforge_services.api.identity import IdentityStore, Role
+from trainforge_services.common.adapters.logstore import LogLine
+from trainforge_services.common.adapters.objectstore import LocalStore
+from trainforge_services.common.settings import ApiSettings
+from trainforge_services.common.states import JobState
 
 JOB = {"id": "j-1", "state": "queued"}
 UNAVAILABLE = {"error": {"code": "unavailable", "message": "job store unavailable; retry shortly", "details": []}}

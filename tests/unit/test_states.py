@@ -2,9 +2,9 @@
 
 import pytest
 
-from protos import common_pb2
-from services.common import states
-from services.common.states import JobState, LearnerState
+from trainforge_protos import common_pb2
+from trainforge_services.common import states
+from trainforge_services.common.states import JobState, LearnerState
 
 
 def test_enums_mirror_the_proto_with_unspecified_zero():

@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
-from frameworks.torch import helper
 from tests.servers import wait_for
+from trainforge_frameworks.torch import helper
 
 # torch warns at import time when numpy is not installed; numpy is not needed here.
 pytestmark = pytest.mark.filterwarnings("ignore:Failed to initialize NumPy:UserWarning")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from frameworks.torch.launch import ddp_env, torchrun_argv
+from trainforge_frameworks.torch.launch import ddp_env, torchrun_argv
 
 
 def test_ddp_env_defaults_to_one_learner_per_node():

@@ -2,9 +2,9 @@
 
 import pytest
 
-from services.common.manifest import parse_manifest
-from services.trainer import admission
-from services.trainer.admission import Capacity, Queued, Usage
+from trainforge_services.common.manifest import parse_manifest
+from trainforge_services.trainer import admission
+from trainforge_services.trainer.admission import Capacity, Queued, Usage
 
 GI = 2**30
 CAPACITY = Capacity(Usage(gpus=2, cpus=8, memory=32 * GI, learners=4), backend="local")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from services.common.states import JobState
-from services.trainer import rules
-from services.trainer.rules import Announce, Lifecycle
 from tests.unit.test_trainer_rules import MemoryStore, Recorder, job
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer import rules
+from trainforge_services.trainer.rules import Announce, Lifecycle
 
 
 def test_terminal_and_halted_states_are_announced_once_others_never():

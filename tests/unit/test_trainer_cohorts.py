@@ -2,10 +2,10 @@
 
 import pytest
 
-from services.common.errors import InvalidArgument
-from services.trainer import admission, cohorts, quotas
-from services.trainer.admission import Capacity, Limits, Queued, Quota, TeamUse, Usage
-from services.trainer.cohorts import Book
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.trainer import admission, cohorts, quotas
+from trainforge_services.trainer.admission import Capacity, Limits, Queued, Quota, TeamUse, Usage
+from trainforge_services.trainer.cohorts import Book
 
 GI = 2**30
 BIG = Capacity(Usage(gpus=16, cpus=64, memory=256 * GI, learners=32))

@@ -2,10 +2,10 @@
 
 import json
 
-from protos import common_pb2
-from services.common.states import JobState, LearnerState
-from services.trainer.record import JobRecord, LearnerReport, StatusEvent
-from services.trainer.servicer import job_to_proto, learners_from_proto
+from trainforge_protos import common_pb2
+from trainforge_services.common.states import JobState, LearnerState
+from trainforge_services.trainer.record import JobRecord, LearnerReport, StatusEvent
+from trainforge_services.trainer.servicer import job_to_proto, learners_from_proto
 
 
 def stored_job() -> JobRecord:
@@ -52,7 +52,7 @@ def test_learners_round_trip_keyed_by_rank_string():
 
 
 def test_the_learners_isolation_survives_the_trainer_and_reaches_the_api():
-    from services.api.trainer_client import learner_to_json
+    from trainforge_services.api.trainer_client import learner_to_json
 
     reported = [common_pb2.LearnerStatus(rank=0, state=LearnerState.LEARNER_RUNNING, attempt=1, isolation="sandbox")]
     learners = learners_from_proto(reported)
@@ -63,10 +63,10 @@ def test_the_learners_isolation_survives_the_trainer_and_reaches_the_api():
 
 
 def test_an_unknown_capacity_says_why_and_has_nothing_free():
-    from services.api.trainer_client import cluster_to_json
-    from services.trainer.accounting import ClusterView
-    from services.trainer.admission import Usage
-    from services.trainer.servicer import cluster_to_proto
+    from trainforge_services.api.trainer_client import cluster_to_json
+    from trainforge_services.trainer.accounting import ClusterView
+    from trainforge_services.trainer.admission import Usage
+    from trainforge_services.trainer.servicer import cluster_to_proto
 
     view = ClusterView(capacity=None, unknown_reason="the LCM is unreachable", held=Usage(cpus=2.0, learners=1),
                        active_jobs=1, queued_jobs=3)

@@ -6,8 +6,8 @@ what the store holds, so these decide what users see.
 
 import pytest
 
-from services.trainer import admission
-from services.trainer.admission import Capacity, Queued, Quota, TeamUse, Usage
+from trainforge_services.trainer import admission
+from trainforge_services.trainer.admission import Capacity, Queued, Quota, TeamUse, Usage
 
 GI = 2**30
 CPUS4 = Capacity(Usage(gpus=0, cpus=4, memory=64 * GI, learners=64))

@@ -1,7 +1,7 @@
 """Victim selection: who is halted for whom, how many, and the guard rails."""
 
-from services.trainer.admission import Capacity, Queued, Quota, Usage
-from services.trainer.preemption import Policy, Running, choose
+from trainforge_services.trainer.admission import Capacity, Queued, Quota, Usage
+from trainforge_services.trainer.preemption import Policy, Running, choose
 
 NOW = 1000.0
 BIG = Capacity(Usage(gpus=16, cpus=64, memory=0, learners=32))

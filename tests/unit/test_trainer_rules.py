@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from services.common import states
-from services.common.states import JobState
-from services.trainer import rules
-from services.trainer.record import JobRecord, StatusEvent
-from services.trainer.rules import Lifecycle, Proposal
-from services.trainer.store import Transition
+from trainforge_services.common import states
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer import rules
+from trainforge_services.trainer.record import JobRecord, StatusEvent
+from trainforge_services.trainer.rules import Lifecycle, Proposal
+from trainforge_services.trainer.store import Transition
 
 
 class Recorder:

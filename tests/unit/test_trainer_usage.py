@@ -4,14 +4,14 @@ import math
 
 import pytest
 
-from protos import trainer_pb2
-from services.common.errors import InvalidArgument
-from services.common.manifest import parse_manifest
-from services.common.states import JobState
-from services.trainer import accounting, quotas
-from services.trainer.admission import Quota, TeamUse, Usage
-from services.trainer.record import JobRecord
-from services.trainer.servicer import quota_from_proto, quota_to_proto, usage_to_proto
+from trainforge_protos import trainer_pb2
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common.manifest import parse_manifest
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer import accounting, quotas
+from trainforge_services.trainer.admission import Quota, TeamUse, Usage
+from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.servicer import quota_from_proto, quota_to_proto, usage_to_proto
 
 GI = 2**30
 

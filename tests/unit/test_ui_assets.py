@@ -7,7 +7,7 @@ import re
 import tomllib
 from pathlib import Path
 
-import services.api.ui as ui
+import trainforge_services.api.ui as ui
 
 ROOT = Path(__file__).resolve().parents[2]
 UI = Path(ui.__file__).parent
@@ -18,7 +18,7 @@ def _assets() -> list[str]:
 
 
 def test_every_template_and_static_file_is_package_data():
-    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["services.api.ui"]
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["trainforge_services.api.ui"]
     missing = [a for a in _assets() if not any(fnmatch.fnmatch(a, p) for p in patterns)]
     assert _assets() and missing == []
 

@@ -7,8 +7,8 @@ import io
 
 import pytest
 
-from services.api import usage
-from services.common.errors import InvalidArgument
+from trainforge_services.api import usage
+from trainforge_services.common.errors import InvalidArgument
 
 DAY = 86400
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from services.common.contracts.experiments import parse_experiment
-from services.common.contracts.workflows import Take, inputs_for, parse_workflow, with_inputs
-from services.common.errors import InvalidArgument
 from trainforge.cli_experiments import workflow_tree
+from trainforge_services.common.contracts.experiments import parse_experiment
+from trainforge_services.common.contracts.workflows import Take, inputs_for, parse_workflow, with_inputs
+from trainforge_services.common.errors import InvalidArgument
 
 
 def recipe(**nodes) -> dict:

@@ -12,10 +12,10 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
-from services.api import access, paging, usage
-from services.api.audit import note_target
-from services.api.deps import AuditDep, IdentityDep, PlatformAdminDep, TrainerDep
-from services.api.schemas import (
+from trainforge_services.api import access, paging, usage
+from trainforge_services.api.audit import note_target
+from trainforge_services.api.deps import AuditDep, IdentityDep, PlatformAdminDep, TrainerDep
+from trainforge_services.api.schemas import (
     ApiKey,
     AuditPage,
     Cluster,

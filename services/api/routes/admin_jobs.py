@@ -13,10 +13,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 
-from services.api.audit import note_target
-from services.api.deps import IdentityDep, PlatformAdminDep, TrainerDep
-from services.api.routes.jobs import JobId, list_page, parse_states
-from services.api.schemas import ErrorResponse, Job, JobList, error_responses
+from trainforge_services.api.audit import note_target
+from trainforge_services.api.deps import IdentityDep, PlatformAdminDep, TrainerDep
+from trainforge_services.api.routes.jobs import JobId, list_page, parse_states
+from trainforge_services.api.schemas import ErrorResponse, Job, JobList, error_responses
 
 router = APIRouter(prefix="/v1/admin/teams/{team}/jobs", tags=["admin"],
                    responses=error_responses(400, 401, 403, 422, 429))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from services.api.deps import IdentityDep, TenantDep, TokensDep
-from services.api.schemas import Token, Whoami, error_responses
-from services.common.errors import PermissionDenied
+from trainforge_services.api.deps import IdentityDep, TenantDep, TokensDep
+from trainforge_services.api.schemas import Token, Whoami, error_responses
+from trainforge_services.common.errors import PermissionDenied
 
 router = APIRouter(prefix="/v1/auth", tags=["auth"], responses=error_responses(401, 429))
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from services.api import health
-from services.api.deps import IdentityDep, LogsDep, TrainerDep
-from services.api.schemas import Health
+from trainforge_services.api import health
+from trainforge_services.api.deps import IdentityDep, LogsDep, TrainerDep
+from trainforge_services.api.schemas import Health
 
 router = APIRouter(tags=["health"])
 

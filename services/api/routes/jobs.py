@@ -15,17 +15,17 @@ from fastapi import APIRouter, File, Form, Header, Path, Query, Request, Respons
 from fastapi.responses import StreamingResponse
 from pydantic import StringConstraints, WithJsonSchema
 
-from services.api import paging
-from services.api.access import unix
-from services.api.audit import note_target
-from services.api.deps import LogsDep, ObjectsDep, SettingsDep, TenantDep, TrainerDep
-from services.api.logs import raw_archive, read_job_logs, stream_job_logs
-from services.api.schemas import ErrorResponse, Job, JobList, LogPage, error_responses
-from services.api.submit import submit_job
-from services.api.trainer_client import TrainerApi
-from services.common.contracts import ids
-from services.common.errors import InvalidArgument
-from services.common.states import JobState, job_state
+from trainforge_services.api import paging
+from trainforge_services.api.access import unix
+from trainforge_services.api.audit import note_target
+from trainforge_services.api.deps import LogsDep, ObjectsDep, SettingsDep, TenantDep, TrainerDep
+from trainforge_services.api.logs import raw_archive, read_job_logs, stream_job_logs
+from trainforge_services.api.schemas import ErrorResponse, Job, JobList, LogPage, error_responses
+from trainforge_services.api.submit import submit_job
+from trainforge_services.api.trainer_client import TrainerApi
+from trainforge_services.common.contracts import ids
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common.states import JobState, job_state
 
 router = APIRouter(
     prefix="/v1/jobs",

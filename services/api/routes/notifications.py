@@ -14,11 +14,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.api.deps import PlatformAdminDep, TeamAdminDep, TenantDep, TrainerDep
-from services.api.schemas import error_responses
-from services.common.contracts.ids import check_job_id
-from services.common.secrets import SecretBox, load_key
-from services.common.webhooks import Outbox, TeamWebhooks
+from trainforge_services.api.deps import PlatformAdminDep, TeamAdminDep, TenantDep, TrainerDep
+from trainforge_services.api.schemas import error_responses
+from trainforge_services.common.contracts.ids import check_job_id
+from trainforge_services.common.secrets import SecretBox, load_key
+from trainforge_services.common.webhooks import Outbox, TeamWebhooks
 
 router = APIRouter(tags=["notifications"], responses=error_responses(400, 401, 422, 429))
 

@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 
-from services.api.deps import LogsDep, ObjectsDep, TenantDep, TrainerDep
-from services.api.jobmetrics import job_metrics
-from services.api.schemas import ErrorResponse, error_responses
-from services.common.adapters.logstore import LogStore
+from trainforge_services.api.deps import LogsDep, ObjectsDep, TenantDep, TrainerDep
+from trainforge_services.api.jobmetrics import job_metrics
+from trainforge_services.api.schemas import ErrorResponse, error_responses
+from trainforge_services.common.adapters.logstore import LogStore
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(400, 401, 422, 429))
 

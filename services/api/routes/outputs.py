@@ -15,11 +15,11 @@ from fastapi import APIRouter, Path, Query
 from fastapi.responses import RedirectResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.api import outputs
-from services.api.deps import ObjectsDep, TenantDep, TrainerDep
-from services.api.schemas import error_responses
-from services.common.adapters.objectstore import ObjectStore
-from services.common.contracts.ids import check_job_id
+from trainforge_services.api import outputs
+from trainforge_services.api.deps import ObjectsDep, TenantDep, TrainerDep
+from trainforge_services.api.schemas import error_responses
+from trainforge_services.common.adapters.objectstore import ObjectStore
+from trainforge_services.common.contracts.ids import check_job_id
 
 router = APIRouter(prefix="/v1/jobs", tags=["results"], responses=error_responses(400, 401, 404, 422, 429))
 

@@ -9,10 +9,17 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field, StrictBool
 
-from services.api import reindex
-from services.api.deps import AuditDep, IdentityDep, LogsDep, ObjectsDep, PlatformAdminDep, TrainerDep
-from services.api.retention import RetentionPolicy, RetentionStore, sweep
-from services.api.schemas import error_responses
+from trainforge_services.api import reindex
+from trainforge_services.api.deps import (
+    AuditDep,
+    IdentityDep,
+    LogsDep,
+    ObjectsDep,
+    PlatformAdminDep,
+    TrainerDep,
+)
+from trainforge_services.api.retention import RetentionPolicy, RetentionStore, sweep
+from trainforge_services.api.schemas import error_responses
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=error_responses(400, 401, 403, 422, 429))
 TeamName = Annotated[str, Path(description="the team's name", max_length=63)]

@@ -15,11 +15,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.api.audit import note_target
-from services.api.deps import IdentityDep, PlatformAdminDep, TeamAdminDep
-from services.api.schemas import error_responses
-from services.common.manifest import SECRET_NAME_RULE
-from services.common.secrets import MAX_VALUE_BYTES, SecretBox, SecretStore, load_key
+from trainforge_services.api.audit import note_target
+from trainforge_services.api.deps import IdentityDep, PlatformAdminDep, TeamAdminDep
+from trainforge_services.api.schemas import error_responses
+from trainforge_services.common.manifest import SECRET_NAME_RULE
+from trainforge_services.common.secrets import MAX_VALUE_BYTES, SecretBox, SecretStore, load_key
 
 router = APIRouter(tags=["secrets"], responses=error_responses(400, 401, 403, 422, 429))
 

@@ -10,10 +10,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
 
-from services.api import access
-from services.api.audit import note_target
-from services.api.deps import IdentityDep, TeamAdminDep, TenantDep, TrainerDep
-from services.api.schemas import ApiKey, IssuedKey, KeyIn, KeyList, TeamUsage, error_responses
+from trainforge_services.api import access
+from trainforge_services.api.audit import note_target
+from trainforge_services.api.deps import IdentityDep, TeamAdminDep, TenantDep, TrainerDep
+from trainforge_services.api.schemas import ApiKey, IssuedKey, KeyIn, KeyList, TeamUsage, error_responses
 
 router = APIRouter(prefix="/v1/team", tags=["team"], responses=error_responses(400, 401, 422, 429))
 

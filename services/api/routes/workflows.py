@@ -11,12 +11,12 @@ from typing import Annotated
 from fastapi import APIRouter, File, Form, Path, Query, Request, UploadFile
 from pydantic import BaseModel, Field, WithJsonSchema
 
-from services.api.audit import note_target
-from services.api.deps import ObjectsDep, SettingsDep, TenantDep
-from services.api.experiments import ExperimentCalls, submit_workflow
-from services.api.routes.jobs import CODE_SCHEMA
-from services.api.schemas import ErrorResponse, error_responses
-from services.common.contracts import ids
+from trainforge_services.api.audit import note_target
+from trainforge_services.api.deps import ObjectsDep, SettingsDep, TenantDep
+from trainforge_services.api.experiments import ExperimentCalls, submit_workflow
+from trainforge_services.api.routes.jobs import CODE_SCHEMA
+from trainforge_services.api.schemas import ErrorResponse, error_responses
+from trainforge_services.common.contracts import ids
 
 router = APIRouter(prefix="/v1/workflows", tags=["workflows"], responses=error_responses(400, 401, 422, 429))
 

@@ -18,11 +18,11 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from services.api.deps import IdentityDep, TokensDep, TrainerDep, authenticate
-from services.api.identity import KEY_PREFIX, Role, Tenant
-from services.api.ui import session
-from services.common.contracts import ids
-from services.common.errors import NotFound, PermissionDenied, TrainforgeError, Unauthenticated
+from trainforge_services.api.deps import IdentityDep, TokensDep, TrainerDep, authenticate
+from trainforge_services.api.identity import KEY_PREFIX, Role, Tenant
+from trainforge_services.api.ui import session
+from trainforge_services.common.contracts import ids
+from trainforge_services.common.errors import NotFound, PermissionDenied, TrainforgeError, Unauthenticated
 
 HERE = Path(__file__).parent
 # autoescape everywhere, whatever a template's name: job names, reasons, messages are all data

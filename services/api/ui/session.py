@@ -22,7 +22,7 @@ import secrets
 
 from fastapi import Request, Response
 
-from services.common.errors import PermissionDenied
+from trainforge_services.common.errors import PermissionDenied
 
 SESSION_COOKIE = "tf_session"
 LOGIN_CSRF_COOKIE = "tf_login_csrf"

@@ -19,7 +19,7 @@ import docker.errors
 import docker.types
 import requests.exceptions
 
-from services.common.errors import NotFound, TrainforgeError, Unavailable
+from trainforge_services.common.errors import NotFound, TrainforgeError, Unavailable
 
 log = logging.getLogger(__name__)
 

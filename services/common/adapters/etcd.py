@@ -22,9 +22,9 @@ import grpc
 import pyetcd
 import pyetcd.exceptions as etcd_exc
 
-from services.common.errors import Unavailable
-from services.common.keys import Keys
-from services.common.retry import Backoff, retry_call
+from trainforge_services.common.errors import Unavailable
+from trainforge_services.common.keys import Keys
+from trainforge_services.common.retry import Backoff, retry_call
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from services.common.errors import (
+from trainforge_services.common.errors import (
     Conflict,
     InvalidArgument,
     NotFound,

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from services.common.errors import Unavailable
+from trainforge_services.common.errors import Unavailable
 
 if TYPE_CHECKING:
     from elasticsearch import Elasticsearch

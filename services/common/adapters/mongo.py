@@ -45,7 +45,7 @@ from pymongo.errors import (
     WTimeoutError,
 )
 
-from services.common.errors import Conflict, TrainforgeError, Unavailable
+from trainforge_services.common.errors import Conflict, TrainforgeError, Unavailable
 
 __all__ = ["ASCENDING", "DESCENDING", "ReturnDocument", "Collection", "Database", "DuplicateKeyError", "InvalidId",
            "ObjectId",

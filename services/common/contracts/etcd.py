@@ -1,4 +1,4 @@
-"""Every value the platform keeps in etcd, one model each (keys: `services.common.keys`).
+"""Every value the platform keeps in etcd, one model each (keys: `trainforge_services.common.keys`).
 
     attempt                    AttemptInfo     the LCM's lifecycle, at deploy
     learners/<rank>/status     LearnerStatus   the controller, under its lease (final states without one);
@@ -20,9 +20,9 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from services.common.contracts.specs import problems
-from services.common.errors import InvalidArgument
-from services.common.states import LEARNER_FINAL, LearnerState
+from trainforge_services.common.contracts.specs import problems
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common.states import LEARNER_FINAL, LearnerState
 
 
 class _Value(BaseModel):

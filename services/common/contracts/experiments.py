@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from services.common.errors import InvalidArgument
-from services.common.manifest import Manifest, field_errors
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common.manifest import Manifest, field_errors
 
 # the fields of an experiment that are not the job template's
 SWEEP_FIELDS = ("kind", "parameters", "samples", "mode", "max_parallel", "objective", "early_stopping",
@@ -278,7 +278,7 @@ def recipe_kind(data: dict) -> RecipeKind:
 
 
 def _experiment_states() -> type[enum.IntEnum]:
-    from protos import trainer_pb2  # the wire's enum is the one definition
+    from trainforge_protos import trainer_pb2  # the wire's enum is the one definition
 
     return enum.IntEnum("ExperimentState", {n: v for n, v in trainer_pb2.ExperimentState.items()})
 

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.errors import InvalidArgument
+from trainforge_services.common.errors import InvalidArgument
 
 _GPUS = re.compile(r"^\s*(\d+)\s*x\s*([a-z0-9-]+)\s*$", re.IGNORECASE)
 _TORCH = {"pytorch", "torch"}

@@ -13,7 +13,7 @@ import hashlib
 import re
 import secrets
 
-from services.common.errors import InvalidArgument
+from trainforge_services.common.errors import InvalidArgument
 
 MAX_LEN = 40
 _JOB_ID = re.compile(rf"^[a-z0-9](?:[a-z0-9-]{{0,{MAX_LEN - 2}}}[a-z0-9])?$")

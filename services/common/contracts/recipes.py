@@ -11,17 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.contracts.experiments import (
+from trainforge_services.common.contracts.experiments import (
     ExperimentSpec,
     RecipeKind,
     load_recipe,
     parse_experiment,
     recipe_kind,
 )
-from services.common.contracts.hyper import translate
-from services.common.contracts.sampling import Trial, plan_trials, trial_manifest
-from services.common.errors import InvalidArgument
-from services.common.manifest import parse_manifest
+from trainforge_services.common.contracts.hyper import translate
+from trainforge_services.common.contracts.sampling import Trial, plan_trials, trial_manifest
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common.manifest import parse_manifest
 
 # an id as long as any experiment's, for checking the trials' manifests before the experiment has one
 _SAMPLE_ID = "x-000000000000"

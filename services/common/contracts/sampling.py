@@ -18,8 +18,15 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from services.common.contracts.experiments import MAX_TRIALS, ExperimentSpec, Mode, Range, Sampling, Scalar
-from services.common.errors import InvalidArgument
+from trainforge_services.common.contracts.experiments import (
+    MAX_TRIALS,
+    ExperimentSpec,
+    Mode,
+    Range,
+    Sampling,
+    Scalar,
+)
+from trainforge_services.common.errors import InvalidArgument
 
 Trial = dict[str, Scalar]
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")

@@ -15,10 +15,10 @@ from typing import ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from services.common.contracts import storekeys
-from services.common.contracts.ids import is_job_id
-from services.common.errors import InvalidArgument
-from services.common.manifest import Manifest
+from trainforge_services.common.contracts import storekeys
+from trainforge_services.common.contracts.ids import is_job_id
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common.manifest import Manifest
 
 # Inside a learner's workdir. Not "checkpoints": a code folder that was also run by hand may ship one,
 # and a learner would resume from that stale state.
@@ -89,7 +89,7 @@ class LearnerSpec(_Spec):
     # argv the controller puts before `/bin/sh -c command`: a backend's way to run the command elsewhere (the
     # docker backend's runner starts it in a container); empty: the command runs here
     launcher: list[str] = Field(default_factory=list)
-    # the team's own egress policy (services.common.egress), narrowing the admin's TF_EGRESS; "": none of its own
+    # the team's own egress policy (trainforge_services.common.egress), narrowing the admin's TF_EGRESS; "": none of its own
     egress: str = ""
     # Values of the team secrets the manifest's env names, by variable: only in the spec file the
     # controller reads (0600), never in a record, a repr or a log (`model_dump` leaves them out).

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from services.common.errors import InvalidArgument
+from trainforge_services.common.errors import InvalidArgument
 
 SCHEME = "store://"
 _STEP_DIR = re.compile(r"^\d{12}$")

@@ -23,12 +23,12 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.contracts.experiments import ExperimentSpec, parse_experiment
-from services.common.contracts.hyper import translate
-from services.common.contracts.sampling import plan_trials
-from services.common.contracts.storekeys import outputs_root, uri_for_prefix
-from services.common.errors import InvalidArgument
-from services.common.manifest import DataSource
+from trainforge_services.common.contracts.experiments import ExperimentSpec, parse_experiment
+from trainforge_services.common.contracts.hyper import translate
+from trainforge_services.common.contracts.sampling import plan_trials
+from trainforge_services.common.contracts.storekeys import outputs_root, uri_for_prefix
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common.manifest import DataSource
 
 MAX_NODES = 50
 

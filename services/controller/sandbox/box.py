@@ -20,9 +20,9 @@ import os
 import sys
 from pathlib import Path
 
-from services.common.contracts.specs import LearnerSpec
-from services.common.egress import Policy
-from services.common.isolation import netns_name
+from trainforge_services.common.contracts.specs import LearnerSpec
+from trainforge_services.common.egress import Policy
+from trainforge_services.common.isolation import netns_name
 
 from ..learner import human_bytes
 from . import netns, view

@@ -9,7 +9,7 @@ kernel accounts it, so a learner cannot page its way past the limit.
 After the learner exited, `oom_killed()` tells whether the kernel's OOM
 killer fired in the memory cgroup, which the controller reports naming the
 limit; `remove()` deletes the folders (the local backend's stop removes
-what a killed controller left, `services.common.isolation.remove_job`).
+what a killed controller left, `trainforge_services.common.isolation.remove_job`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.isolation import CGROUP_CONTROLLERS, CGROUP_PARENT, CGROUP_ROOT, remove_cgroups
+from trainforge_services.common.isolation import (
+    CGROUP_CONTROLLERS,
+    CGROUP_PARENT,
+    CGROUP_ROOT,
+    remove_cgroups,
+)
 
 log = logging.getLogger(__name__)
 

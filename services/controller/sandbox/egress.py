@@ -3,7 +3,7 @@
 The job's network namespace has only loopback and no route out
 (netns.py), so nothing beyond the job is reachable unless the controller,
 which runs outside and already does the platform's talking, relays it.
-For each destination the policy allows (services.common.egress), the
+For each destination the policy allows (trainforge_services.common.egress), the
 controller opens a listening socket *inside* the namespace, from a
 short-lived thread that entered it with setns(2), and relays every
 connection it accepts to the real destination from the host's side. So a
@@ -37,7 +37,7 @@ import threading
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from services.common.egress import Policy
+from trainforge_services.common.egress import Policy
 
 log = logging.getLogger(__name__)
 

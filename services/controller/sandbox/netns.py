@@ -6,7 +6,7 @@ server, the log store, the API, the Trainer) is reachable, and there is no
 route out: egress is none, except what the job's egress policy has the
 controller relay (egress.py). The first controller of the job to get here
 creates it, under a lock so a second one never joins a half-made namespace;
-the local backend's stop deletes it (services.common.isolation.remove_job).
+the local backend's stop deletes it (trainforge_services.common.isolation.remove_job).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import fcntl
 import subprocess
 from pathlib import Path
 
-from services.common.isolation import NETNS_DIR, NETNS_LOCKS, netns_name
+from trainforge_services.common.isolation import NETNS_DIR, NETNS_LOCKS, netns_name
 
 
 def _ip(*args: str) -> None:

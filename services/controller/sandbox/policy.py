@@ -4,9 +4,9 @@ TF_ISOLATION=auto (the default) sandboxes where the kernel and privileges
 allow it and otherwise runs the learner with isolation `none`, saying why;
 `sandbox` requires it; `none` turns it off. TF_REQUIRE_ISOLATION=true
 refuses to run a learner without a sandbox, with the reason in its status.
-What the sandbox needs of the machine is `services.common.isolation.unavailable`.
+What the sandbox needs of the machine is `trainforge_services.common.isolation.unavailable`.
 Its egress is the admin's TF_EGRESS narrowed by the team's own policy, which
-the spec carries (services.common.egress.effective); a policy that is
+the spec carries (trainforge_services.common.egress.effective); a policy that is
 invalid or whose forwarders cannot be set up refuses the learner rather
 than run it without a sandbox.
 """
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common import egress
-from services.common.contracts.specs import LearnerSpec
-from services.common.isolation import Isolation, unavailable
-from services.common.settings import ControllerSettings
+from trainforge_services.common import egress
+from trainforge_services.common.contracts.specs import LearnerSpec
+from trainforge_services.common.isolation import Isolation, unavailable
+from trainforge_services.common.settings import ControllerSettings
 
 from .box import Sandbox
 from .egress import EgressError

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 # the job's uid is named in common: the docker backend's containers run as it too
-from services.common.isolation import job_uid as job_uid
+from trainforge_services.common.isolation import job_uid as job_uid
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
@@ -33,7 +33,7 @@ def _secret_below(path: Path, secrets: list[Path]) -> bool:
 
 def editable_packages() -> list[Path]:
     """Package folders an editable install maps imports to (setuptools' `__editable__` finders), which the
-    learner's interpreter imports from (the platform's `frameworks` helpers, say) though they are on no path."""
+    learner's interpreter imports from (the platform's `trainforge_frameworks` helper, say) though they are on no path."""
     out = []
     for name, module in list(sys.modules.items()):
         mapping = getattr(module, "MAPPING", None) if name.startswith("__editable__") else None

@@ -6,9 +6,18 @@ library is missing cannot break an LCM configured for another one.
 
 from __future__ import annotations
 
-from services.common.errors import InvalidArgument
-from services.common.settings import LcmSettings
-from services.lcm.backends.base import AttemptPlan, Backend, Capacity, Handle, JobView, Observed, Role, Site
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common.settings import LcmSettings
+from trainforge_services.lcm.backends.base import (
+    AttemptPlan,
+    Backend,
+    Capacity,
+    Handle,
+    JobView,
+    Observed,
+    Role,
+    Site,
+)
 
 __all__ = ["AttemptPlan", "Backend", "Capacity", "Handle", "JobView", "Observed", "Role", "Site", "make_backend"]
 
@@ -16,15 +25,15 @@ __all__ = ["AttemptPlan", "Backend", "Capacity", "Handle", "JobView", "Observed"
 def make_backend(settings: LcmSettings) -> Backend:
     """The backend `settings.backend` names; InvalidArgument for one this build does not have."""
     if settings.backend == "local":
-        from services.lcm.backends.local import LocalBackend
+        from trainforge_services.lcm.backends.local import LocalBackend
 
         return LocalBackend(settings)
     if settings.backend == "docker":
-        from services.lcm.backends.docker import DockerBackend
+        from trainforge_services.lcm.backends.docker import DockerBackend
 
         return DockerBackend(settings)
     if settings.backend == "kubernetes":
-        from services.lcm.backends.kubernetes.backend import KubernetesBackend
+        from trainforge_services.lcm.backends.kubernetes.backend import KubernetesBackend
 
         return KubernetesBackend(settings)
     raise InvalidArgument(f"backend {settings.backend} is not available in this build",

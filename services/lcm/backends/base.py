@@ -1,6 +1,6 @@
 """What a backend is to the LCM: it launches, stops, observes and reports capacity. Nothing more.
 
-The lifecycle (`services.lcm.lifecycle`) owns every attempt: it validates
+The lifecycle (`trainforge_services.lcm.lifecycle`) owns every attempt: it validates
 the request, builds the `AttemptPlan` (per-rank learner specs, the monitor
 spec, rendezvous, GPU assignment), writes etcd, keeps the attempt's record,
 reports lost controllers and decides when a job monitor is started again.
@@ -21,9 +21,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from services.common import egress
-from services.common.contracts.specs import LearnerSpec, MonitorSpec
-from services.common.manifest import Manifest
+from trainforge_services.common import egress
+from trainforge_services.common.contracts.specs import LearnerSpec, MonitorSpec
+from trainforge_services.common.manifest import Manifest
 
 
 class Role(enum.Enum):

@@ -6,16 +6,16 @@
     supervision.py dead monitors restarted, lost controllers reported
 """
 
-from services.lcm.backends.base import JobDeployment
-from services.lcm.lifecycle.core import Lifecycle
-from services.lcm.lifecycle.plan import (
+from trainforge_services.lcm.backends.base import JobDeployment
+from trainforge_services.lcm.lifecycle.core import Lifecycle
+from trainforge_services.lcm.lifecycle.plan import (
            build_plan,
            check_attempt,
            deployment_from_request,
            team_quota_from_proto,
 )
-from services.lcm.lifecycle.records import AttemptRecord
-from services.lcm.lifecycle.types import RunningJob
+from trainforge_services.lcm.lifecycle.records import AttemptRecord
+from trainforge_services.lcm.lifecycle.types import RunningJob
 
 __all__ = ["AttemptRecord", "JobDeployment", "Lifecycle", "RunningJob", "build_plan", "check_attempt",
            "deployment_from_request", "team_quota_from_proto"]

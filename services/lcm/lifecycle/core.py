@@ -21,12 +21,12 @@ import logging
 import threading
 from pathlib import Path
 
-from services.common.adapters.etcd import Coordinator
-from services.common.contracts.etcd import AttemptInfo, HaltRequest
-from services.common.contracts.ids import check_job_id
-from services.common.errors import Conflict, ResourceExhausted
-from services.common.settings import LcmSettings
-from services.lcm.backends.base import (
+from trainforge_services.common.adapters.etcd import Coordinator
+from trainforge_services.common.contracts.etcd import AttemptInfo, HaltRequest
+from trainforge_services.common.contracts.ids import check_job_id
+from trainforge_services.common.errors import Conflict, ResourceExhausted
+from trainforge_services.common.settings import LcmSettings
+from trainforge_services.lcm.backends.base import (
     AttemptPlan,
     Backend,
     Capacity,
@@ -35,10 +35,10 @@ from services.lcm.backends.base import (
     JobView,
     TeamQuota,
 )
-from services.lcm.lifecycle.plan import build_plan, check_attempt
-from services.lcm.lifecycle.records import AttemptRecord, attempt_records
-from services.lcm.lifecycle.supervision import Supervision, unfinished
-from services.lcm.lifecycle.types import RunningJob
+from trainforge_services.lcm.lifecycle.plan import build_plan, check_attempt
+from trainforge_services.lcm.lifecycle.records import AttemptRecord, attempt_records
+from trainforge_services.lcm.lifecycle.supervision import Supervision, unfinished
+from trainforge_services.lcm.lifecycle.types import RunningJob
 
 log = logging.getLogger(__name__)
 

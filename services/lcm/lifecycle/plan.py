@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from protos import lcm_pb2
-from services.common.contracts.ids import check_job_id
-from services.common.contracts.specs import LearnerSpec, MonitorSpec, problems
-from services.common.errors import InvalidArgument
-from services.common.manifest import parse_manifest
-from services.lcm.backends.base import AttemptPlan, JobDeployment, Site, TeamQuota
+from trainforge_protos import lcm_pb2
+from trainforge_services.common.contracts.ids import check_job_id
+from trainforge_services.common.contracts.specs import LearnerSpec, MonitorSpec, problems
+from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common.manifest import parse_manifest
+from trainforge_services.lcm.backends.base import AttemptPlan, JobDeployment, Site, TeamQuota
 
 
 def check_attempt(attempt: int) -> int:

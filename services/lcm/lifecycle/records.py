@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.lcm.backends.base import AttemptPlan
-from services.lcm.store import RecordStore
+from trainforge_services.lcm.backends.base import AttemptPlan
+from trainforge_services.lcm.store import RecordStore
 
 
 class AttemptRecord(BaseModel):

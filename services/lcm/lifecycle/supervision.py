@@ -2,7 +2,7 @@
 
 A job monitor that died before it delivered its attempt's last state (the
 backend reports `monitor_done` from the `monitor.done` marker,
-`services.common.keys.MONITOR_DONE`) is started again; it resumes from etcd.
+`trainforge_services.common.keys.MONITOR_DONE`) is started again; it resumes from etcd.
 This also covers an attempt whose every process died while no LCM watched:
 the monitor, not a second run of the same attempt, decides how it ended.
 
@@ -21,13 +21,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from services.common.adapters.etcd import Coordinator
-from services.common.contracts.etcd import LearnerStatus
-from services.common.errors import TrainforgeError
-from services.common.states import LearnerState
-from services.lcm.backends.base import Backend, JobView, Role
-from services.lcm.lifecycle.records import AttemptRecord
-from services.lcm.store import RecordStore
+from trainforge_services.common.adapters.etcd import Coordinator
+from trainforge_services.common.contracts.etcd import LearnerStatus
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.states import LearnerState
+from trainforge_services.lcm.backends.base import Backend, JobView, Role
+from trainforge_services.lcm.lifecycle.records import AttemptRecord
+from trainforge_services.lcm.store import RecordStore
 
 log = logging.getLogger(__name__)
 

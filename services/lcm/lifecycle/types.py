@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.lcm.backends.base import Handle
+from trainforge_services.lcm.backends.base import Handle
 
 
 @dataclass(frozen=True)

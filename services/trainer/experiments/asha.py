@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from services.common.contracts.experiments import Asha, Objective
+from trainforge_services.common.contracts.experiments import Asha, Objective
 
 
 @dataclass(frozen=True)

@@ -25,18 +25,18 @@ import logging
 import threading
 from collections.abc import Callable
 
-from services.common import states
-from services.common.contracts.experiments import ExperimentSpec, ExperimentState
-from services.common.contracts.sampling import trial_manifest
-from services.common.errors import Conflict, InvalidArgument, TrainforgeError
-from services.common.states import JobState
-from services.trainer.experiments import asha
-from services.trainer.experiments.metrics import MetricsReader, last_value, points
-from services.trainer.experiments.store import ExperimentRecord, ExperimentStore
-from services.trainer.record import JobRecord
-from services.trainer.rules import Rule
-from services.trainer.service import JobService
-from services.trainer.store import JobStore
+from trainforge_services.common import states
+from trainforge_services.common.contracts.experiments import ExperimentSpec, ExperimentState
+from trainforge_services.common.contracts.sampling import trial_manifest
+from trainforge_services.common.errors import Conflict, InvalidArgument, TrainforgeError
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.experiments import asha
+from trainforge_services.trainer.experiments.metrics import MetricsReader, last_value, points
+from trainforge_services.trainer.experiments.store import ExperimentRecord, ExperimentStore
+from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.rules import Rule
+from trainforge_services.trainer.service import JobService
+from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)
 ACTOR = "experiment-driver"

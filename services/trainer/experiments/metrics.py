@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterable
 from typing import Protocol
 
-from services.common.adapters.logstore import LogStore
+from trainforge_services.common.adapters.logstore import LogStore
 
 
 class MetricsReader(Protocol):

@@ -15,16 +15,16 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.common.contracts.experiments import EXPERIMENT_ENDED, ExperimentSpec, ExperimentState
-from services.common.contracts.ids import check_job_id, new_experiment_id
-from services.common.contracts.recipes import experiment_from_recipe
-from services.common.contracts.sampling import trial_manifest
-from services.common.errors import Conflict, InvalidArgument
-from services.trainer.experiments.driver import ExperimentDriver, best_trial
-from services.trainer.experiments.store import ExperimentRecord, ExperimentStore
-from services.trainer.record import JobRecord
-from services.trainer.service import JobService
-from services.trainer.store import JobStore
+from trainforge_services.common.contracts.experiments import EXPERIMENT_ENDED, ExperimentSpec, ExperimentState
+from trainforge_services.common.contracts.ids import check_job_id, new_experiment_id
+from trainforge_services.common.contracts.recipes import experiment_from_recipe
+from trainforge_services.common.contracts.sampling import trial_manifest
+from trainforge_services.common.errors import Conflict, InvalidArgument
+from trainforge_services.trainer.experiments.driver import ExperimentDriver, best_trial
+from trainforge_services.trainer.experiments.store import ExperimentRecord, ExperimentStore
+from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.service import JobService
+from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)
 _MAX_LIST = 1000

@@ -20,9 +20,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from services.common.adapters.mongo import DESCENDING, Database, DuplicateKeyError, ReturnDocument, mapped_as
-from services.common.contracts.experiments import ExperimentSpec, ExperimentState
-from services.common.errors import Conflict, NotFound
+from trainforge_services.common.adapters.mongo import (
+    DESCENDING,
+    Database,
+    DuplicateKeyError,
+    ReturnDocument,
+    mapped_as,
+)
+from trainforge_services.common.contracts.experiments import ExperimentSpec, ExperimentState
+from trainforge_services.common.errors import Conflict, NotFound
 
 mapped = mapped_as("experiment store")
 COLLECTION = "experiments"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from protos import trainer_pb2
-from services.common.states import JobState
-from services.trainer.experiments.service import ExperimentView
-from services.trainer.experiments.store import ExperimentRecord
-from services.trainer.experiments.workflow_store import WorkflowRecord
+from trainforge_protos import trainer_pb2
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.experiments.service import ExperimentView
+from trainforge_services.trainer.experiments.store import ExperimentRecord
+from trainforge_services.trainer.experiments.workflow_store import WorkflowRecord
 
 
 def experiment_to_proto(exp: ExperimentRecord, view: ExperimentView | None = None) -> trainer_pb2.Experiment:

@@ -15,10 +15,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from services.common.adapters.mongo import DESCENDING, Database, DuplicateKeyError, ReturnDocument, mapped_as
-from services.common.contracts.experiments import EXPERIMENT_ENDED, ExperimentState
-from services.common.contracts.workflows import Take, WorkflowSpec
-from services.common.errors import Conflict, NotFound
+from trainforge_services.common.adapters.mongo import (
+    DESCENDING,
+    Database,
+    DuplicateKeyError,
+    ReturnDocument,
+    mapped_as,
+)
+from trainforge_services.common.contracts.experiments import EXPERIMENT_ENDED, ExperimentState
+from trainforge_services.common.contracts.workflows import Take, WorkflowSpec
+from trainforge_services.common.errors import Conflict, NotFound
 
 mapped = mapped_as("workflow store")
 COLLECTION = "workflows"

@@ -14,18 +14,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from services.common.contracts.experiments import (
+from trainforge_services.common.contracts.experiments import (
     EXPERIMENT_ENDED,
     ExperimentState,
     load_recipe,
     parse_experiment,
 )
-from services.common.contracts.ids import check_job_id, new_workflow_id
-from services.common.contracts.sampling import plan_trials
-from services.common.contracts.workflows import Take, inputs_for, parse_workflow, with_inputs
-from services.common.errors import Conflict, InvalidArgument
-from services.common.states import JobState
-from services.trainer.experiments.workflow_store import NodeRecord, WorkflowRecord, WorkflowStore
+from trainforge_services.common.contracts.ids import check_job_id, new_workflow_id
+from trainforge_services.common.contracts.sampling import plan_trials
+from trainforge_services.common.contracts.workflows import Take, inputs_for, parse_workflow, with_inputs
+from trainforge_services.common.errors import Conflict, InvalidArgument
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.experiments.workflow_store import NodeRecord, WorkflowRecord, WorkflowStore
 
 log = logging.getLogger(__name__)
 # a node's experiment id is "<workflow>-<node>", and its trials' job ids add "-<trial>-<gen>"

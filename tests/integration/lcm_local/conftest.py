@@ -16,13 +16,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from services.common.manifest import Manifest
-from services.common.settings import LcmSettings
-from services.lcm.backends.base import Handle, Role
-from services.lcm.backends.local import LocalBackend
-from services.lcm.lifecycle import JobDeployment, Lifecycle
 from tests.integration.conftest import backend_maker
 from tests.servers import wait_for
+from trainforge_services.common.manifest import Manifest
+from trainforge_services.common.settings import LcmSettings
+from trainforge_services.lcm.backends.base import Handle, Role
+from trainforge_services.lcm.backends.local import LocalBackend
+from trainforge_services.lcm.lifecycle import JobDeployment, Lifecycle
 
 FAKE_PYTHON = """#!{python}
 import json, os, signal, subprocess, sys, time
@@ -34,13 +34,13 @@ record = {{"argv": argv, "cwd": os.getcwd(), "pid": os.getpid(), "pgid": os.getp
           "env": {{k: v for k, v in os.environ.items() if k.startswith("TF_") or k == "PYTHONPATH"}}}}
 if mode == "ignore-term":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-if mode == "learner" and module == "services.controller":
+if mode == "learner" and module == "trainforge_services.controller":
     record["child"] = subprocess.Popen(["sleep", "600"], start_new_session=True).pid
 out = os.path.join(os.environ["FAKE_DIR"], f"{{os.getpid()}}.json")
 with open(out + ".tmp", "w") as f:
     json.dump(record, f)
 os.replace(out + ".tmp", out)
-if module == "services.jobmonitor" and os.environ.get("FAKE_REAL_MONITOR"):
+if module == "trainforge_services.jobmonitor" and os.environ.get("FAKE_REAL_MONITOR"):
     os.execv({python!r}, [{python!r}] + argv)
 while True:
     time.sleep(0.2)

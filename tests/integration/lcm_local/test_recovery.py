@@ -7,9 +7,9 @@ import signal
 import psutil
 import pytest
 
-from services.lcm.backends.base import Role
 from tests.integration.lcm_local.conftest import deployment, gone, monitor_pid, names, pids_of
 from tests.servers import wait_for
+from trainforge_services.lcm.backends.base import Role
 
 
 def test_a_new_backend_adopts_live_deployments_and_forgets_finished_ones(lifecycles, fake, tmp_path, unique):
@@ -80,7 +80,7 @@ def test_a_monitor_that_died_before_its_attempt_ended_is_started_again(lifecycle
     second = wait_for(lambda: (p := monitor_pid(lcm, job)) not in (None, first) and p, 20,
                       "a new monitor")
     run = wait_for(lambda: fake.run_of(second), 10, "the new monitor to start")
-    assert run["argv"][1] == "services.jobmonitor" and run["argv"][-1].endswith("monitor.json")
+    assert run["argv"][1] == "trainforge_services.jobmonitor" and run["argv"][-1].endswith("monitor.json")
     # one that finished its work (monitor.done) is left alone
     (tmp_path / "state" / "work" / job / "1" / "monitor.done").touch()
     os.kill(second, signal.SIGKILL)

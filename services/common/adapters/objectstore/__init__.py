@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
-from services.common.contracts.storekeys import SCHEME, key_from_uri, uri_for
-from services.common.errors import InvalidArgument
+from trainforge_services.common.contracts.storekeys import SCHEME, key_from_uri, uri_for
+from trainforge_services.common.errors import InvalidArgument
 
 from .base import (
     ObjectInfo,
@@ -38,7 +38,7 @@ __all__ = ["SCHEME", "LocalStore", "ObjectInfo", "ObjectStore", "PutBytesViaFile
 
 
 def __getattr__(name: str) -> Any:
-    # `from services.common.adapters.objectstore import S3Store` keeps working, loading boto3 only then.
+    # `from trainforge_services.common.adapters.objectstore import S3Store` keeps working, loading boto3 only then.
     if name == "S3Store":
         from .s3 import S3Store
 

@@ -1,7 +1,7 @@
 """The object-store interface and what every store shares.
 
 Objects are addressed by key ("jobs/<job>/code.tar.gz"; the layout is
-`services.common.contracts.storekeys`); users see them as `store://<key>`
+`trainforge_services.common.contracts.storekeys`); users see them as `store://<key>`
 URIs. Every upload is verified before it returns: the stored size and
 SHA-256 must match the local file's, or `StoreError` is raised and the
 caller must not move the job on. No external client is imported here.
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from services.common.errors import TrainforgeError
+from trainforge_services.common.errors import TrainforgeError
 
 
 class TransferCounter:

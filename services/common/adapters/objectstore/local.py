@@ -8,8 +8,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from services.common.contracts.storekeys import uri_for
-from services.common.errors import InvalidArgument, NotFound
+from trainforge_services.common.contracts.storekeys import uri_for
+from trainforge_services.common.errors import InvalidArgument, NotFound
 
 from .base import TRANSFERRED, ObjectInfo, PutBytesViaFile, StoreError, sha256_file
 

@@ -20,8 +20,8 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from s3transfer.utils import ChunksizeAdjuster
 
-from services.common.contracts.storekeys import uri_for
-from services.common.errors import InvalidArgument, NotFound, TrainforgeError
+from trainforge_services.common.contracts.storekeys import uri_for
+from trainforge_services.common.errors import InvalidArgument, NotFound, TrainforgeError
 
 from .base import TRANSFERRED, ObjectInfo, PutBytesViaFile, StoreError, sha256_file
 

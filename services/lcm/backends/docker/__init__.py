@@ -1,5 +1,5 @@
 """The docker backend: learners' commands in containers on a Docker engine (see `backend.py`)."""
 
-from services.lcm.backends.docker.backend import DockerBackend
+from trainforge_services.lcm.backends.docker.backend import DockerBackend
 
 __all__ = ["DockerBackend"]

@@ -27,14 +27,14 @@ import os
 import sys
 from pathlib import Path
 
-from services.common.adapters.docker_engine import ContainerView, Engine
-from services.common.errors import ResourceExhausted, TrainforgeError
-from services.common.settings import LcmSettings
-from services.lcm.backends.base import AttemptPlan, Capacity, Handle, Site
-from services.lcm.backends.docker import containers
-from services.lcm.backends.local import KILL_GRACE, LocalBackend
-from services.lcm.backends.local.processes import detect_gpus
-from services.lcm.store import write_atomically
+from trainforge_services.common.adapters.docker_engine import ContainerView, Engine
+from trainforge_services.common.errors import ResourceExhausted, TrainforgeError
+from trainforge_services.common.settings import LcmSettings
+from trainforge_services.lcm.backends.base import AttemptPlan, Capacity, Handle, Site
+from trainforge_services.lcm.backends.docker import containers
+from trainforge_services.lcm.backends.local import KILL_GRACE, LocalBackend
+from trainforge_services.lcm.backends.local.processes import detect_gpus
+from trainforge_services.lcm.store import write_atomically
 
 log = logging.getLogger(__name__)
 

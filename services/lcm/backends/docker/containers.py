@@ -10,15 +10,17 @@ is how a restarted LCM, a kill and `trainforge down` find them again.
 
 `ContainerPlan` is written next to each learner's spec; the learner runner
 (`runner.py`) reads it and starts the container with the learner's command
-and environment. The platform's interpreter, its virtual environment and
-the project root are bind-mounted read-only at the paths they have here, the
-learner's working directory read-write, so the learner-side helpers and the
-platform's torch work in any image that has a C library; what the image adds
-(its own packages, via its PYTHONPATH) comes on top.
+and environment. The platform's interpreter, its virtual environment, the
+site-packages on its import path and the learner-side helper's package folder
+(frameworks/ of this source tree, for an editable install) are bind-mounted
+read-only at the paths they have here, the learner's working directory
+read-write, so the helper and the platform's torch work in any image that
+has a C library; what the image adds (its own packages, via its PYTHONPATH)
+comes on top.
 
 Hardening (docs/THREAT_MODEL.md): every container drops all capabilities,
 runs with no-new-privileges and the manifest's pids limit, and runs as the
-job's unprivileged uid (the local sandbox's, `services.common.isolation.job_uid`)
+job's unprivileged uid (the local sandbox's, `trainforge_services.common.isolation.job_uid`)
 with its workdir handed to that uid by the runner before the start. Mounts
 under `/root` (a pyenv interpreter, the default state directory) would be
 out of that uid's reach through the image's own `/root` (0700 in Debian's),
@@ -38,12 +40,17 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from services.common.contracts.specs import LearnerSpec
-from services.common.errors import ResourceExhausted
-from services.common.isolation import job_uid
-from services.lcm.backends.base import AttemptPlan
+import trainforge_frameworks
+from trainforge_services.common.contracts.specs import LearnerSpec
+from trainforge_services.common.errors import ResourceExhausted
+from trainforge_services.common.isolation import job_uid
+from trainforge_services.lcm.backends.base import AttemptPlan
 
-ROOT = Path(__file__).resolve().parents[4]
+# The learner-side helper's package folder; the folder holding it goes on the learner's PYTHONPATH when the
+# package is installed under its name (an editable install maps the name to frameworks/ through a finder in
+# the interpreter's site-packages instead).
+HELPER = Path(trainforge_frameworks.__file__).resolve().parent
+HELPER_PATH = str(HELPER.parent) if HELPER.name == "trainforge_frameworks" else ""
 RUNNER = Path(__file__).with_name("runner.py")
 MASTER_PORT = 29500
 _POOL = ipaddress.ip_network("10.213.0.0/16")
@@ -97,8 +104,11 @@ def rank_address(subnet: ipaddress.IPv4Network, rank: int) -> str:
 
 def platform_mounts(python: str) -> list[tuple[str, str, bool]]:
     """Read-only mounts that make the platform's interpreter and code work at the same paths in a container."""
-    paths = {str(ROOT)}
-    for p in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(python))):
+    paths = {str(HELPER)}
+    folders = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(python))]
+    # and the site-packages folders our import path has beyond those (one a .pth file adds, say)
+    folders += [p for p in sys.path if os.path.isabs(p) and os.path.basename(p) in ("site-packages", "dist-packages")]
+    for p in folders:
         paths.add(p)
         paths.add(os.path.realpath(p))
     return [(os.path.realpath(p), p, True) for p in sorted(paths) if os.path.isdir(p)]
@@ -171,5 +181,5 @@ def container_plan(plan: AttemptPlan, spec: LearnerSpec, *, engine_url: str, ima
         network=network_name(plan.job_id, plan.attempt), ip=rank_address(subnet, spec.rank),
         labels=labels(stack, plan.job_id, plan.team, plan.attempt, spec.rank),
         nano_cpus=int(res.cpus * 1e9), memory=res.memory, gpu_ids=tuple(spec.gpu_ids), mounts=tuple(mounts),
-        workdir=str(spec.workdir), pythonpath=str(ROOT), reason_path=str(spec.exit_reason_path),
+        workdir=str(spec.workdir), pythonpath=HELPER_PATH, reason_path=str(spec.exit_reason_path),
         uid=job_uid(plan.job_id), pids_limit=res.pids, skeletons=tops)

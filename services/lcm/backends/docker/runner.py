@@ -23,20 +23,17 @@ learner writes are where the controller looks for them.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
 from pathlib import Path
 
-if __name__ == "__main__":  # started by path, with the learner's environment (no PYTHONPATH)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
-
-import os  # noqa: E402
-
-from services.common.adapters.docker_engine import ContainerRequest, Engine  # noqa: E402
-from services.common.errors import TrainforgeError, Unavailable  # noqa: E402
-from services.common.retry import Backoff  # noqa: E402
-from services.lcm.backends.docker.containers import ContainerPlan, build_skeletons  # noqa: E402
+# Started by path with the platform's interpreter, which imports the platform's packages from its installation.
+from trainforge_services.common.adapters.docker_engine import ContainerRequest, Engine
+from trainforge_services.common.errors import TrainforgeError, Unavailable
+from trainforge_services.common.retry import Backoff
+from trainforge_services.lcm.backends.docker.containers import ContainerPlan, build_skeletons
 
 EXIT_CANNOT_START = 125  # docker run's own code for "the container could not be started"
 

@@ -28,14 +28,23 @@ import logging
 import os
 from pathlib import Path
 
-from services.common.adapters.kube import Kube
-from services.common.errors import Conflict, InvalidArgument, TrainforgeError
-from services.common.retry import retry_call
-from services.common.settings import LcmSettings
-from services.lcm.backends.base import AttemptPlan, Backend, Capacity, Handle, JobView, Observed, Role, Site
-from services.lcm.backends.kubernetes import naming, pods, team
-from services.lcm.backends.kubernetes.naming import KubeOptions
-from services.lcm.backends.kubernetes.status import pod_state, quantity
+from trainforge_services.common.adapters.kube import Kube
+from trainforge_services.common.errors import Conflict, InvalidArgument, TrainforgeError
+from trainforge_services.common.retry import retry_call
+from trainforge_services.common.settings import LcmSettings
+from trainforge_services.lcm.backends.base import (
+    AttemptPlan,
+    Backend,
+    Capacity,
+    Handle,
+    JobView,
+    Observed,
+    Role,
+    Site,
+)
+from trainforge_services.lcm.backends.kubernetes import naming, pods, team
+from trainforge_services.lcm.backends.kubernetes.naming import KubeOptions
+from trainforge_services.lcm.backends.kubernetes.status import pod_state, quantity
 
 log = logging.getLogger(__name__)
 

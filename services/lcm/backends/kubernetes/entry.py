@@ -1,15 +1,15 @@
-"""`python -m services.lcm.backends.kubernetes.entry learner|monitor`: the entrypoint injected into every pod.
+"""`python -m trainforge_services.lcm.backends.kubernetes.entry learner|monitor`: the entrypoint injected into every pod.
 
 It turns what the pod was given into what the controller and the job
 monitor read on every backend: the spec JSON from `TF_SPEC` (plus, for a
 learner, each team secret from its `TF_SECRET__<VAR>` variable, which a
 Secret fills) becomes a spec file (0600) in the pod's working directory.
 
-- learner: exec `python -m services.controller --spec <file>`. The
+- learner: exec `python -m trainforge_services.controller --spec <file>`. The
   controller then starts the learner's command as its own child, exactly as
   on the local backend (docs/KUBERNETES.md: why not a sidecar). The spec's
   and the secrets' variables are taken out of the environment first.
-- monitor: run `python -m services.jobmonitor --spec <attempt dir>/monitor.json`
+- monitor: run `python -m trainforge_services.jobmonitor --spec <attempt dir>/monitor.json`
   and exit 0 only when it left its `monitor.done` marker: the pod's phase
   Succeeded is how the LCM reads "the monitor delivered the last state".
 
@@ -24,9 +24,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.common.contracts.specs import LearnerSpec, MonitorSpec
-from services.common.errors import TrainforgeError
-from services.common.keys import MONITOR_DONE
+from trainforge_services.common.contracts.specs import LearnerSpec, MonitorSpec
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.keys import MONITOR_DONE
 
 SPEC_ENV = "TF_SPEC"
 SECRET_PREFIX = "TF_SECRET__"
@@ -51,7 +51,7 @@ def learner(env: dict[str, str]) -> int:
     path = spec.workdir.parent / f"learner-{spec.rank}.json"
     _write(path, spec.to_json())
     clean = {k: v for k, v in env.items() if k != SPEC_ENV and not k.startswith(SECRET_PREFIX)}
-    os.execve(sys.executable, [sys.executable, "-m", "services.controller", "--spec", str(path)], clean)
+    os.execve(sys.executable, [sys.executable, "-m", "trainforge_services.controller", "--spec", str(path)], clean)
     return EXIT_USAGE  # not reached
 
 
@@ -62,7 +62,7 @@ def monitor(env: dict[str, str]) -> int:
     _write(path, spec.to_json())
     (attempt_dir / MONITOR_DONE).unlink(missing_ok=True)
     clean = {k: v for k, v in env.items() if k != SPEC_ENV}
-    proc = subprocess.Popen([sys.executable, "-m", "services.jobmonitor", "--spec", str(path)], env=clean)  # noqa: S603
+    proc = subprocess.Popen([sys.executable, "-m", "trainforge_services.jobmonitor", "--spec", str(path)], env=clean)  # noqa: S603
     # a deleted pod's SIGTERM reaches this process (pid 1 in its container): the monitor handles it
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
@@ -75,7 +75,7 @@ def monitor(env: dict[str, str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args not in (["learner"], ["monitor"]):
-        print("usage: python -m services.lcm.backends.kubernetes.entry learner|monitor", file=sys.stderr)
+        print("usage: python -m trainforge_services.lcm.backends.kubernetes.entry learner|monitor", file=sys.stderr)
         return EXIT_USAGE
     try:
         return learner(dict(os.environ)) if args[0] == "learner" else monitor(dict(os.environ))

@@ -17,7 +17,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.common.settings import LcmSettings
+from trainforge_services.common.settings import LcmSettings
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "trainforge"

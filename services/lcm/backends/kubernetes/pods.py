@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import base64
 
-from services.common.contracts.specs import LearnerSpec
-from services.lcm.backends.base import AttemptPlan
-from services.lcm.backends.kubernetes import naming
+from trainforge_services.common.contracts.specs import LearnerSpec
+from trainforge_services.lcm.backends.base import AttemptPlan
+from trainforge_services.lcm.backends.kubernetes import naming
 
 # what the injected entrypoint reads: the spec as JSON, and each team secret as TF_SECRET__<VAR>
-from services.lcm.backends.kubernetes.entry import ATTEMPT_DIR_ENV, SECRET_PREFIX, SPEC_ENV
-from services.lcm.backends.kubernetes.naming import (
+from trainforge_services.lcm.backends.kubernetes.entry import ATTEMPT_DIR_ENV, SECRET_PREFIX, SPEC_ENV
+from trainforge_services.lcm.backends.kubernetes.naming import (
     CONTAINER,
     GPU_RESOURCE,
     RANK,
@@ -44,7 +44,7 @@ from services.lcm.backends.kubernetes.naming import (
     namespace,
     secret_name,
 )
-from services.lcm.backends.kubernetes.team import (
+from trainforge_services.lcm.backends.kubernetes.team import (
     MONITOR_CPU_MILLI,
     MONITOR_MEMORY,
     cpu_quantity,
@@ -52,7 +52,7 @@ from services.lcm.backends.kubernetes.team import (
     job_policy,
 )
 
-ENTRY_MODULE = "services.lcm.backends.kubernetes.entry"
+ENTRY_MODULE = "trainforge_services.lcm.backends.kubernetes.entry"
 PLAN_KEY = "plan.json"
 RUN_AS = 1000
 ROLE_LEARNER = "learner"

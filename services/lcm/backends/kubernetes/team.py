@@ -24,8 +24,14 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping
 
-from services.lcm.backends.base import TeamQuota
-from services.lcm.backends.kubernetes.naming import JOB, KubeOptions, dns_label, namespace, team_labels
+from trainforge_services.lcm.backends.base import TeamQuota
+from trainforge_services.lcm.backends.kubernetes.naming import (
+    JOB,
+    KubeOptions,
+    dns_label,
+    namespace,
+    team_labels,
+)
 
 __all__ = ["TeamQuota"]
 

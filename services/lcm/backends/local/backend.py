@@ -27,11 +27,11 @@ from pathlib import Path
 
 import psutil
 
-from services.common import isolation, proctree
-from services.common.errors import TrainforgeError
-from services.common.keys import MONITOR_DONE
-from services.common.settings import LcmSettings
-from services.lcm.backends.base import (
+from trainforge_services.common import isolation, proctree
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.keys import MONITOR_DONE
+from trainforge_services.common.settings import LcmSettings
+from trainforge_services.lcm.backends.base import (
     AttemptPlan,
     Backend,
     Capacity,
@@ -42,14 +42,14 @@ from services.lcm.backends.base import (
     Site,
     process_name,
 )
-from services.lcm.backends.local import processes
-from services.lcm.backends.local.records import ProcessEntry, ProcessRecord, process_records
-from services.lcm.store import write_atomically
+from trainforge_services.lcm.backends.local import processes
+from trainforge_services.lcm.backends.local.records import ProcessEntry, ProcessRecord, process_records
+from trainforge_services.lcm.store import write_atomically
 
 log = logging.getLogger(__name__)
 
 KILL_GRACE = 10.0
-_MODULES = {Role.MONITOR: "services.jobmonitor", Role.CONTROLLER: "services.controller"}
+_MODULES = {Role.MONITOR: "trainforge_services.jobmonitor", Role.CONTROLLER: "trainforge_services.controller"}
 
 
 class LocalBackend(Backend):

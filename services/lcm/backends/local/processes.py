@@ -2,9 +2,10 @@
 
 Controllers and job monitors are spawned in their own sessions (so they
 outlive the LCM) with the LCM's TF_* settings spelled out in their
-environment and the project root on PYTHONPATH. A recorded process is ours
+environment; they run the LCM's interpreter, which imports the platform's
+packages from its installation. A recorded process is ours
 only while its pid *and* start time match, so a reused pid is never
-mistaken for it. Stopping goes through `services.common.proctree`.
+mistaken for it. Stopping goes through `trainforge_services.common.proctree`.
 """
 
 from __future__ import annotations
@@ -17,11 +18,8 @@ from pathlib import Path
 
 import psutil
 
-from services.common import proctree
-from services.common.settings import LcmSettings, StoreSettings
-
-# The project root: children import `services.*` from here even when not installed.
-_ROOT = Path(__file__).resolve().parents[4]
+from trainforge_services.common import proctree
+from trainforge_services.common.settings import LcmSettings, StoreSettings
 
 
 def detect_gpus() -> int:
@@ -53,8 +51,6 @@ def child_env(settings: LcmSettings) -> dict[str, str]:
     for name in StoreSettings.model_fields:
         env[f"TF_{name.upper()}"] = _env_value(getattr(settings, name))
     env["TF_LEASE_TTL"] = str(settings.lease_ttl)  # the monitors' claim; controllers get it in their spec
-    paths = [str(_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(_ROOT)]
-    env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
 
 

@@ -1,7 +1,7 @@
 """The local backend's own memory: which processes it started for a job, persisted.
 
 `<state_dir>/lcm/local/<job>.json` holds pids and their start times per
-handle, written atomically (`services.lcm.store`) after every process started, so an LCM that
+handle, written atomically (`trainforge_services.lcm.store`) after every process started, so an LCM that
 restarts finds the processes the previous one left running (and a pid that
 was reused since is never taken for ours). Everything else about the attempt
 (the plan, whether it is being killed, which lost controllers were reported)
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from services.lcm.backends.base import Handle, Role
-from services.lcm.store import RecordStore
+from trainforge_services.lcm.backends.base import Handle, Role
+from trainforge_services.lcm.store import RecordStore
 
 
 class ProcessEntry(BaseModel):
