@@ -185,7 +185,7 @@ def _spec_of(proc: psutil.Process, module: str) -> dict | None:
         argv = proc.cmdline()
     except psutil.Error:
         return None
-    if f"services.{module}" not in argv or "--spec" not in argv[:-1]:
+    if f"trainforge_services.{module}" not in argv or "--spec" not in argv[:-1]:
         return None
     path = Path(argv[argv.index("--spec") + 1])
     return {"job_id": path.parent.parent.name, "attempt": int(path.parent.name), "role": path.stem,

@@ -255,7 +255,7 @@ def _replica(service: str, i: int) -> Component:
                          lambda plan: plan.url(port), settings=lambda plan: plan.api_settings(i),
                          metrics=lambda plan: plan.url(port) + "/metrics")
     kind = TrainerSettings if service == "trainer" else LcmSettings
-    return Component(f"{service}-{i}", _service_argv(f"services.{service}"), _port_health(port), (port, metrics),
+    return Component(f"{service}-{i}", _service_argv(f"trainforge_services.{service}"), _port_health(port), (port, metrics),
                      lambda plan: plan.hostport(port),
                      settings=lambda plan: kind(**plan.store_settings(), metrics_port=plan.ports[metrics],
                                                 listen_address=plan.hostport(port)),
