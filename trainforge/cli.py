@@ -99,6 +99,9 @@ def _print_job(console: Console, job: dict) -> None:
         console.print(f"restarts: {job['restarts']} of {job['manifest'].get('restart', {}).get('max_restarts', '?')}")
     if job.get("checkpoint_step") is not None:
         console.print(f"checkpoint: step {job['checkpoint_step']}")
+    if world := job.get("world_size"):
+        console.print(f"learners: {world['current']} running, target {world['target']} "
+                      f"(elastic, {world['min']} to {world['max']})")
     if job.get("outputs_uri"):
         console.print(Text(f"outputs: {_outputs_location(job)}"))
     if job.get("learners"):

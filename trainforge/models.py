@@ -56,6 +56,13 @@ class HistoryEvent(_Model):
     timestamp: float
 
 
+class WorldSize(_Model):
+    current: int
+    target: int
+    min: int
+    max: int
+
+
 class Job(_Model):
     id: str
     team: str
@@ -74,6 +81,7 @@ class Job(_Model):
     restarts: int = 0
     checkpoint_step: int | None = None
     not_before: float = 0.0
+    world_size: WorldSize | None = None
 
     @property
     def ended(self) -> bool:

@@ -56,6 +56,14 @@ class HistoryEvent(BaseModel):
     timestamp: float = Field(description="unix time, seconds")
 
 
+class WorldSize(BaseModel):
+    current: int = Field(description="learners running now")
+    target: int = Field(description="learners the platform runs or is starting for the job (what fits, "
+                                    "at most max)")
+    min: int = Field(description="the manifest's learners.min")
+    max: int = Field(description="the manifest's learners.max")
+
+
 class Job(BaseModel):
     id: str
     team: str
@@ -75,6 +83,7 @@ class Job(BaseModel):
     restarts: int = Field(0, description="redeploys after a failure so far (at most restart.max_restarts)")
     checkpoint_step: int | None = Field(None, description="step of the checkpoint stored at the last halt")
     not_before: float = Field(0.0, description="unix time before which a restarting job is not redeployed; 0: none")
+    world_size: WorldSize | None = Field(None, description="an elastic job's size now; null for a fixed-size job")
 
 
 class JobList(BaseModel):
