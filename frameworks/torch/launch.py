@@ -106,8 +106,13 @@ def elastic_restarts(max_nodes: int, job_restarts: int = 0) -> int:
 
 
 def elastic_env(*, min_nodes: int, max_nodes: int, endpoint_host: str, endpoint_port: int, run_id: str,
-                max_restarts: int, host_store: bool) -> dict[str, str]:
+                max_restarts: int, host_store: bool, local_addr: str | None = None) -> dict[str, str]:
     """The PET_* variables torchrun reads as its defaults: one agent node of an elastic job.
+
+    `local_addr` is the address the other nodes reach this one at (the
+    worker group's MASTER_ADDR when this node leads it); left out, torchrun
+    uses the host's FQDN, which must then resolve (a pod's hostname under
+    its headless Service does; a sandbox's private hostname does not).
 
     The c10d rendezvous store lives in the agent started with `host_store`
     (the learner in slot 0); every other agent connects to it at the
@@ -124,7 +129,8 @@ def elastic_env(*, min_nodes: int, max_nodes: int, endpoint_host: str, endpoint_
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
     conf = {"is_host": "1" if host_store else "0", **ELASTIC_RDZV_CONF}
-    return {
+    local = {"PET_LOCAL_ADDR": local_addr.strip()} if local_addr and local_addr.strip() else {}
+    return {**local,
         "PET_NNODES": f"{min_nodes}:{max_nodes}",
         "PET_NPROC_PER_NODE": "1",
         "PET_RDZV_BACKEND": "c10d",
@@ -133,6 +139,9 @@ def elastic_env(*, min_nodes: int, max_nodes: int, endpoint_host: str, endpoint_
         "PET_RDZV_CONF": ",".join(f"{k}={v}" for k, v in conf.items()),
         "PET_MAX_RESTARTS": str(max_restarts),
         "PET_MONITOR_INTERVAL": "0.5",
+        # every node runs one worker of the same role: ranks follow from the node's group rank, without
+        # the store round trip (whose role_info wait hangs a group re-formed after a loss in torch 2.x)
+        "TORCH_ELASTIC_WORKER_IDENTICAL": "1",
     }
 
 
@@ -141,7 +150,11 @@ def elastic_argv(command: str, *, python: str = "python") -> list[str]:
     (re)start runs `command` through the shell, with RANK, WORLD_SIZE and MASTER_* of the current group."""
     if not command or not command.strip():
         raise ValueError("command must not be empty")
-    return [python, "-m", "torch.distributed.run", "--no-python", "/bin/sh", "-c", command]
+    # a simple command replaces the shell, so the worker torchrun signals (to stop it when the group
+    # changes) is the training process itself, not a shell that would die and leave it running
+    simple = not any(c in command for c in ";&|<>()`$\n")
+    return [python, "-m", "torch.distributed.run", "--no-python", "/bin/sh", "-c",
+            f"exec {command.strip()}" if simple else command]
 
 
 def elastic_command(command: str, *, python: str = "python") -> str:

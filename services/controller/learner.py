@@ -65,7 +65,7 @@ def learner_env(spec: LearnerSpec, base: dict[str, str] | None = None,
                                endpoint_host=spec.master_addr, endpoint_port=spec.master_port,
                                run_id=f"{spec.job_id}-{spec.attempt}", max_restarts=elastic_restarts(spec.manifest.max_learners,
                                                                             spec.manifest.restart.max_restarts),
-                               host_store=spec.rank == 0))
+                               host_store=spec.rank == 0, local_addr=loopback_addr(spec, os.getpid())))
     else:
         # One learner per process group and per device set: its local rank is 0 of 1
         # (frameworks/torch/launch.py explains why).
@@ -82,6 +82,21 @@ def learner_env(spec: LearnerSpec, base: dict[str, str] | None = None,
         "PATH": os.pathsep.join([os.path.dirname(python), base.get("PATH") or _DEFAULT_PATH]),
     })
     return env
+
+
+def loopback_addr(spec: LearnerSpec, pid: int) -> str | None:
+    """This learner's own loopback address when the job's learners share one loopback (the local backend,
+    or the job's network namespace in the sandbox), else None (torchrun uses the host's name: a pod's or a
+    container's own).
+
+    torchrun names a node by its address and pid. Sandboxed learners all run as pid 2 of their own
+    namespace, and a lost learner's slot is started again while its peers may still list the lost node: so
+    the address carries the slot (last byte) and this controller's pid (the middle two), all of 127.0.0.0/8
+    being loopback.
+    """
+    if spec.master_addr == "localhost" or spec.master_addr.startswith("127."):
+        return f"127.{(pid >> 8) & 255}.{pid & 255}.{spec.rank + 1}"
+    return None
 
 
 def learner_command(spec: LearnerSpec) -> str:

@@ -7,9 +7,13 @@ at its minimum; the lifecycle starts it with as many slots as fit
 the team's quota, at least `min`, at most `max`), all or nothing like any
 job. After that the pass here (`Growth.run_once`, run with supervision)
 fills slots whose controller is gone or was never started, as far as room
-allows: a lost learner's slot is started again (its old status key is
-deleted first, so the monitor sees a new learner) and the job grows up to
-`max`. It never adds learners once any learner finished, stores or halted,
+allows, and the job grows up to `max`. A lost learner's slot is started
+again only `REFILL_DELAY` seconds after the loss was seen: by then its
+torchrun peers dropped the lost node and re-formed a smaller group, so the
+new learner joins a settled rendezvous (and a slot that keeps failing is
+not restarted in a tight loop). Meanwhile the slot's status says
+LEARNER_PREPARING ("starting again"): the job's target size counts it, its
+current size does not. It never adds learners once any learner finished, stores or halted,
 or a halt was asked for: the job is ending.
 
 The rendezvous store of the torchrun agents lives in slot 0's learner
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,6 +43,8 @@ log = logging.getLogger(__name__)
 
 _ENDING = LEARNER_EXITED_OK | {LearnerState.LEARNER_HALTED}
 _UNLIMITED = 1 << 30
+# Longer than the agents' keep-alive expiry plus a rendezvous round's last call (frameworks/torch/launch.py).
+REFILL_DELAY = 12.0
 
 
 @dataclass(frozen=True)
@@ -98,11 +105,16 @@ class Growth:
         self._job_lock = job_lock
         self._room = room
         self._unsupported = False
+        # (job, attempt, slot) -> when its lost learner is started again
+        self._refill_at: dict[tuple[str, int, int], float] = {}
 
     def run_once(self) -> None:
         if self._unsupported:
             return
-        for record in self._records.all():
+        records = self._records.all()
+        attempts = {(r.job_id, r.attempt) for r in records}
+        self._refill_at = {k: v for k, v in self._refill_at.items() if k[:2] in attempts}
+        for record in records:
             if not record.plan.manifest.elastic or record.killing:
                 continue
             lock = self._job_lock(record.job_id)
@@ -158,14 +170,36 @@ class Growth:
             else:
                 break
             add.append(slot)
+        add = self._due(record, add)
         if not add:
             return
-        grown = with_learners(plan, by_rank)
-        for slot in add:
-            if slot < len(plan.learners):
-                self._coord.delete(self._coord.keys.learner_status(record.job_id, slot))
+        grown = with_learners(plan, {slot: by_rank[slot] for slot in add})
         reported = tuple(r for r in record.reported_dead if r not in add)
         self._records.put(record.model_copy(update={"plan": grown, "reported_dead": reported}))
         log.info("job %s attempt %d: starting learner(s) %s (%d running, at most %d)", record.job_id,
                  record.attempt, ", ".join(map(str, add)), running, plan.manifest.max_learners)
         self._backend.launch_learners(grown, add)
+
+    def _due(self, record: AttemptRecord, slots: list[int]) -> list[int]:
+        """The slots to start now: new ones, and lost ones whose refill delay is over (the others are marked
+        as starting again and their delay begins)."""
+        now = time.monotonic()
+        due = []
+        for slot in slots:
+            if slot >= len(record.plan.learners):
+                due.append(slot)
+                continue
+            key = (record.job_id, record.attempt, slot)
+            at = self._refill_at.get(key)
+            if at is None:
+                self._refill_at[key] = now + REFILL_DELAY
+                status = LearnerStatus(state=LearnerState.LEARNER_PREPARING, attempt=record.attempt,
+                                       message=f"learner lost; a new one starts in {REFILL_DELAY:g}s, once the "
+                                               "others re-formed their group")
+                self._coord.put(self._coord.keys.learner_status(record.job_id, slot), status.value())
+                log.info("job %s attempt %d: learner %d lost; starting it again in %gs", record.job_id,
+                         record.attempt, slot, REFILL_DELAY)
+            elif at <= now:
+                del self._refill_at[key]
+                due.append(slot)
+        return due
