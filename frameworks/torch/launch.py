@@ -142,6 +142,9 @@ def elastic_env(*, min_nodes: int, max_nodes: int, endpoint_host: str, endpoint_
         # every node runs one worker of the same role: ranks follow from the node's group rank, without
         # the store round trip (whose role_info wait hangs a group re-formed after a loss in torch 2.x)
         "TORCH_ELASTIC_WORKER_IDENTICAL": "1",
+        # each round publishes its own MASTER_ADDR: with the shared store, a group leader of an earlier round
+        # never does again, and a node joining later waits for it until the rendezvous times out
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     }
 
 
