@@ -155,6 +155,10 @@ class MonitorSpec(_Spec):
     def elastic(self) -> bool:
         return self.max_learners > 0
 
+    def to_json(self) -> str:
+        # a fixed-size job's spec reads as it always did
+        return self.model_dump_json(indent=2, exclude=None if self.elastic else {"min_learners", "max_learners"})
+
     @property
     def slots(self) -> int:
         """The ranks the monitor follows: the attempt's learners, or every slot of an elastic job."""
