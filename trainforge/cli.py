@@ -104,6 +104,9 @@ def _print_job(console: Console, job: dict) -> None:
         console.print(f"borrowed: {lent or 'memory'} from cohort {b['cohort']}")
     if job.get("preempted") or job.get("preemptions"):
         console.print(f"preempted: {job.get('preemptions', 0)} time(s){'; ' + job['preempted'] if job.get('preempted') else ''}")
+    if world := job.get("world_size"):
+        console.print(f"learners: {world['current']} running, target {world['target']} "
+                      f"(elastic, {world['min']} to {world['max']})")
     if job.get("outputs_uri"):
         console.print(Text(f"outputs: {_outputs_location(job)}"))
     if job.get("learners"):

@@ -56,6 +56,13 @@ class HistoryEvent(_Model):
     timestamp: float
 
 
+class WorldSize(_Model):
+    current: int
+    target: int
+    min: int
+    max: int
+
+
 class Job(_Model):
     id: str
     team: str
@@ -78,6 +85,7 @@ class Job(_Model):
     borrowed: dict[str, Any] | None = None
     preemptions: int = 0
     preempted: str = ""
+    world_size: WorldSize | None = None
 
     @property
     def ended(self) -> bool:

@@ -65,6 +65,14 @@ class JobBorrowed(BaseModel):
     memory: int = Field(description="bytes")
 
 
+class WorldSize(BaseModel):
+    current: int = Field(description="learners running now")
+    target: int = Field(description="learners the platform runs or is starting for the job (what fits, "
+                                    "at most max)")
+    min: int = Field(description="the manifest's learners.min")
+    max: int = Field(description="the manifest's learners.max")
+
+
 class Job(BaseModel):
     id: str
     team: str
@@ -88,6 +96,7 @@ class Job(BaseModel):
                                                            "its cohort; null: none")
     preemptions: int = Field(0, description="times the scheduler halted it for another job")
     preempted: str = Field("", description="why the scheduler halted it, until it runs again; empty otherwise")
+    world_size: WorldSize | None = Field(None, description="an elastic job's size now; null for a fixed-size job")
 
 
 class JobList(BaseModel):

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from trainforge_protos import common_pb2, trainer_pb2, trainer_pb2_grpc
 from trainforge_services.common import rpc
-from trainforge_services.common.states import LEARNER_EXITED, JobState, LearnerState
+from trainforge_services.common.states import LEARNER_EXITED, LEARNER_STARTED, JobState, LearnerState
 
 
 class TrainerApi(Protocol):
@@ -95,7 +95,21 @@ def job_to_json(job: common_pb2.Job) -> dict:
                       "memory": job.borrowed.memory} if job.HasField("borrowed") else None),
         "preemptions": job.preemptions,
         "preempted": job.preempted,
+        "world_size": world_size_json(job),
     }
+
+
+def world_size_json(job: common_pb2.Job) -> dict | None:
+    """An elastic job's size (docs/CONTRACTS.md): learners running (`current`) and learners the platform
+    runs or is starting for it (`target`), within the manifest's {min, max}; None for a fixed-size job."""
+    manifest = json.loads(job.manifest_json) if job.manifest_json else {}
+    bounds = manifest.get("learners")
+    if not isinstance(bounds, dict):
+        return None
+    states = [ls.state for ls in job.learners if ls.attempt == job.attempt]
+    out = (LearnerState.LEARNER_STATE_UNSPECIFIED, LearnerState.LEARNER_FAILED)
+    return {"current": sum(s in LEARNER_STARTED for s in states), "target": sum(s not in out for s in states),
+            "min": bounds.get("min"), "max": bounds.get("max")}
 
 
 def quota_to_json(quota: trainer_pb2.Quota) -> dict:

@@ -135,7 +135,9 @@ def _demand(job: dict) -> tuple[str, float, float, float]:
     """(gpu type, GPUs, CPUs, GiB) of all the job's learners together, from its validated manifest."""
     manifest = job.get("manifest") or {}
     resources = manifest.get("resources") or {}
-    n = int(manifest.get("learners", 1))
+    learners = manifest.get("learners", 1)
+    # an elastic job ({min, max}) is counted at its minimum, what admission holds for it
+    n = int(learners["min"] if isinstance(learners, dict) else learners)
     gpu_type = resources.get("gpu_type") or UNSPECIFIED_GPU
     return (gpu_type, float(resources.get("gpus", 0)) * n, float(resources.get("cpus", 1.0)) * n,
             float(resources.get("memory", 2 * 2**30)) * n / 2**30)

@@ -11,10 +11,20 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.functional_validators import BeforeValidator
 
 from trainforge_services.common.errors import InvalidArgument
@@ -160,10 +170,45 @@ class Notify(_Strict):
                          max_length=2048, pattern=r"^https?://[^\s]+$")
 
 
+class LearnerRange(_Strict):
+    """`learners: {min, max}`: an elastic job (docs/ARCHITECTURE.md, "Elastic jobs").
+
+    It starts with as many learners as fit (at least `min`), grows up to
+    `max` as capacity frees, and shrinks instead of failing when a learner is
+    lost while at least `min` remain. Each learner is a torchrun agent node.
+    """
+
+    min: int = Field(ge=1, le=64, description="fewest learners the job runs with")
+    max: int = Field(ge=1, le=64, description="most learners the job grows to")
+
+    @field_validator("max")
+    @classmethod
+    def _max(cls, v: int, info: ValidationInfo) -> int:
+        low = info.data.get("min")
+        if isinstance(low, int) and v < low:
+            raise ValueError(f"must be at least min ({low})")
+        return v
+
+
+# The union's branches are tagged so a bad value is reported at `learners` or `learners.min`/`.max`
+# (`_field_errors` drops the tag from the path).
+_LEARNER_TAGS = ("count", "range")
+
+
+def _learners_kind(v: Any) -> Literal["count", "range"]:
+    return "range" if isinstance(v, dict | LearnerRange) else "count"
+
+
+Learners = Annotated[
+    Annotated[int, Field(ge=1, le=64), Tag("count")] | Annotated[LearnerRange, Tag("range")],
+    Discriminator(_learners_kind),
+]
+
+
 class Manifest(_Strict):
     name: str = Field(description="lowercase letters, digits and '-', at most 63 characters")
     framework: Framework = Framework.TORCH
-    learners: int = Field(1, ge=1, le=64, description="number of learners; >1 is distributed")
+    learners: Learners = Field(1, description="number of learners (>1 is distributed), or {min, max}: elastic")
     resources: Resources = Resources()
     command: str = Field(min_length=1, description="run in the learner's working directory; {{param}} is filled from params")
     params: dict[str, str | int | float | bool] = Field(default_factory=dict)
@@ -248,6 +293,21 @@ class Manifest(_Strict):
             raise ValueError("must be greater than 0; leave it out for no limit")
         return v
 
+    @property
+    def elastic(self) -> bool:
+        """`learners: {min, max}`: the job's size changes while it runs."""
+        return isinstance(self.learners, LearnerRange)
+
+    @property
+    def min_learners(self) -> int:
+        """The fewest learners the job runs with (what admission needs): the count, or `learners.min`."""
+        return self.learners.min if isinstance(self.learners, LearnerRange) else self.learners
+
+    @property
+    def max_learners(self) -> int:
+        """The most learners the job runs with: the count, or `learners.max`."""
+        return self.learners.max if isinstance(self.learners, LearnerRange) else self.learners
+
     def plain_env(self) -> dict[str, str]:
         """The env values given in the manifest itself (no secrets)."""
         return {k: v for k, v in self.env.items() if isinstance(v, str)}
@@ -255,6 +315,13 @@ class Manifest(_Strict):
     def secret_env(self) -> dict[str, str]:
         """Variable -> the name of the team secret it takes its value from."""
         return {k: v.secret for k, v in self.env.items() if isinstance(v, SecretRef)}
+
+    @model_validator(mode="after")
+    def _elastic_torch(self) -> Manifest:
+        if self.elastic and self.framework != Framework.TORCH:
+            # ValueError has no field here: name it the way _field_errors would
+            raise ValueError("learners: {min, max} (elastic) needs framework torch: each learner is a torchrun node")
+        return self
 
     @model_validator(mode="after")
     def _placeholders(self) -> Manifest:
@@ -271,7 +338,10 @@ class Manifest(_Strict):
 def _field_errors(exc: ValidationError) -> list[dict]:
     out = []
     for err in exc.errors(include_url=False):
-        loc = ".".join(str(p) for p in err["loc"]) or "manifest"
+        parts = list(err["loc"])
+        if parts[:1] == ["learners"]:
+            parts = [p for p in parts if p not in _LEARNER_TAGS]
+        loc = ".".join(str(p) for p in parts) or "manifest"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown field"

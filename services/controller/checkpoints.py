@@ -73,15 +73,20 @@ def common_step(store: ObjectStore, root: str, world_size: int) -> int | None:
     return max(common) if common else None
 
 
-def choose_step(store: ObjectStore, uri: str, rank: int, world_size: int) -> int | None:
+def choose_step(store: ObjectStore, uri: str, rank: int, world_size: int, *, own: bool = False) -> int | None:
     """The step a learner restores from `uri`; None when no step is complete for every rank.
 
     A job's checkpoint root gives the newest step every rank stored
     completely. A URI naming one step's copy (`.../<rank>/<step>/`, accepted
     for compatibility) gives that step, in this learner's own rank's copy,
-    which must be complete (NotFound otherwise).
+    which must be complete (NotFound otherwise). With `own` (an elastic
+    job, whose learners come and go) a job's root gives the newest step this
+    rank stored: the group agrees on the newest any rank holds once it runs
+    (frameworks/torch/elastic.py).
     """
     root, step = split_checkpoint_uri(uri)
+    if step is None and own:
+        return max(stored_steps(store, root, rank), default=None)
     if step is None:
         return common_step(store, root, world_size)
     if step not in stored_steps(store, root, rank):
@@ -94,9 +99,10 @@ def copy_uri(uri: str, rank: int, step: int) -> str:
     return uri_for_prefix(checkpoint_step_prefix(split_checkpoint_uri(uri)[0], rank, step))
 
 
-def restore(store: ObjectStore, uri: str, rank: int, world_size: int, directory: Path) -> int | None:
+def restore(store: ObjectStore, uri: str, rank: int, world_size: int, directory: Path, *,
+            own: bool = False) -> int | None:
     """Download into directory this rank's copy of the step `choose_step` picks; the step, or None."""
-    step = choose_step(store, uri, rank, world_size)
+    step = choose_step(store, uri, rank, world_size, own=own)
     if step is None:
         return None
     prefix = checkpoint_step_prefix(split_checkpoint_uri(uri)[0], rank, step)

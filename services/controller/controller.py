@@ -52,7 +52,15 @@ from trainforge_services.common.states import LearnerState
 from .checkpoints import CheckpointSync, copy_uri
 from .halt import Halting
 from .lagreport import LagReporter
-from .learner import LearnerProcess, MemoryWatchdog, describe_exit, exit_code_of, launcher_reason, learner_env
+from .learner import (
+    LearnerProcess,
+    MemoryWatchdog,
+    describe_exit,
+    exit_code_of,
+    launcher_reason,
+    learner_command,
+    learner_env,
+)
 from .logship import LogArchive, LogShipper, LogSink, upload_earlier_archives
 from .metricstail import MetricsChannel
 from .outcome import FINAL_STATUS_SECONDS, Outcome, system_line, text
@@ -243,11 +251,12 @@ class Controller:
         if learner_python != self.python:
             env["VIRTUAL_ENV"] = str(Path(learner_python).parent.parent)
         program = None
+        command = learner_command(spec)
         if sandbox is not None:
-            env, program = sandbox.env(env), sandbox.argv(spec.manifest.rendered_command())
+            env, program = sandbox.env(env), sandbox.argv(command)
         elif spec.launcher:
-            program = [*spec.launcher, "/bin/sh", "-c", spec.manifest.rendered_command()]
-        learner = self._learner = LearnerProcess(spec.manifest.rendered_command(), spec.workdir, env, archive,
+            program = [*spec.launcher, "/bin/sh", "-c", command]
+        learner = self._learner = LearnerProcess(command, spec.workdir, env, archive,
                                                  python=self.python, program=program)
         try:
             learner.start()

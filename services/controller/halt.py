@@ -129,7 +129,8 @@ class Halting:
         """Halted before the learner restored anything: what a resume would restore is still the checkpoint."""
         spec = self.spec
         try:
-            step = choose_step(self._object_store(), spec.checkpoint_uri, spec.rank, spec.world_size)
+            step = choose_step(self._object_store(), spec.checkpoint_uri, spec.rank, spec.world_size,
+                               own=spec.manifest.elastic)
         except (TrainforgeError, OSError) as e:
             log.warning("could not look up the stored checkpoints at %s: %s", spec.checkpoint_uri, text(e))
             return

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from trainforge_frameworks.torch.launch import ddp_env
+from trainforge_frameworks.torch.launch import ddp_env, elastic_command, elastic_env, elastic_restarts
 from trainforge_services.common.contracts.specs import LearnerSpec
 
 from .logship import LogArchive
@@ -59,9 +59,17 @@ def learner_env(spec: LearnerSpec, base: dict[str, str] | None = None,
     env.update({k: v for k, v in spec.manifest.plain_env().items() if not k.startswith("TF_")})
     # the values of the team secrets the manifest names ({secret: name}), from the 0600 spec file only
     env.update({k: v for k, v in spec.secret_env.items() if not k.startswith("TF_")})
-    # One learner per process group and per device set: its local rank is 0 of 1
-    # (frameworks/torch/launch.py explains why).
-    env.update(ddp_env(spec.rank, spec.world_size, spec.master_addr, spec.master_port))
+    if spec.manifest.elastic:
+        # a torchrun agent node: torchrun gives each worker its RANK and WORLD_SIZE in the current group
+        env.update(elastic_env(min_nodes=spec.manifest.min_learners, max_nodes=spec.manifest.max_learners,
+                               endpoint_host=spec.master_addr, endpoint_port=spec.master_port,
+                               run_id=f"{spec.job_id}-{spec.attempt}", max_restarts=elastic_restarts(spec.manifest.max_learners,
+                                                                            spec.manifest.restart.max_restarts),
+                               host_store=spec.rank == 0, local_addr=loopback_addr(spec, os.getpid())))
+    else:
+        # One learner per process group and per device set: its local rank is 0 of 1
+        # (frameworks/torch/launch.py explains why).
+        env.update(ddp_env(spec.rank, spec.world_size, spec.master_addr, spec.master_port))
     env.update({
         "TF_JOB_ID": spec.job_id,
         "TF_RANK": str(spec.rank),
@@ -74,6 +82,27 @@ def learner_env(spec: LearnerSpec, base: dict[str, str] | None = None,
         "PATH": os.pathsep.join([os.path.dirname(python), base.get("PATH") or _DEFAULT_PATH]),
     })
     return env
+
+
+def loopback_addr(spec: LearnerSpec, pid: int) -> str | None:
+    """This learner's own loopback address when the job's learners share one loopback (the local backend,
+    or the job's network namespace in the sandbox), else None (torchrun uses the host's name: a pod's or a
+    container's own).
+
+    torchrun names a node by its address and pid. Sandboxed learners all run as pid 2 of their own
+    namespace, and a lost learner's slot is started again while its peers may still list the lost node: so
+    the address carries the slot (last byte) and this controller's pid (the middle two), all of 127.0.0.0/8
+    being loopback.
+    """
+    if spec.master_addr == "localhost" or spec.master_addr.startswith("127."):
+        return f"127.{(pid >> 8) & 255}.{pid & 255}.{spec.rank + 1}"
+    return None
+
+
+def learner_command(spec: LearnerSpec) -> str:
+    """The shell command the learner runs: the manifest's, or for an elastic job a torchrun agent running it."""
+    command = spec.manifest.rendered_command()
+    return elastic_command(command) if spec.manifest.elastic else command
 
 
 def exit_code_of(returncode: int) -> int:

@@ -132,6 +132,7 @@ def prepare(spec: LearnerSpec, store: ObjectStore,
     if spec.checkpoint_uri:
         step(f"restoring the newest checkpoint of every learner from {spec.checkpoint_uri}")
         _inside(workdir, spec.checkpoint_dir)
-        restored = restore(store, spec.checkpoint_uri, spec.rank, spec.world_size, spec.checkpoint_dir)
+        restored = restore(store, spec.checkpoint_uri, spec.rank, spec.world_size, spec.checkpoint_dir,
+                           own=spec.manifest.elastic)
     spec.output_dir.mkdir(parents=True, exist_ok=True)
     return restored

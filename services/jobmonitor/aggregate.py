@@ -100,7 +100,7 @@ def preparing_reason(views: list[LearnerView]) -> str:
     return reason if len(reason) <= MAX_PREPARING_CHARS else reason[:MAX_PREPARING_CHARS - 1] + "…"
 
 
-def _failure_reason(rank: int, status: LearnerStatus) -> str:
+def failure_reason(rank: int, status: LearnerStatus) -> str:
     code = status.exit_code
     reason = f"learner {rank} exited with code {code}" if code is not None else f"learner {rank} failed"
     message = status.message.strip()
@@ -142,7 +142,7 @@ def aggregate(current: Mapping[int, LearnerStatus | None], learners: int, attemp
 
     failed = sorted(r for r, d in effective.items() if d.state == LearnerState.LEARNER_FAILED)
     if failed:
-        reason = _failure_reason(failed[0], effective[failed[0]])
+        reason = failure_reason(failed[0], effective[failed[0]])
         if len(failed) > 1:
             reason += f"\n(learners {', '.join(map(str, failed[1:]))} failed too)"
         return Verdict(JobState.FAILED, reason)
@@ -155,7 +155,7 @@ def aggregate(current: Mapping[int, LearnerStatus | None], learners: int, attemp
     states = [learner_state(effective.get(r)) for r in range(learners)]
     halted = [r for r in range(learners) if states[r] == LearnerState.LEARNER_HALTED]
     if halted and all(s in (LearnerState.LEARNER_HALTED, LearnerState.LEARNER_COMPLETED) for s in states):
-        return _halted(halted, effective, learners)
+        return halted_verdict(halted, effective, learners)
     if all(s in LEARNER_DONE for s in states):
         return Verdict(JobState.COMPLETED, f"all {learners} learners completed; outputs stored")
     if all(s in LEARNER_EXITED_OK for s in states):
@@ -167,7 +167,7 @@ def aggregate(current: Mapping[int, LearnerStatus | None], learners: int, attemp
     return Verdict(JobState.DEPLOYING, f"{started} of {learners} learners started")
 
 
-def _halted(halted: list[int], statuses: Mapping[int, LearnerStatus], learners: int) -> Verdict:
+def halted_verdict(halted: list[int], statuses: Mapping[int, LearnerStatus], learners: int) -> Verdict:
     """Every learner checkpointed and exited (one that had already completed counts as done)."""
     steps = [statuses[r].step for r in halted]
     known = [s for s in steps if s is not None]

@@ -46,7 +46,7 @@ from trainforge_services.common.errors import (
     Unauthenticated,
 )
 from trainforge_services.common.retry import Backoff
-from trainforge_services.common.states import JobState
+from trainforge_services.common.states import JobState, LearnerState
 from trainforge_services.jobmonitor.aggregate import (
     Verdict,
     aggregate,
@@ -55,6 +55,7 @@ from trainforge_services.jobmonitor.aggregate import (
     preparing_reason,
 )
 from trainforge_services.jobmonitor.claim import BACKOFF_CAP, JobClaim
+from trainforge_services.jobmonitor.elastic import aggregate_elastic
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,8 @@ class JobMonitor:
         self._progress_reason = ""
         self._progress_at = -math.inf
         self._progress_interval = progress_interval
+        # an elastic job's learners and their states as last reported (services/jobmonitor/elastic.py)
+        self._members: tuple[tuple[int, int], ...] = ()
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -253,6 +256,10 @@ class JobMonitor:
                   if now - at < self._lost_grace and rank in self._last_seen and rank not in current}
         if recent:  # not lost yet: as they last were, until the grace is over or a new status comes
             current = {**current, **recent}
+        if self.spec.elastic:
+            return aggregate_elastic(current, slots=self.spec.slots, initial=self.spec.learners,
+                                     minimum=self.spec.min_learners, attempt=self.spec.attempt,
+                                     last_seen=self._last_seen, waited=waited, start_timeout=self.spec.start_timeout)
         return aggregate(current, self.spec.learners, self.spec.attempt, self._last_seen,
                          waited=waited, start_timeout=self.spec.start_timeout)
 
@@ -273,8 +280,10 @@ class JobMonitor:
             return
         steps = states.path_along_main_line(self._reached, verdict.state)
         if not steps:
+            self._note_membership(verdict)
             return
         learners = self._learner_statuses()
+        self._members = _membership(learners)
         for step in steps:
             reason = verdict.reason if step == verdict.state else _STEP_REASONS.get(step, verdict.reason)
             stored = step in (JobState.STORING, JobState.COMPLETED)
@@ -286,12 +295,27 @@ class JobMonitor:
                      self._reached.name, step.name, reason.splitlines()[0] if reason else "")
             self._reached = step
 
+    def _note_membership(self, verdict: Verdict) -> None:
+        """An elastic job that runs on while learners leave or join: the Trainer hears each change (the
+        same state with the learners now), so the job's current and target size stay true."""
+        if not self.spec.elastic or self._reached != JobState.RUNNING or verdict.state != JobState.RUNNING:
+            return
+        learners = self._learner_statuses()
+        members = _membership(learners)
+        if members == self._members:
+            return
+        self._members = members
+        self._outbox.append(trainer_pb2.ReportJobStatusRequest(
+            job_id=self.spec.job_id, attempt=self.spec.attempt, state=JobState.RUNNING, reason=verdict.reason,
+            actor=ACTOR, learners=learners))
+        log.info("job %s attempt %d: %s", self.spec.job_id, self.spec.attempt, verdict.reason)
+
     def _note_progress(self) -> None:
         """While the job deploys, queue the learners' preparing messages as its reason (on change, throttled)."""
         if self._reached != JobState.DEPLOYING or self._outbox:
             self._progress = None  # a state is on its way: progress of DEPLOYING would only be stale
             return
-        views = learner_views(self._current, self._last_seen, self.spec.learners, self.spec.attempt)
+        views = learner_views(self._current, self._last_seen, self.spec.slots, self.spec.attempt)
         reason = preparing_reason(views)
         now = self._clock()
         if not reason or reason == self._progress_reason or now - self._progress_at < self._progress_interval:
@@ -320,11 +344,15 @@ class JobMonitor:
 
     def _learner_statuses(self) -> list[common_pb2.LearnerStatus]:
         out = []
-        for v in learner_views(self._current, self._last_seen, self.spec.learners, self.spec.attempt):
-            message = v.message
+        for v in learner_views(self._current, self._last_seen, self.spec.slots, self.spec.attempt):
+            if self.spec.elastic and not v.present and v.state == LearnerState.LEARNER_STATE_UNSPECIFIED:
+                continue  # a slot of an elastic job that never had a learner
+            message, state = v.message, v.state
             if v.lost:
                 message = f"{message}; {_LOST}" if message else _LOST
-            out.append(common_pb2.LearnerStatus(rank=v.rank, state=v.state, exit_code=v.exit_code or 0,
+                if self.spec.elastic:
+                    state = LearnerState.LEARNER_FAILED  # it left the group (the job runs on without it)
+            out.append(common_pb2.LearnerStatus(rank=v.rank, state=state, exit_code=v.exit_code or 0,
                                                 attempt=self.spec.attempt, message=message,
                                                 isolation=v.isolation, timed_out=v.timed_out))
         return out
@@ -355,6 +383,11 @@ class JobMonitor:
 
     def _finished(self) -> bool:
         return _final(self._reached) and not self._outbox
+
+
+def _membership(learners: list[common_pb2.LearnerStatus]) -> tuple[tuple[int, int], ...]:
+    """Who is in the job in which state: what an elastic job's same-state report is sent for."""
+    return tuple((s.rank, s.state) for s in learners)
 
 
 def _final(state: JobState) -> bool:

@@ -71,7 +71,7 @@ class Capacity:
 
 def demand(manifest: Manifest) -> Usage:
     """Everything a job holds while it is active: all of its learners together."""
-    r, n = manifest.resources, manifest.learners
+    r, n = manifest.resources, manifest.min_learners  # an elastic job is admitted at its minimum
     return Usage(r.gpus * n, r.cpus * n, r.memory * n, n)
 
 

@@ -44,6 +44,7 @@ class FakeBackend(Backend):
         self.launched: list[AttemptPlan] = []
         self.stopped: list[str] = []
         self.monitor_restarts: list[str] = []
+        self.grown: list[tuple[str, list[int]]] = []
         self.fail_launch = False
         self._ids = itertools.count(100)
         self._lock = threading.Lock()
@@ -89,6 +90,15 @@ class FakeBackend(Backend):
             job.alive[handle] = True
             self.monitor_restarts.append(plan.job_id)
             return handle
+
+    def launch_learners(self, plan: AttemptPlan, ranks: list[int]) -> list[Handle]:
+        with self._lock:
+            job = self.jobs[plan.job_id]
+            job.alive = {h: a for h, a in job.alive.items() if h.role is not Role.CONTROLLER or h.rank not in ranks}
+            handles = [self._handle(Role.CONTROLLER, rank) for rank in ranks]
+            job.alive.update(dict.fromkeys(handles, True))
+            self.grown.append((plan.job_id, list(ranks)))
+            return handles
 
     def capacity(self) -> Capacity:
         return Capacity(backend=self.name, gpus=self.gpus, cpus=16.0, memory=2**36, max_learners=self.max_learners)

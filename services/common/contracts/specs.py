@@ -145,5 +145,23 @@ class MonitorSpec(_Spec):
     job_id: str
     team: str = ""
     attempt: int = Field(ge=0)
+    # learners started with the attempt (ranks 0..learners-1); each must start within start_timeout
     learners: int = Field(ge=1)
     start_timeout: float = Field(300.0, gt=0)
+    # an elastic job (manifest `learners: {min, max}`): slots 0..max_learners-1, the job fails only when
+    # fewer than min_learners remain; 0 for a job of fixed size
+    min_learners: int = Field(0, ge=0)
+    max_learners: int = Field(0, ge=0)
+
+    @property
+    def elastic(self) -> bool:
+        return self.max_learners > 0
+
+    def to_json(self) -> str:
+        # a fixed-size job's spec reads as it always did
+        return self.model_dump_json(indent=2, exclude=None if self.elastic else {"min_learners", "max_learners"})
+
+    @property
+    def slots(self) -> int:
+        """The ranks the monitor follows: the attempt's learners, or every slot of an elastic job."""
+        return self.max_learners if self.elastic else self.learners

@@ -132,7 +132,8 @@ class JobDeployment(BaseModel):
 
     @property
     def world_size(self) -> int:
-        return self.manifest.learners
+        """Learners the attempt needs: the manifest's count, or an elastic job's minimum."""
+        return self.manifest.min_learners
 
     @property
     def gpus(self) -> int:
@@ -149,6 +150,11 @@ class AttemptPlan(JobDeployment):
     gpu_ids: tuple[tuple[int, ...], ...]
     learners: tuple[LearnerSpec, ...]
     monitor: MonitorSpec
+
+    @property
+    def world_size(self) -> int:
+        """Learners launched: every rank for a fixed-size job; the slots started so far for an elastic one."""
+        return len(self.learners)
 
     @property
     def all_gpus(self) -> set[int]:
@@ -197,6 +203,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def restart_monitor(self, plan: AttemptPlan) -> Handle:
         """Start the attempt's job monitor again (the lifecycle saw it gone before it delivered)."""
+
+    def launch_learners(self, plan: AttemptPlan, ranks: list[int]) -> list[Handle]:
+        """Start the controllers of `ranks` of a running attempt (an elastic job grows, or a lost learner's
+        slot is filled again); `plan` already holds their specs. Their handles."""
+        raise NotImplementedError(f"the {self.name} backend cannot add learners to a running job")
 
     @abc.abstractmethod
     def capacity(self) -> Capacity:

@@ -35,6 +35,7 @@ from trainforge_services.lcm.backends.base import (
     JobView,
     TeamQuota,
 )
+from trainforge_services.lcm.lifecycle.elastic import Growth, Room, fitting_size, open_slots, quota_room
 from trainforge_services.lcm.lifecycle.plan import build_plan, check_attempt
 from trainforge_services.lcm.lifecycle.records import AttemptRecord, attempt_records
 from trainforge_services.lcm.lifecycle.supervision import Supervision, unfinished
@@ -63,6 +64,7 @@ class Lifecycle:
         self._job_locks: dict[str, threading.Lock] = {}
         self._launching: set[str] = set()
         self._supervision = Supervision(backend, coordinator, self._records, self._job_lock)
+        self._growth = Growth(backend, coordinator, self._records, self._job_lock, self.room)
         self.reconcile()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._supervise, args=(supervise_interval,), name="lcm-supervisor",
@@ -155,13 +157,33 @@ class Lifecycle:
             log.info("job %s attempt %d deployed: %s", job.job_id, job.attempt, ", ".join(map(str, handles)))
             return handles
 
-    def _reserve(self, job: JobDeployment) -> AttemptPlan:
-        """Check the backend has room, plan the attempt and record it before anything starts."""
+    def _others(self, job_id: str) -> list[AttemptRecord]:
+        """The other attempts holding resources (the caller holds `_lock`): running, or being launched on
+        another thread (an attempt holds its share before anything of it runs)."""
+        return [r for r in self._records.all() if r.job_id != job_id
+                and (r.job_id in self._launching or self.backend.observe(r.plan).alive)]
+
+    def room(self, record: AttemptRecord) -> Room:
+        """What is free for the attempt of `record` to grow into (lifecycle/elastic.py)."""
         cap = self.backend.capacity()
         with self._lock:
-            # an attempt being launched on another thread holds its share before anything of it runs
-            others = [r for r in self._records.all() if r.job_id != job.job_id
-                      and (r.job_id in self._launching or self.backend.observe(r.plan).alive)]
+            others = self._others(record.job_id)
+        plan = record.plan
+        live = plan.manifest.max_learners - len(open_slots(plan, self.backend.observe(plan)))
+        used = {g for r in others for g in r.plan.all_gpus} | plan.all_gpus
+        held = [(r.plan.manifest, r.plan.world_size) for r in others if r.plan.team == plan.team]
+        return Room(learners=cap.max_learners - sum(r.plan.world_size for r in others) - live,
+                    gpus=[g for g in range(cap.gpus) if g not in used],
+                    quota=quota_room(plan.team_quota, plan.manifest, [*held, (plan.manifest, live)]))
+
+    def _reserve(self, job: JobDeployment) -> AttemptPlan:
+        """Check the backend has room, plan the attempt and record it before anything starts.
+
+        An elastic job starts with as many learners as fit, at least its minimum (lifecycle/elastic.py).
+        """
+        cap = self.backend.capacity()
+        with self._lock:
+            others = self._others(job.job_id)
             running = sum(r.plan.world_size for r in others)
             if running + job.world_size > cap.max_learners:
                 raise ResourceExhausted(f"needs {job.world_size} learner(s); the {cap.backend} backend runs at most "
@@ -171,8 +193,18 @@ class Lifecycle:
             if job.gpus > len(free):
                 raise ResourceExhausted(f"needs {job.gpus} GPU(s); the {cap.backend} backend has {len(free)} of "
                                         f"{cap.gpus} free")
-            plan = build_plan(job, self.backend.site(job.job_id, job.attempt), free[:job.gpus],
-                              lease_ttl=self._lease_ttl, start_timeout=self._start_timeout)
+            size = job.world_size
+            if job.manifest.elastic:
+                held = [(r.plan.manifest, r.plan.world_size) for r in others if r.plan.team == job.team]
+                room = Room(learners=cap.max_learners - running, gpus=free,
+                            quota=quota_room(job.team_quota, job.manifest, held))
+                # the Trainer admitted the minimum: at least that is started even where its copy of the
+                # quota and this one disagree
+                size = max(job.world_size, fitting_size(job.world_size, job.manifest.max_learners, room,
+                                                        job.manifest.resources.gpus))
+            plan = build_plan(job, self.backend.site(job.job_id, job.attempt),
+                              free[:size * job.manifest.resources.gpus], lease_ttl=self._lease_ttl,
+                              start_timeout=self._start_timeout, size=size)
             self._records.put(AttemptRecord(plan=plan))
             self._launching.add(job.job_id)
             return plan
@@ -253,8 +285,9 @@ class Lifecycle:
                 log.exception("supervision pass failed")
 
     def supervise_once(self) -> None:
-        """One look at every attempt: restart dead monitors, report lost controllers."""
+        """One look at every attempt: restart dead monitors, report lost controllers, grow elastic jobs."""
         self._supervision.run_once()
+        self._growth.run_once()
 
     def close(self) -> None:
         """Stop supervising and release connections; running jobs are left running."""

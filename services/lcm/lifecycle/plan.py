@@ -59,20 +59,49 @@ def team_quota_from_proto(q: lcm_pb2.TeamQuota, field: str = "team_quota") -> Te
 
 
 def build_plan(job: JobDeployment, site: Site, gpus: list[int], *, lease_ttl: int,
-               start_timeout: float) -> AttemptPlan:
-    """The attempt's plan: rank r gets the r-th slice of `gpus` (the manifest's GPUs per learner each)."""
+               start_timeout: float, size: int | None = None) -> AttemptPlan:
+    """The attempt's plan: rank r gets the r-th slice of `gpus` (the manifest's GPUs per learner each).
+
+    `size` is how many learners start: the job's count, or for an elastic job
+    what fits (lifecycle/elastic.py); an elastic learner's `world_size` is the
+    job's maximum (ranks are its slots; torchrun numbers the group).
+    """
+    size = job.world_size if size is None else size
     per = job.manifest.resources.gpus
-    gpu_ids = tuple(tuple(gpus[r * per:(r + 1) * per]) for r in range(job.world_size))
+    gpu_ids = tuple(tuple(gpus[r * per:(r + 1) * per]) for r in range(size))
+    world = job.manifest.max_learners if job.manifest.elastic else size
     learners = tuple(
-        LearnerSpec(job_id=job.job_id, team=job.team, attempt=job.attempt, rank=rank, world_size=job.world_size,
+        LearnerSpec(job_id=job.job_id, team=job.team, attempt=job.attempt, rank=rank, world_size=world,
                     manifest=job.manifest, code_uri=job.code_uri, checkpoint_uri=job.checkpoint_uri,
                     workdir=site.attempt_dir / f"learner-{rank}", master_addr=site.master_addr,
                     master_port=site.master_port, gpu_ids=list(gpu_ids[rank]), lease_ttl=lease_ttl,
                     secret_env=job.secret_env,
                     egress=(job.team_quota.egress or "") if job.team_quota else "")
-        for rank in range(job.world_size))
-    monitor = MonitorSpec(job_id=job.job_id, team=job.team, attempt=job.attempt, learners=job.world_size,
-                          start_timeout=start_timeout)
+        for rank in range(size))
+    elastic = {"min_learners": job.manifest.min_learners, "max_learners": job.manifest.max_learners} \
+        if job.manifest.elastic else {}
+    monitor = MonitorSpec(job_id=job.job_id, team=job.team, attempt=job.attempt, learners=size,
+                          start_timeout=start_timeout, **elastic)
     return AttemptPlan(**dict(job), attempt_dir=site.attempt_dir,
                        master_addr=site.master_addr, master_port=site.master_port, gpu_ids=gpu_ids,
                        learners=learners, monitor=monitor)
+
+
+def with_learners(plan: AttemptPlan, gpus_by_rank: dict[int, list[int]]) -> AttemptPlan:
+    """An elastic plan with the slots of `gpus_by_rank` (re)specified: a slot started before keeps its spec
+    with these GPUs, a new one (the next ranks, in order) is made like slot 0's."""
+    learners = list(plan.learners)
+    gpu_ids = list(plan.gpu_ids)
+    for rank in sorted(gpus_by_rank):
+        if rank > len(learners) or rank >= plan.manifest.max_learners:
+            raise InvalidArgument(f"job {plan.job_id}: slot {rank} is not the next of {len(learners)} slots "
+                                  f"(at most {plan.manifest.max_learners})")
+        spec = learners[0].model_copy(update={"rank": rank, "workdir": plan.attempt_dir / f"learner-{rank}",
+                                              "gpu_ids": list(gpus_by_rank[rank])})
+        if rank == len(learners):
+            learners.append(spec)
+            gpu_ids.append(tuple(gpus_by_rank[rank]))
+        else:
+            learners[rank] = spec
+            gpu_ids[rank] = tuple(gpus_by_rank[rank])
+    return plan.model_copy(update={"learners": tuple(learners), "gpu_ids": tuple(gpu_ids)})

@@ -6,6 +6,8 @@
   const state = document.getElementById("f-state");
   const name = document.getElementById("f-name");
   const updated = document.getElementById("jobs-updated");
+  // an elastic job's manifest says {min, max}
+  const learnerCount = n => (n && typeof n === "object") ? `${n.min}-${n.max}` : String(n || 1);
 
   async function refresh() {
     const q = new URLSearchParams({ limit: "100" });
@@ -18,7 +20,7 @@
       el("td", {}, el("span", { className: "state st-" + j.state, text: j.state })),
       el("td", { text: j.reason }),
       el("td", { text: j.queue_position ? String(j.queue_position) : "" }),
-      el("td", { text: j.learners.length ? j.learners.map(l => l.state).join(", ") : String(j.manifest.learners || 1) }),
+      el("td", { text: j.learners.length ? j.learners.map(l => l.state).join(", ") : learnerCount(j.manifest.learners) }),
       el("td", { text: age(j.created_at), title: new Date(j.created_at * 1000).toISOString() }),
       el("td", { text: j.submitted_by }))));
     updated.textContent = data.jobs.length + " jobs";

@@ -173,6 +173,24 @@ class KubernetesBackend(Backend):
         retry_call(lambda: self._kube.create(pod), retry_on=Conflict, initial=0.1, maximum=1.0, deadline=30.0)
         return Handle(Role.MONITOR, name)
 
+    def launch_learners(self, plan: AttemptPlan, ranks: list[int]) -> list[Handle]:
+        """Pods for `ranks` of a running attempt (an elastic job grows or fills a lost learner's slot): a slot's
+        old pod is deleted first. The root's plan.json keeps the plan the attempt started with."""
+        ns = naming.namespace(self.opts, plan.team)
+        root = self._kube.get("ConfigMap", ns, naming.attempt_name(plan.job_id, plan.attempt))
+        if root is None:
+            raise InvalidArgument(f"job {plan.job_id} attempt {plan.attempt} has no root ConfigMap to own its "
+                                  "learners", details=[{"field": "job_id", "message": "attempt not launched"}])
+        handles = []
+        for rank in ranks:
+            pod = pods.learner_pod(plan, self.opts, plan.learners[rank], pods.owner_reference(root))
+            name = pod["metadata"]["name"]
+            self._kube.delete("Pod", ns, name, grace=0)
+            retry_call(lambda pod=pod: self._kube.create(pod), retry_on=Conflict, initial=0.1, maximum=1.0,
+                       deadline=30.0)
+            handles.append(Handle(Role.CONTROLLER, name, rank))
+        return handles
+
     def recover(self) -> list[AttemptPlan]:
         """Plans rebuilt from the roots of this stack's attempts (adoption by label after losing the records)."""
         selector = f"{naming.MANAGED_BY}={naming.MANAGER},{naming.STACK}={naming.label_value(self.opts.stack)}," \

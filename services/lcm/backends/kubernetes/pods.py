@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 
+from trainforge_frameworks.torch.launch import elastic_env, elastic_restarts
 from trainforge_services.common.contracts.specs import LearnerSpec
 from trainforge_services.lcm.backends.base import AttemptPlan
 from trainforge_services.lcm.backends.kubernetes import naming
@@ -141,8 +142,7 @@ def learner_pod(plan: AttemptPlan, opts: KubeOptions, spec: LearnerSpec, owner: 
             extra["nodeSelector"] = dict(opts.gpu_node_selectors.get(res.gpu_type)
                                          or {opts.gpu_type_label: res.gpu_type})
             extra["priorityClassName"] = gpu_class(res.gpu_type)
-    ddp = {"MASTER_ADDR": spec.master_addr, "MASTER_PORT": str(spec.master_port), "RANK": str(spec.rank),
-           "WORLD_SIZE": str(spec.world_size), "LOCAL_RANK": "0", "TF_JOB_ID": plan.job_id}
+    ddp = rendezvous_env(plan, spec)
     env = [*_platform_env(plan, opts), *_platform_credentials(opts),
            *({"name": k, "value": v} for k, v in sorted(ddp.items())),
            {"name": SPEC_ENV, "value": pod_spec_of(spec).to_json()}]
@@ -152,6 +152,20 @@ def learner_pod(plan: AttemptPlan, opts: KubeOptions, spec: LearnerSpec, owner: 
     return _pod(plan, opts, learner_name(plan.job_id, plan.attempt, spec.rank), owner, role=ROLE_LEARNER,
                 image=plan.manifest.image or opts.image, env=env, resources={"requests": quantity, "limits": quantity},
                 extra_labels={RANK: str(spec.rank)}, spec_extra=extra)
+
+
+def rendezvous_env(plan: AttemptPlan, spec: LearnerSpec) -> dict[str, str]:
+    """The pod's rendezvous variables: DDP's env:// for a fixed-size job; for an elastic one the torchrun
+    agent's PET_* (c10d store in slot 0's pod, at rank 0's DNS name), as the controller gives its learner."""
+    if not plan.manifest.elastic:
+        return {"MASTER_ADDR": spec.master_addr, "MASTER_PORT": str(spec.master_port), "RANK": str(spec.rank),
+                "WORLD_SIZE": str(spec.world_size), "LOCAL_RANK": "0", "TF_JOB_ID": plan.job_id}
+    return {**elastic_env(min_nodes=plan.manifest.min_learners, max_nodes=plan.manifest.max_learners,
+                          endpoint_host=spec.master_addr, endpoint_port=spec.master_port,
+                          run_id=f"{plan.job_id}-{plan.attempt}", max_restarts=elastic_restarts(plan.manifest.max_learners,
+                                                                       plan.manifest.restart.max_restarts),
+                          host_store=spec.rank == 0),
+            "TF_JOB_ID": plan.job_id}
 
 
 def rendezvous_service(plan: AttemptPlan, opts: KubeOptions, owner: dict) -> dict:

@@ -118,6 +118,19 @@ class LocalBackend(Backend):
             record = self._spawn(record, Role.CONTROLLER, spec.rank)
         return [e.handle for e in record.processes]
 
+    def launch_learners(self, plan: AttemptPlan, ranks: list[int]) -> list[Handle]:
+        record = self._records.get(plan.job_id)
+        if record is None or record.attempt != plan.attempt:
+            raise TrainforgeError(f"job {plan.job_id} attempt {plan.attempt} is not running here")
+        handles = []
+        for rank in ranks:
+            spec = plan.learners[rank]
+            spec.workdir.mkdir(parents=True, exist_ok=True)
+            write_atomically(self._spec_path(plan.attempt_dir, Role.CONTROLLER, rank), spec.to_json(), mode=0o600)
+            record = self._spawn(record.without_controller(rank), Role.CONTROLLER, rank)
+            handles.append(record.processes[-1].handle)
+        return handles
+
     def restart_monitor(self, plan: AttemptPlan) -> Handle:
         record = self._records.get(plan.job_id)
         if record is None or record.attempt != plan.attempt:

@@ -44,6 +44,11 @@ class ProcessRecord(BaseModel):
     def adding(self, entry: ProcessEntry) -> ProcessRecord:
         return self.model_copy(update={"processes": (*self.processes, entry)})
 
+    def without_controller(self, rank: int) -> ProcessRecord:
+        """Without the controller of `rank` (its slot of an elastic job is started again)."""
+        return self.model_copy(update={"processes": tuple(
+            e for e in self.processes if not (e.role is Role.CONTROLLER and e.rank == rank))})
+
     def without(self, role: Role) -> ProcessRecord:
         return self.model_copy(update={"processes": tuple(e for e in self.processes if e.role is not role)})
 
