@@ -15,7 +15,6 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from trainforge import (
@@ -31,23 +30,14 @@ from trainforge import (
     cli_stack,
     clikit,
     cliopts,
-    config,
     exitcodes,
 )
+from trainforge.cli_show import outputs_location, print_job, print_jobs, print_line, state_text
 from trainforge.clikit import emit_json as _emit_json
 from trainforge.clikit import json_flag as _json_flag
 from trainforge.clikit import out as _out
 from trainforge.clikit import use_json as _use_json
-from trainforge.clikit import when as _when
 from trainforge.sdk import Client
-
-_STATE_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan",
-                "storing": "cyan", "deploying": "blue", "queued": "magenta", "pending": "magenta",
-                "halting": "yellow", "halted": "yellow", "restarting": "yellow", "preparing": "blue"}
-
-
-def _state_text(state: str) -> Text:
-    return Text(state, style=_STATE_STYLE.get(state, ""))
 
 
 def _version() -> str:
@@ -79,76 +69,6 @@ def main(ctx: click.Context, as_json: bool, profile: str | None) -> None:
 # -- jobs ------------------------------------------------------------------------------------
 
 
-def _outputs_location(job: dict) -> str:
-    uri = job.get("outputs_uri") or ""
-    if not uri:
-        return ""
-    local = config.state_dir() / "objects" / uri.removeprefix("store://")
-    return f"{uri} ({local})" if local.exists() else uri
-
-
-def _print_job(console: Console, job: dict) -> None:
-    console.print(Text.assemble((job["id"], "bold"), f"  {job['name']}  ", _state_text(job["state"])))
-    if job.get("reason"):
-        console.print(Text(f"reason: {job['reason']}"))
-    if job.get("queue_position"):
-        console.print(f"queue position: {job['queue_position']}")
-    console.print(f"attempt: {job['attempt']}  submitted: {_when(job['created_at'])}  "
-                  f"updated: {_when(job['updated_at'])}")
-    if job.get("restarts"):
-        console.print(f"restarts: {job['restarts']} of {job['manifest'].get('restart', {}).get('max_restarts', '?')}")
-    if job.get("checkpoint_step") is not None:
-        console.print(f"checkpoint: step {job['checkpoint_step']}")
-    if b := job.get("borrowed"):
-        lent = ", ".join(f"{b[k]:g} {k}" for k in ("gpus", "cpus") if b.get(k))
-        console.print(f"borrowed: {lent or 'memory'} from cohort {b['cohort']}")
-    if job.get("preempted") or job.get("preemptions"):
-        console.print(f"preempted: {job.get('preemptions', 0)} time(s){'; ' + job['preempted'] if job.get('preempted') else ''}")
-    if world := job.get("world_size"):
-        console.print(f"learners: {world['current']} running, target {world['target']} "
-                      f"(elastic, {world['min']} to {world['max']})")
-    if job.get("outputs_uri"):
-        console.print(Text(f"outputs: {_outputs_location(job)}"))
-    if job.get("learners"):
-        table = Table(title="learners", title_justify="left", show_edge=False)
-        for col in ("rank", "state", "exit code", "attempt", "message"):
-            table.add_column(col)
-        for ln in job["learners"]:
-            code = "" if ln.get("exit_code") is None else str(ln["exit_code"])
-            table.add_row(str(ln["rank"]), _state_text(ln["state"]), code, str(ln["attempt"]),
-                          Text(ln.get("message") or ""))
-        console.print(table)
-    if job.get("history"):
-        table = Table(title="history", title_justify="left", show_edge=False)
-        for col in ("time", "from", "to", "reason", "actor"):
-            table.add_column(col)
-        for ev in job["history"]:
-            table.add_row(_when(ev["timestamp"]), ev["from"], _state_text(ev["to"]), Text(ev.get("reason") or ""),
-                          ev.get("actor") or "")
-        console.print(table)
-
-
-def _print_jobs(console: Console, jobs: list[dict]) -> None:
-    if not jobs:
-        console.print("no jobs")
-        return
-    table = Table(show_edge=False)
-    for col in ("id", "name", "state", "submitted", "reason"):
-        table.add_column(col)
-    for job in jobs:
-        reason = job.get("reason") or ""
-        if job.get("queue_position"):
-            reason = f"#{job['queue_position']} in queue: {reason}"
-        table.add_row(job["id"], job["name"], _state_text(job["state"]), _when(job["created_at"]), Text(reason))
-    console.print(table)
-
-
-def _print_line(console: Console, line: dict) -> None:
-    tag = f"[{line['learner']}]" if line.get("attempt", 1) <= 1 else f"[{line['learner']}/{line['attempt']}]"
-    style = "red" if line.get("stream") == "stderr" else ("dim" if line.get("stream") == "system" else "")
-    console.print(Text.assemble((tag, "dim"), " ", (line["line"], style)))
-
-
 _interval = click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(0.01, 60),
                          help="seconds between polls while following")
 
@@ -161,11 +81,11 @@ def _follow(client: Client, console: Console, job_id: str, interval: float) -> d
             note = f" — {job['reason']}" if job.get("reason") else ""
             if job.get("queue_position"):
                 note += f" (#{job['queue_position']} in queue)"
-            console.print(Text.assemble((f"{job_id} ", "dim"), _state_text(job["state"]), note))
+            console.print(Text.assemble((f"{job_id} ", "dim"), state_text(job["state"]), note))
             spinner.update(f"{job_id}: {state}")
 
         for line in client.follow_logs(job_id, on_state=on_state, poll_interval=interval):
-            _print_line(console, line)
+            print_line(console, line)
     return client.get(job_id, retry_seconds=client.reconnect_seconds)
 
 
@@ -204,7 +124,7 @@ def submit(ctx: click.Context, manifest: Path, follow: bool, code_dir: Path | No
             _emit_json(job)
         else:
             console.print(Text.assemble("submitted ", (job["id"], "bold"), f" ({job['name']}): ",
-                                        _state_text(job["state"])))
+                                        state_text(job["state"])))
         return
     if as_json:
         final = client.wait(job["id"], poll_interval=interval)
@@ -212,10 +132,10 @@ def submit(ctx: click.Context, manifest: Path, follow: bool, code_dir: Path | No
     else:
         console.print(Text.assemble("submitted ", (job["id"], "bold"), f" ({job['name']})"))
         final = _follow(client, console, job["id"], interval)
-        console.print(Text.assemble((final["id"], "bold"), " ended ", _state_text(final["state"]),
+        console.print(Text.assemble((final["id"], "bold"), " ended ", state_text(final["state"]),
                                     f": {final['reason']}" if final.get("reason") else ""))
         if final.get("outputs_uri"):
-            console.print(Text(f"outputs: {_outputs_location(final)}"))
+            console.print(Text(f"outputs: {outputs_location(final)}"))
     ctx.exit(exitcodes.for_state(final["state"]))
 
 
@@ -238,7 +158,7 @@ def status(ctx: click.Context, job_id: str | None, states: tuple[str, ...], labe
         if as_json:
             _emit_json(job)
         else:
-            _print_job(console, job)
+            print_job(console, job)
             cli_observe.print_progress(console, client, job_id)
         return
     cliopts.pairs(labels, "--label", typed=False)  # K=V, said before anything is sent
@@ -247,7 +167,7 @@ def status(ctx: click.Context, job_id: str | None, states: tuple[str, ...], labe
     if as_json:
         _emit_json(jobs)
     else:
-        _print_jobs(console, jobs)
+        print_jobs(console, jobs)
         if more:
             console.print(Text(f"more jobs match: --all lists every one, --limit {limit} per page", style="dim"))
 
@@ -278,10 +198,10 @@ def logs(ctx: click.Context, job_id: str, follow: bool, learner: int | None, que
             if as_json:
                 click.echo(json.dumps(line))
             else:
-                _print_line(console, line)
+                print_line(console, line)
         ctx.exit(exitcodes.for_state(states[-1] if states else ""))
     if query:
-        cli_logs.search_logs(client, console, job_id, learner, query, as_json, _print_line)
+        cli_logs.search_logs(client, console, job_id, learner, query, as_json, print_line)
         return
     job_state = client.get(job_id)["state"]
     lines: list[dict] = []
@@ -311,7 +231,7 @@ def cancel(ctx: click.Context, job_id: str, as_json: bool) -> None:
     if as_json:
         _emit_json(job)
     else:
-        _out().print(Text.assemble((job["id"], "bold"), " ", _state_text(job["state"])))
+        _out().print(Text.assemble((job["id"], "bold"), " ", state_text(job["state"])))
 
 
 @main.command()
@@ -331,7 +251,7 @@ def halt(ctx: click.Context, job_id: str, wait: bool, timeout: float, as_json: b
     if as_json:
         _emit_json(job)
         return
-    _out().print(Text.assemble((job["id"], "bold"), " ", _state_text(job["state"]),
+    _out().print(Text.assemble((job["id"], "bold"), " ", state_text(job["state"]),
                                f": {job['reason']}" if job.get("reason") else ""))
     if job["state"] not in ("halted", "halting"):
         ctx.exit(1)
@@ -348,7 +268,7 @@ def resume(ctx: click.Context, job_id: str, as_json: bool) -> None:
     if as_json:
         _emit_json(job)
     else:
-        _out().print(Text.assemble((job["id"], "bold"), " ", _state_text(job["state"]),
+        _out().print(Text.assemble((job["id"], "bold"), " ", state_text(job["state"]),
                                    f": {job['reason']}" if job.get("reason") else ""))
 
 
