@@ -28,9 +28,9 @@ from pydantic import ValidationError
 
 from trainforge_services.api.admin import IssuedKey, bootstrap_key
 from trainforge_services.common import isolation, proctree
-from trainforge_services.common.errors import TrainforgeError
-from trainforge_services.common.settings import ApiSettings, LcmSettings
+from trainforge_services.common.settings import ApiSettings
 from trainforge_services.devstack import procs
+from trainforge_services.devstack.backendobjects import remove_backend_objects
 from trainforge_services.devstack.components import (
     BY_NAME,
     HOST,
@@ -328,56 +328,6 @@ def _stop_strays(stack_id: str, grace: float, exclude: set[int], done: Report) -
     return True
 
 
-def _remove_containers(stack_id: str, done: Callable[[ComponentStatus], None]) -> None:
-    """With the docker backend: remove every container and network labelled with the stack (a learner whose
-    runner was stopped with its controller leaves its container to this)."""
-    settings = LcmSettings()
-    if settings.backend == "kubernetes":
-        _remove_pods(settings, stack_id, done)
-        return
-    if settings.backend != "docker":
-        return
-    from trainforge_services.common.adapters.docker_engine import Engine
-
-    try:
-        engine = Engine(settings.docker_url)
-        try:
-            removed = engine.remove_containers({"tf.stack": stack_id})
-            engine.remove_networks({"tf.stack": stack_id})
-        finally:
-            engine.close()
-    except TrainforgeError as e:
-        done(ComponentStatus("docker containers", None, settings.docker_url, Status.UNHEALTHY, e.message))
-        return
-    if removed:
-        done(ComponentStatus("docker containers", None, settings.docker_url, Status.STOPPED,
-                             f"{removed} removed"))
-
-
-def _remove_pods(settings: LcmSettings, stack_id: str, done: Callable[[ComponentStatus], None]) -> None:
-    """With the kubernetes backend: delete the stack's attempts (their root ConfigMaps, whose owned objects the
-    garbage collector removes) and, should an owner reference have missed one, their pods."""
-    from trainforge_services.common.adapters.kube import Kube
-
-    selector = f"app.kubernetes.io/managed-by=trainforge,tf.stack={stack_id},tf.job"
-    where = settings.kube_config or "in-cluster"
-    try:
-        kube = Kube(settings.kube_config, settings.kube_context)
-        try:
-            roots = kube.list("ConfigMap", None, selector)
-            for root in roots:
-                kube.delete("ConfigMap", root["metadata"]["namespace"], root["metadata"]["name"])
-            for ns in {p["metadata"]["namespace"] for p in kube.list("Pod", None, selector)}:
-                kube.delete_all("Pod", ns, selector)
-        finally:
-            kube.close()
-    except TrainforgeError as e:
-        done(ComponentStatus("kubernetes attempts", None, where, Status.UNHEALTHY, e.message))
-        return
-    if roots:
-        done(ComponentStatus("kubernetes attempts", None, where, Status.STOPPED, f"{len(roots)} removed"))
-
-
 def down(state_dir: str | Path, *, report: Report = _ignore, grace: float = 20.0) -> list[ComponentStatus]:
     """Stop what `up` started: the services, then every other process of the stack, then the stores."""
     state = _resolve(state_dir)
@@ -407,7 +357,7 @@ def down(state_dir: str | Path, *, report: Report = _ignore, grace: float = 20.0
             done(_stop_component(state, c.name, stack_id, grace))
         if stack_id:
             _stop_strays(stack_id, 1.0, set(), done)
-            _remove_containers(stack_id, done)
+            remove_backend_objects(stack_id, done)
         for pid_path in (state / "pids").glob("*.pid"):
             pid_path.unlink(missing_ok=True)
     return statuses

@@ -30,12 +30,9 @@ the losers get the winner's job (`AlreadySubmitted`).
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
-
-from pydantic import BaseModel
 
 from trainforge_services.common import states
 from trainforge_services.common.adapters.mongo import (
@@ -50,9 +47,18 @@ from trainforge_services.common.adapters.mongo import (
 from trainforge_services.common.errors import Conflict, NotFound
 from trainforge_services.common.manifest import Manifest
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import Usage, demand
+from trainforge_services.trainer.admission import demand
 from trainforge_services.trainer.fence import Deposed
-from trainforge_services.trainer.record import JobRecord, LearnerReport, StatusEvent
+from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.storedocs import (
+    fields_projection,
+    history_event,
+    history_key,
+    seconds_spent,
+    to_document,
+    to_record,
+    to_records,
+)
 
 log = logging.getLogger(__name__)
 # What a client reads when MongoDB fails under this store ("job store unavailable; retry shortly").
@@ -78,67 +84,6 @@ class Transition(NamedTuple):
     job: JobRecord | None
     # True only for the one call that changed the state.
     changed: bool
-
-
-def history_key() -> str:
-    """Sorts by time; the random tail keeps two entries of the same nanosecond apart."""
-    return f"{time.time_ns():020d}{secrets.token_hex(2)}"
-
-
-# -- documents <-> records: nowhere else ----------------------------------------
-
-# record field -> document key, where they differ
-_KEYS = {"id": "_id"}
-
-
-def _key(field: str) -> str:
-    return _KEYS.get(field, field)
-
-
-def _value(value: Any) -> Any:
-    """A record's value as a document stores it (states as ints, models as sub-documents)."""
-    if isinstance(value, JobState):
-        return int(value)
-    if isinstance(value, Usage):
-        return value.as_doc()
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    if isinstance(value, Mapping):
-        return {str(k): _value(v) for k, v in value.items()}
-    return value
-
-
-def _document(fields: Mapping[str, Any]) -> dict:
-    """Record fields (by the record's names) as document fields; a name the record lacks is refused."""
-    unknown = sorted(set(fields) - set(JobRecord.model_fields))
-    if unknown:
-        raise ValueError(f"not fields of a job record: {', '.join(unknown)}")
-    return {_key(name): _value(value) for name, value in fields.items()}
-
-
-def _record(doc: Mapping | None) -> JobRecord | None:
-    if doc is None:
-        return None
-    history = doc.get("history") or {}
-    events = tuple(StatusEvent(from_state=JobState(e["from"]), to_state=JobState(e["to"]),
-                               reason=e.get("reason", ""), actor=e.get("actor", ""), ts=float(e.get("ts", 0.0)))
-                   for e in (history[k] for k in sorted(history)))
-    learners = {str(rank): LearnerReport(**{"rank": int(rank), **s})
-                for rank, s in (doc.get("learners") or {}).items()}
-    plain = {k: v for k, v in doc.items() if k not in ("_id", "history", "learners", "resources", "state",
-                                                       "borrowed")
-             and k in JobRecord.model_fields and v is not None}
-    return JobRecord(id=doc["_id"], state=JobState(doc.get("state", 0)), history=events, learners=learners,
-                     resources=Usage.from_doc(doc.get("resources") or {}),
-                     borrowed=Usage.from_doc(doc.get("borrowed") or {}), **plain)
-
-
-def _records(docs: Iterable[Mapping]) -> list[JobRecord]:
-    return [r for r in map(_record, docs) if r is not None]
-
-
-def _projection(fields: Iterable[str]) -> dict:
-    return {_key(f): 1 for f in fields}
 
 
 class JobStore:
@@ -190,7 +135,7 @@ class JobStore:
             "outputs_uri": "",
             "created_at": now,
             "updated_at": now,
-            "history": {history_key(): _event(JobState.JOB_STATE_UNSPECIFIED, JobState.PENDING, "submitted",
+            "history": {history_key(): history_event(JobState.JOB_STATE_UNSPECIFIED, JobState.PENDING, "submitted",
                                               submitted_by or "user", now)},
         }
         if idempotency_key:
@@ -206,22 +151,22 @@ class JobStore:
                 raise AlreadySubmitted(first) from None
             raise Conflict(f"job id {job_id!r} is already taken",
                            details=[{"field": "job_id", "message": "already taken"}]) from None
-        return _record(doc)  # type: ignore[return-value]
+        return to_record(doc)  # type: ignore[return-value]
 
     @mapped
     def find_by_key(self, team: str, idempotency_key: str) -> JobRecord | None:
         """The team's job submitted with this idempotency key, if any."""
-        return _record(self._jobs.find_one({"team": team, "idempotency_key": idempotency_key}))
+        return to_record(self._jobs.find_one({"team": team, "idempotency_key": idempotency_key}))
 
     @mapped
     def find(self, job_id: str) -> JobRecord | None:
         """Any team's job; for callers that are the platform itself (monitor, LCM, dispatcher)."""
-        return _record(self._jobs.find_one({"_id": job_id}))
+        return to_record(self._jobs.find_one({"_id": job_id}))
 
     @mapped
     def get(self, team: str, job_id: str) -> JobRecord:
         """One of a team's jobs. Another team's job is NotFound, exactly like a missing one."""
-        job = _record(self._jobs.find_one({"_id": job_id, "team": team}))
+        job = to_record(self._jobs.find_one({"_id": job_id, "team": team}))
         if job is None:
             raise NotFound(f"job {job_id!r} not found")
         return job
@@ -247,27 +192,27 @@ class JobStore:
         if before is not None:
             query["$or"] = [{"created_at": {"$lt": before[0]}}, {"created_at": before[0], "_id": {"$lt": before[1]}}]
         cursor = self._jobs.find(query).sort([("created_at", DESCENDING), ("_id", DESCENDING)])
-        return _records(cursor.limit(limit))
+        return to_records(cursor.limit(limit))
 
     @mapped
     def of_experiment(self, experiment_id: str) -> list[JobRecord]:
         """An experiment's trials (without history and learners), in trial order."""
         cursor = self._jobs.find({"experiment_id": experiment_id}, {"history": 0, "learners": 0})
-        return sorted(_records(cursor), key=lambda j: (j.trial, j.created_at))
+        return sorted(to_records(cursor), key=lambda j: (j.trial, j.created_at))
 
     @mapped
     def in_states(self, wanted: Iterable[JobState], fields: Iterable[str] | None = None) -> list[JobRecord]:
         """Every team's jobs in these states: only `fields` (and the id, state), or all but history and learners."""
         query = {"state": {"$in": [int(s) for s in wanted]}}
-        projection = _projection([*fields, "state"]) if fields is not None else {"history": 0, "learners": 0}
-        return _records(self._jobs.find(query, projection))
+        projection = fields_projection([*fields, "state"]) if fields is not None else {"history": 0, "learners": 0}
+        return to_records(self._jobs.find(query, projection))
 
     @mapped
     def usage_rows(self, team: str | None = None) -> list[JobRecord]:
         """What accounting needs of every job (of one team): team, state, resources, times, seconds used."""
         query = {} if team is None else {"team": team}
         fields = ("team", "state", "resources", "gpu_type", "active_since", "gpu_seconds", "cpu_seconds", "borrowed")
-        return _records(self._jobs.find(query, _projection(fields)))
+        return to_records(self._jobs.find(query, fields_projection(fields)))
 
     def transition(self, job_id: str, to: JobState, reason: str, actor: str, *, attempt: int | None = None,
                    set_fields: Mapping | None = None,
@@ -313,12 +258,12 @@ class JobStore:
                 return Transition(None, False)
             frm = JobState(current["state"])
             if frm == to:
-                return Transition(_record(current), False)
+                return Transition(to_record(current), False)
             if frm not in allowed:
                 return Transition(None, False)
             now = time.time()
-            update = {**_document(set_fields or {}), "state": int(to), "reason": reason, "updated_at": now,
-                      f"history.{history_key()}": _event(frm, to, reason, actor, now)}
+            update = {**to_document(set_fields or {}), "state": int(to), "reason": reason, "updated_at": now,
+                      f"history.{history_key()}": history_event(frm, to, reason, actor, now)}
             if to != JobState.QUEUED:
                 update["queue_position"] = 0
             if to == JobState.DEPLOYING:
@@ -330,7 +275,7 @@ class JobStore:
                 # the way in, and only the dispatcher clears it, after KillJob.
                 update["cleanup_pending"] = True
             changes: dict = {"$set": update}
-            if spent := _seconds_spent(current, frm, to, now):
+            if spent := seconds_spent(current, frm, to, now):
                 changes["$inc"] = spent
             guard: dict = {**match, "state": int(frm)}
             if fence is not None:
@@ -343,7 +288,7 @@ class JobStore:
                 update["fence"] = fence
             doc = self._jobs.find_one_and_update(guard, changes, return_document=ReturnDocument.AFTER)
             if doc is not None:
-                return Transition(_record(doc), True)
+                return Transition(to_record(doc), True)
         log.warning("job %s: gave up moving to %s after %d lost races", job_id, to.name, _MAX_RACES)
         return Transition(None, False)
 
@@ -357,7 +302,7 @@ class JobStore:
     @mapped
     def pending_cleanups(self) -> list[JobRecord]:
         """Jobs that left the ACTIVE states and whose learners may not be removed yet (id, state, attempt)."""
-        return _records(self._jobs.find({"cleanup_pending": True}, {"state": 1, "attempt": 1}))
+        return to_records(self._jobs.find({"cleanup_pending": True}, {"state": 1, "attempt": 1}))
 
     @mapped
     def cleanup_done(self, job_id: str, attempt: int) -> None:
@@ -371,7 +316,7 @@ class JobStore:
         match: dict = {"_id": job_id, "state": int(state)}
         if attempt is not None:
             match["attempt"] = attempt
-        return _record(self._jobs.find_one_and_update(match, {"$set": {**_document(fields), "updated_at": time.time()}},
+        return to_record(self._jobs.find_one_and_update(match, {"$set": {**to_document(fields), "updated_at": time.time()}},
                                                       return_document=ReturnDocument.AFTER))
 
     @mapped
@@ -379,7 +324,7 @@ class JobStore:
         """Add a history entry that is not a transition (from and to `state`), only while the job is in it."""
         now = time.time()
         done = self._jobs.update_one({"_id": job_id, "attempt": attempt, "state": int(state)},
-                                     {"$set": {f"history.{history_key()}": _event(state, state, reason, actor, now),
+                                     {"$set": {f"history.{history_key()}": history_event(state, state, reason, actor, now),
                                                "updated_at": now}})
         return done.modified_count == 1
 
@@ -400,17 +345,3 @@ class JobStore:
                                                 ordered=False)
             if reply.get("writeErrors"):
                 log.warning("queue notes not stored: %s", reply["writeErrors"][:3])
-
-
-def _seconds_spent(current: Mapping, frm: JobState, to: JobState, now: float) -> dict[str, float]:
-    """GPU- and CPU-seconds of the stint that ends when a job leaves the ACTIVE states; {} otherwise."""
-    if frm not in states.ACTIVE or to in states.ACTIVE or current.get("active_since") is None:
-        return {}
-    held = max(0.0, now - float(current["active_since"]))
-    resources = current.get("resources") or {}
-    return {"gpu_seconds": held * float(resources.get("gpus", 0)),
-            "cpu_seconds": held * float(resources.get("cpus", 0.0))}
-
-
-def _event(frm: JobState, to: JobState, reason: str, actor: str, ts: float) -> dict:
-    return {"from": int(frm), "to": int(to), "reason": reason, "actor": actor, "ts": ts}

@@ -1,0 +1,92 @@
+"""The job store's documents <-> records, and nowhere else: how a `JobRecord` is written to and read from
+MongoDB (states as ints, models as sub-documents, the history keyed by time), and the accounting a
+transition adds (store.py's only helper module)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import BaseModel
+
+from trainforge_services.common import states
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.admission import Usage
+from trainforge_services.trainer.record import JobRecord, LearnerReport, StatusEvent
+
+
+def history_key() -> str:
+    """Sorts by time; the random tail keeps two entries of the same nanosecond apart."""
+    return f"{time.time_ns():020d}{secrets.token_hex(2)}"
+
+
+# record field -> document key, where they differ
+_KEYS = {"id": "_id"}
+
+
+def doc_key(field: str) -> str:
+    return _KEYS.get(field, field)
+
+
+def doc_value(value: Any) -> Any:
+    """A record's value as a document stores it (states as ints, models as sub-documents)."""
+    if isinstance(value, JobState):
+        return int(value)
+    if isinstance(value, Usage):
+        return value.as_doc()
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, Mapping):
+        return {str(k): doc_value(v) for k, v in value.items()}
+    return value
+
+
+def to_document(fields: Mapping[str, Any]) -> dict:
+    """Record fields (by the record's names) as document fields; a name the record lacks is refused."""
+    unknown = sorted(set(fields) - set(JobRecord.model_fields))
+    if unknown:
+        raise ValueError(f"not fields of a job record: {', '.join(unknown)}")
+    return {doc_key(name): doc_value(value) for name, value in fields.items()}
+
+
+def to_record(doc: Mapping | None) -> JobRecord | None:
+    if doc is None:
+        return None
+    history = doc.get("history") or {}
+    events = tuple(StatusEvent(from_state=JobState(e["from"]), to_state=JobState(e["to"]),
+                               reason=e.get("reason", ""), actor=e.get("actor", ""), ts=float(e.get("ts", 0.0)))
+                   for e in (history[k] for k in sorted(history)))
+    learners = {str(rank): LearnerReport(**{"rank": int(rank), **s})
+                for rank, s in (doc.get("learners") or {}).items()}
+    plain = {k: v for k, v in doc.items() if k not in ("_id", "history", "learners", "resources", "state",
+                                                       "borrowed")
+             and k in JobRecord.model_fields and v is not None}
+    return JobRecord(id=doc["_id"], state=JobState(doc.get("state", 0)), history=events, learners=learners,
+                     resources=Usage.from_doc(doc.get("resources") or {}),
+                     borrowed=Usage.from_doc(doc.get("borrowed") or {}), **plain)
+
+
+def to_records(docs: Iterable[Mapping]) -> list[JobRecord]:
+    return [r for r in map(to_record, docs) if r is not None]
+
+
+def fields_projection(fields: Iterable[str]) -> dict:
+    return {doc_key(f): 1 for f in fields}
+
+
+
+
+def seconds_spent(current: Mapping, frm: JobState, to: JobState, now: float) -> dict[str, float]:
+    """GPU- and CPU-seconds of the stint that ends when a job leaves the ACTIVE states; {} otherwise."""
+    if frm not in states.ACTIVE or to in states.ACTIVE or current.get("active_since") is None:
+        return {}
+    held = max(0.0, now - float(current["active_since"]))
+    resources = current.get("resources") or {}
+    return {"gpu_seconds": held * float(resources.get("gpus", 0)),
+            "cpu_seconds": held * float(resources.get("cpus", 0.0))}
+
+
+def history_event(frm: JobState, to: JobState, reason: str, actor: str, ts: float) -> dict:
+    return {"from": int(frm), "to": int(to), "reason": reason, "actor": actor, "ts": ts}
