@@ -64,6 +64,7 @@ class Sizes(threading.Thread):
             try:
                 job = self.client.get(self.job_id)
             except Exception:  # noqa: BLE001 - a slow API call is retried at the next poll
+                self.stop.wait(0.2)
                 continue
             world = job.get("world_size") or {}
             sample = (job["state"], world.get("current", -1), world.get("target", -1))
@@ -106,9 +107,13 @@ def test_elastic_job_shrinks_on_a_lost_learner_and_grows_back(stack, tmp_path):
     assert job["world_size"] == {"current": 2, "target": 2, "min": 1, "max": 2}
     assert any(current < target for s, current, target in sizes.seen if s == "running"), sizes.seen
     lines = world_lines(env, job_id)
-    # the step never went back: each (re)start resumed from the newest checkpoint any learner held
-    starts = [int(m.group(1)) for ln in lines if (m := re.search(r"starts at step (\d+)", ln))]
-    assert starts == sorted(starts), lines
+    # the step never went back: each (re)start of a learner resumed from the newest checkpoint any learner
+    # held (checked per learner: a finished job's log may come from the archives, one learner after another)
+    for slot in (0, 1):
+        mine = [line["line"] for line in cli_json(env, "logs", job_id, "--learner", str(slot))["lines"]]
+        starts = [int(m.group(1)) for ln in mine if (m := re.search(r"starts at step (\d+)", ln))]
+        assert starts and starts == sorted(starts), (slot, starts)
     assert any(ln.startswith("world 2: rank 0 done at step 400") for ln in lines), lines
-    model = state / "objects" / "jobs" / job_id / "outputs" / "0" / "model.pt"
-    assert model.is_file()
+    # the final group's rank 0 saves the model; after a regrouping torchrun may give rank 0 to either slot
+    models = sorted((state / "objects" / "jobs" / job_id / "outputs").glob("*/model.pt"))
+    assert len(models) == 1, models
