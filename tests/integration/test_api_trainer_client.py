@@ -78,6 +78,7 @@ def test_jobs_come_back_in_the_rest_shape(served):
         "reason": "every learner started", "queue_position": 0, "attempt": 1, "created_at": 100.0,
         "updated_at": 130.5, "manifest": {"name": "mnist", "learners": 2}, "outputs_uri": "",
         "submitted_by": "abcd1234", "restarts": 0, "checkpoint_step": None, "not_before": 0.0,
+        "borrowed": None, "preemptions": 0, "preempted": "", "world_size": None,
         "learners": [{"rank": 0, "state": "running", "exit_code": None, "attempt": 1, "message": "",
                       "isolation": ""},
                      {"rank": 1, "state": "failed", "exit_code": 3, "attempt": 1, "message": "exit code 3",
