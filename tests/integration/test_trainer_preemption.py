@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.integration.test_trainer_dispatcher import ScriptedLcm
+from tests.integration.test_trainer_halt_restart import state_of
 from tests.servers import wait_for
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.admission import Capacity, Quota, Usage
@@ -59,10 +60,6 @@ def bounded(mongo_db, unique):
 def submit(service: JobService, team: str, cpus: float = 2) -> str:
     body = {"name": "train", "command": "python train.py", "learners": 2, "resources": {"cpus": cpus}}
     return service.submit(team, json.dumps(body)).id
-
-
-def state_of(store: JobStore, job_id: str) -> JobState:
-    return JobState(store.find(job_id).state)
 
 
 def running(service: JobService, store: JobStore, job_id: str, attempt: int = 1) -> None:
@@ -132,8 +129,8 @@ def test_the_owner_reclaims_its_quota_by_halting_the_borrower_which_comes_back_o
                       "RUNNING"]
 
 
-def test_a_job_is_not_preempted_again_within_its_minimum_runtime(trainer):
-    service, store, lcm = trainer
+def preempted_once_and_back(service: JobService, store: JobStore) -> str:
+    """Team a's borrower, halted once for team b's job, which then ran and finished: running again (attempt 2)."""
     borrower = submit(service, "a")
     running(service, store, borrower)
     owner = submit(service, "b")
@@ -142,6 +139,12 @@ def test_a_job_is_not_preempted_again_within_its_minimum_runtime(trainer):
     running(service, store, owner)
     finish(service, store, owner)
     running(service, store, borrower, attempt=2)
+    return borrower
+
+
+def test_a_job_is_not_preempted_again_within_its_minimum_runtime(trainer):
+    service, store, lcm = trainer
+    borrower = preempted_once_and_back(service, store)
 
     second = submit(service, "b")
     wait_for(lambda: state_of(store, borrower) == JobState.HALTING, 10, "the second preemption")
@@ -152,14 +155,7 @@ def test_a_job_is_not_preempted_again_within_its_minimum_runtime(trainer):
 
 def test_the_preemption_bound_holds(bounded):
     service, store, lcm = bounded
-    borrower = submit(service, "a")
-    running(service, store, borrower)
-    owner = submit(service, "b")
-    wait_for(lambda: state_of(store, borrower) == JobState.HALTING, 10, "the first preemption")
-    halted(service, store, borrower, 1, 10)
-    running(service, store, owner)
-    finish(service, store, owner)
-    running(service, store, borrower, attempt=2)
+    borrower = preempted_once_and_back(service, store)
 
     waiting = submit(service, "b")
     # after several passes beyond its minimum runtime, the borrower (preempted once, the bound) still runs
