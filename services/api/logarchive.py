@@ -16,7 +16,6 @@ from __future__ import annotations
 import heapq
 import json
 import logging
-import re
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +28,6 @@ log = logging.getLogger(__name__)
 
 # Job states in which every learner has ended and uploaded its archive.
 SETTLED = frozenset({"completed", "failed", "cancelled", "halted"})
-_NAME = re.compile(r"^(\d+)-(\d+)\.jsonl$")
 
 
 @dataclass(frozen=True)
@@ -45,9 +43,9 @@ def archives(objects: ObjectStore, job_id: str, learner: int | None = None, *, k
     prefix = storekeys.metrics_prefix(job_id) if kind == "metrics" else storekeys.logs_prefix(job_id)
     found: list[Archive] = []
     for info in objects.list(prefix):
-        m = _NAME.match(info.key[len(prefix):])
-        if m and (learner is None or int(m.group(1)) == learner):
-            found.append(Archive(int(m.group(1)), int(m.group(2)), info.key, info.size))
+        parsed = storekeys.parse_archive_key(info.key)
+        if parsed and parsed.job_id == job_id and (learner is None or parsed.rank == learner):
+            found.append(Archive(parsed.rank, parsed.attempt, info.key, info.size))
     return sorted(found, key=lambda a: (a.learner, a.attempt))
 
 

@@ -16,20 +16,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import sys
 from dataclasses import dataclass
 
 from trainforge_services.api import logarchive
 from trainforge_services.common.adapters.logstore import LogStore
 from trainforge_services.common.adapters.objectstore import ObjectStore, store_from_settings
+from trainforge_services.common.contracts import storekeys
 from trainforge_services.common.errors import TrainforgeError
 from trainforge_services.common.retry import retry_call
 
 log = logging.getLogger(__name__)
 
 BATCH = 2000
-_LOG_KEY = re.compile(r"^jobs/([^/]+)/logs/\d+-\d+\.jsonl$")
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,8 @@ class Reindexed:
 
 
 def jobs_with_archives(objects: ObjectStore) -> list[str]:
-    return sorted({m.group(1) for info in objects.list("jobs/") if (m := _LOG_KEY.match(info.key))})
+    parsed = (storekeys.parse_archive_key(info.key) for info in objects.list("jobs/"))
+    return sorted({p.job_id for p in parsed if p and p.kind == "logs"})
 
 
 def reindex_job(objects: ObjectStore, logs: LogStore, job_id: str, *, batch: int = BATCH,

@@ -15,6 +15,7 @@ here, so the layout can be read (and changed) in one place:
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from trainforge_services.common.errors import InvalidArgument
 
@@ -76,6 +77,25 @@ def metrics_key(job_id: str, rank: int, attempt: int) -> str:
 
 def metrics_prefix(job_id: str) -> str:
     return f"jobs/{job_id}/metrics/"
+
+
+@dataclass(frozen=True)
+class ArchiveKey:
+    """A learner attempt's log or metrics archive, parsed from its key."""
+
+    job_id: str
+    kind: str  # "logs" or "metrics"
+    rank: int
+    attempt: int
+
+
+_ARCHIVE_KEY = re.compile(r"^jobs/([^/]+)/(logs|metrics)/(\d+)-(\d+)\.jsonl$")
+
+
+def parse_archive_key(key: str) -> ArchiveKey | None:
+    """The archive a key names (the inverse of log_key and metrics_key); None for any other key."""
+    m = _ARCHIVE_KEY.match(key)
+    return ArchiveKey(m.group(1), m.group(2), int(m.group(3)), int(m.group(4))) if m else None
 
 
 def checkpoint_root(job_id: str) -> str:
