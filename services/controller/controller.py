@@ -288,7 +288,7 @@ class Controller:
                    else describe_exit(returncode) if returncode >= 0 else "stopped after SIGTERM")
             return self._halt.conclude(archive, exit_code, how)
         self._final_checkpoint()
-        oom = sandbox.oom_message() if sandbox is not None and returncode != 0 else watchdog.message
+        oom = watchdog.message or (sandbox.oom_message() if sandbox is not None and returncode != 0 else "")
         if oom:
             return Outcome(LearnerState.LEARNER_FAILED, exit_code, oom)
         if self._stop.is_set():
