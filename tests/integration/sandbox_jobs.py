@@ -39,6 +39,7 @@ from tests.integration.test_controller_run import pack  # noqa: F401 - the hosti
 from tests.integration.test_monitor_process import start_trainer
 from tests.servers import free_port, serve_app, wait_for
 from trainforge_services.api.app import create_app
+from trainforge_services.common import isolation
 from trainforge_services.common.adapters.objectstore import LocalStore, store_from_settings
 from trainforge_services.common.manifest import Manifest
 from trainforge_services.common.settings import ApiSettings, LcmSettings
@@ -117,7 +118,17 @@ def root_platform(store_settings, coordinator, tmp_path) -> Iterator[Platform]:
         yield p
 
 
-platform = root_platform  # the name the other sandbox tests use
+@pytest.fixture(params=["sandbox", "userns"])
+def platform(request) -> Platform:
+    """The platform as root (`sandbox`) or with its controllers as uid 65534 (`userns`), where possible; a test
+    module using it imports root_platform, unprivileged_platform and nobody_python too."""
+    if request.param == "sandbox":
+        if isolation.unavailable():
+            pytest.skip(f"no sandbox here: {isolation.unavailable()}")
+        return request.getfixturevalue("root_platform")
+    if why := unprivileged_unavailable():
+        pytest.skip(why)
+    return request.getfixturevalue("unprivileged_platform")
 
 
 NOBODY = 65534
@@ -182,8 +193,9 @@ def unprivileged_platform(store_settings, coordinator, tmp_path, nobody_python) 
                            f'exec {" ".join(AS_NOBODY)} "{nobody_python}" "$@"\n')
         wrapper.chmod(0o755)
         os.chown(state, NOBODY, NOBODY)
-        with _platform(store_settings, coordinator, tmp_path, kind="userns", state_dir=state,
-                       objectstore_url=(state / "objects").as_uri(), python=str(wrapper)) as p:
+        files = store_settings.objectstore_url.startswith("file:")  # else the S3 store of the egress tests
+        with _platform(store_settings, coordinator, tmp_path, kind="userns", state_dir=state, python=str(wrapper),
+                       **({"objectstore_url": (state / "objects").as_uri()} if files else {})) as p:
             yield p
     finally:
         shutil.rmtree(state, ignore_errors=True)

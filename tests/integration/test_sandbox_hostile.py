@@ -25,9 +25,9 @@ import pytest
 from tests.integration.sandbox_jobs import (  # noqa: F401 - fixtures
     nobody_python,
     outcome_lines,
+    platform,
     root_platform,
     unprivileged_platform,
-    unprivileged_unavailable,
 )
 from tests.servers import wait_for
 from trainforge_services.common import isolation
@@ -36,17 +36,6 @@ from trainforge_services.common.states import LearnerState
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-
-@pytest.fixture(params=["sandbox", "userns"])
-def platform(request):
-    """The platform as root (`sandbox`) or with its controllers as uid 65534 (`userns`)."""
-    if request.param == "sandbox":
-        if isolation.unavailable():
-            pytest.skip(f"no sandbox here: {isolation.unavailable()}")
-        return request.getfixturevalue("root_platform")
-    if why := unprivileged_unavailable():
-        pytest.skip(why)
-    return request.getfixturevalue("unprivileged_platform")
 
 PRELUDE = '''
 import json, os, signal, socket, sys, time
