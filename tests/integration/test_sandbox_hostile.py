@@ -148,7 +148,7 @@ for name, pid in json.load(open("targets.json")).items():
 
 def test_cannot_fork_past_the_pids_limit(platform, unique):  # noqa: F811
     if platform.isolation == "userns":
-        pytest.skip("no pids limit without root (cgroups need it; RLIMIT_NPROC would count the platform's uid)")
+        pytest.skip("no pids limit without root (cgroups need it; docs/THREAT_MODEL.md)")
     job = f"forks-{unique}"
     doc = platform.run(job, hostile('''
 kids = []
