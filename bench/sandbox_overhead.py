@@ -17,7 +17,9 @@ the manifest's cpus, 1 by default) and the same manifest. Keep --cpus at 1
 on a busy machine: under cgroup v1 a sandboxed learner's threads share one
 scheduling weight, while the threads of an unsandboxed one each compete on
 their own, so with several threads and other load the comparison measures
-that fairness rule, not the sandbox's cost. Needs root for the sandbox. Usage:
+that fairness rule, not the sandbox's cost. As root it measures the root
+sandbox; as another user, the sandbox without root (`userns`: the job's
+namespace holder started per learner here, no cgroups). Usage:
 
     PYTHONPATH=$PWD .venv/bin/python bench/sandbox_overhead.py [-n 7] [--steps 300] [--cpus 1]
 """
@@ -28,6 +30,7 @@ import argparse
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -74,9 +77,9 @@ def one_run(root: Path, job: str, sandboxed: bool, steps: int, cpus: float = 1) 
     program = None
     box = None
     if sandboxed:
-        box = Sandbox(spec, root)
+        box = Sandbox(spec, root, unprivileged=isolation.kind() is isolation.Isolation.USERNS)
         box.prepare()
-        env, program = Sandbox.env(env), box.argv(command)
+        env, program = box.env(env), box.argv(command)
     read_end, write_end = os.pipe()
     try:
         proc = subprocess.Popen(guarded_argv(command, read_end, sys.executable, program), cwd=workdir, env=env,
@@ -100,6 +103,8 @@ def one_run(root: Path, job: str, sandboxed: bool, steps: int, cpus: float = 1) 
         if box is not None:
             box.cleanup()
             isolation.remove_job(job)
+            if box.holder:
+                os.kill(box.holder, signal.SIGKILL)
 
 
 def summary(name: str, values: list[float], unit: str = "s") -> str:
@@ -118,28 +123,30 @@ def main() -> int:
     if why:
         print(f"no sandbox on this machine: {why}", file=sys.stderr)
         return 2
-    results: dict[str, list[tuple[float, float, float]]] = {"sandbox": [], "none": []}
+    kind = isolation.kind().value
+    results: dict[str, list[tuple[float, float, float]]] = {kind: [], "none": []}
     root = Path(tempfile.mkdtemp(prefix="tf-bench-sandbox-"))
+    os.chmod(root, 0o755)
     try:
         one_run(root, "bench-warmup", True, 10)  # page cache, torch import, the first netns
         for i in range(args.n):
-            order = ("sandbox", "none") if i % 2 == 0 else ("none", "sandbox")
+            order = (kind, "none") if i % 2 == 0 else ("none", kind)
             for mode in order:
-                results[mode].append(one_run(root, f"bench-{mode}-{i}", mode == "sandbox", args.steps, args.cpus))
+                results[mode].append(one_run(root, f"bench-{mode}-{i}", mode == kind, args.steps, args.cpus))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}"
           f", {args.n} alternating runs per mode, {args.steps} training steps, cpus {args.cpus:g}")
-    for mode in ("none", "sandbox"):
+    for mode in ("none", kind):
         lat, train, wall = zip(*results[mode], strict=True)
         print(f"[{mode}]")
         print("  " + summary("start latency", list(lat)))
         print("  " + summary("training", list(train)))
         print("  " + summary("learner wall", list(wall)))
     med = {m: [statistics.median(col) for col in zip(*results[m], strict=True)] for m in results}
-    print(f"sandbox - none: start latency {1000 * (med['sandbox'][0] - med['none'][0]):+.0f} ms, "
-          f"training {100 * (med['sandbox'][1] / med['none'][1] - 1):+.1f}%, "
-          f"learner wall {1000 * (med['sandbox'][2] - med['none'][2]):+.0f} ms")
+    print(f"{kind} - none: start latency {1000 * (med[kind][0] - med['none'][0]):+.0f} ms, "
+          f"training {100 * (med[kind][1] / med['none'][1] - 1):+.1f}%, "
+          f"learner wall {1000 * (med[kind][2] - med['none'][2]):+.0f} ms")
     return 0
 
 

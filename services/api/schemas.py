@@ -44,7 +44,8 @@ class Learner(BaseModel):
     attempt: int
     message: str
     isolation: str = Field("", description='what the learner runs in: "sandbox" (its own filesystem view, user, '
-                                           'network and limits), "container" (the docker backend) or "none"; '
+                                           'network and limits), "userns" (the same without root: no cgroup '
+                                           'limits), "container" (the docker backend) or "none"; '
                                            'empty before it started')
 
 

@@ -8,6 +8,11 @@ own cgroups when its learner is gone, and the local backend's `stop`
 removes whatever is left of a job (`remove_job`), so a controller killed
 with SIGKILL leaks nothing.
 
+Without root the sandbox is built in user namespaces (`isolation: userns`,
+services/controller/sandbox/userns.py): a per-job holder process owns the
+job's user and network namespaces, in the job's folder; the local backend's
+stop ends it with the job's other processes.
+
 Only names and removal live here: both the controller and the LCM need
 them and services share only `services/common/`.
 """
@@ -20,7 +25,9 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import time
+from functools import cache
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -37,6 +44,7 @@ class Isolation(enum.StrEnum):
     """What a learner got, as its status reports it."""
 
     SANDBOX = "sandbox"
+    USERNS = "userns"  # the sandbox without root: user namespaces, no cgroups
     NONE = "none"
 
 
@@ -120,14 +128,40 @@ def remove_job(job_id: str) -> bool:
     return remove_cgroups(job_cgroups(job_id)) & remove_netns(job_id)
 
 
+# A fresh, isolated interpreter tries what the unprivileged sandbox needs: user, mount, PID, IPC, UTS and network
+# namespaces in one unshare(2), which fails where unprivileged user namespaces are off.
+_USERNS_PROBE = ("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+                 "os._exit(0 if libc.unshare(0x10000000 | 0x00020000 | 0x20000000 | 0x08000000 | 0x04000000 "
+                 "| 0x40000000) == 0 else 1)")
+
+
+@cache
+def _userns_unavailable() -> str:
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        return f"the unprivileged sandbox does not know pivot_root's system call number on {os.uname().machine}"
+    try:
+        ok = subprocess.run([sys.executable, "-I", "-S", "-c", _USERNS_PROBE], timeout=10,
+                            capture_output=True, check=False).returncode == 0
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"probing user namespaces failed: {e}"
+    return "" if ok else ("the platform does not run as root and the kernel refuses it unprivileged user "
+                          "namespaces (kernel.unprivileged_userns_clone, user.max_user_namespaces)")
+
+
+def kind() -> Isolation:
+    """The sandbox this machine gives when it gives one: the root one, or the user-namespace one without root."""
+    return Isolation.SANDBOX if os.geteuid() == 0 else Isolation.USERNS
+
+
 def unavailable() -> str:
     """Why this machine cannot sandbox a learner; "" when it can.
 
-    The sandbox needs root (cgroups, namespaces, a uid per job), the cgroup
-    v1 memory, cpu and pids controllers, and `ip` for the job's network namespace.
+    As root, the sandbox needs the cgroup v1 memory, cpu and pids
+    controllers and `ip` for the job's network namespace; without root, it
+    needs unprivileged user namespaces (and gets no cgroups).
     """
     if os.geteuid() != 0:
-        return "the platform does not run as root (cgroups, namespaces and a uid per job need it)"
+        return _userns_unavailable()
     missing = [c for c in CGROUP_CONTROLLERS if not os.access(CGROUP_ROOT / c, os.W_OK)]
     if missing:
         return f"no writable cgroup v1 {', '.join(missing)} controller under {CGROUP_ROOT}"
@@ -142,6 +176,10 @@ def describe(setting: str, require: bool, egress: str = "none") -> str:
     """One line for `trainforge up`: what learners will run in under TF_ISOLATION / TF_REQUIRE_ISOLATION, and
     the most egress a sandboxed one may get (TF_EGRESS; teams' own policies narrow it)."""
     why = "TF_ISOLATION=none" if setting == "none" else unavailable()
+    if not why and kind() is Isolation.USERNS:
+        return ("learners: sandboxed without root (isolation: userns: own filesystem view, user, network and PID "
+                "namespaces; NO cgroup limits, which need root: memory by the controller's watchdog, no cpu or "
+                f"pids limit; egress at most: {egress or 'none'})")
     if not why:
         return ("learners: sandboxed (own filesystem view, uid, network and PID namespaces, cgroup limits; "
                 f"egress at most: {egress or 'none'})")

@@ -264,9 +264,9 @@ class Controller:
             return Outcome(LearnerState.LEARNER_FAILED, message=f"starting the learner failed: {text(e)}")
         log.info("learner started (pid %d): %s", learner.pid, learner.command)
         self._halt.publish_unless_halting(LearnerState.LEARNER_RUNNING)  # a halt published meanwhile stands
-        # In a sandbox the memory cgroup enforces the limit, behind a launcher the container's; the watchdog is
+        # In a sandbox the memory cgroup enforces the limit (not in userns mode: no cgroups without root), behind a launcher the container's; the watchdog is
         # the fallback without either (behind a launcher it would measure only the launcher's own memory).
-        watched = sandbox is None and not spec.launcher
+        watched = (sandbox is None or not sandbox.limits_memory) and not spec.launcher
         watchdog = MemoryWatchdog(learner, spec.manifest.resources.memory)
         if watched:
             watchdog.start()
@@ -288,7 +288,7 @@ class Controller:
                    else describe_exit(returncode) if returncode >= 0 else "stopped after SIGTERM")
             return self._halt.conclude(archive, exit_code, how)
         self._final_checkpoint()
-        oom = sandbox.oom_message() if sandbox is not None and returncode != 0 else watchdog.message
+        oom = watchdog.message or (sandbox.oom_message() if sandbox is not None and returncode != 0 else "")
         if oom:
             return Outcome(LearnerState.LEARNER_FAILED, exit_code, oom)
         if self._stop.is_set():

@@ -44,7 +44,7 @@ class LearnerReport(_Frozen):
     exit_code: int = 0
     attempt: int = 0
     message: str = ""
-    isolation: str = ""  # "sandbox", "container" or "none" once the learner started (docs/THREAT_MODEL.md)
+    isolation: str = ""  # "sandbox", "userns", "container" or "none" once the learner started (docs/THREAT_MODEL.md)
     timed_out: bool = False  # the manifest's timeout ended it
 
 

@@ -6,13 +6,29 @@ and log-store servers, and gives `run(script)`: a job whose code archive
 holds `hostile.py`, run as `python hostile.py` by the local backend, whose
 final learner status is returned. A hostile script prints `BLOCKED <what>`
 for each attempt that failed and `ESCAPED <what>` for one that worked.
+
+`unprivileged_platform` is the same with every controller (and the job
+monitor) run as uid 65534 (`nobody`), so the learners get the sandbox
+without root (`isolation: userns`). Its state directory lies outside the
+test's 0700 tmp_path, world-traversable and owned by that uid, and the
+controllers run an interpreter that uid can reach (the test process's may
+live below a 0700 home, as a pyenv build under /root does): a copy of the
+running interpreter and its standard library in a world-readable folder
+(its library path made relative), and a venv of it that sees the same
+packages (the running venv's .pth files).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import sys
+import sysconfig
+import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +39,7 @@ from tests.integration.test_controller_run import pack  # noqa: F401 - the hosti
 from tests.integration.test_monitor_process import start_trainer
 from tests.servers import free_port, serve_app, wait_for
 from trainforge_services.api.app import create_app
+from trainforge_services.common import isolation
 from trainforge_services.common.adapters.objectstore import LocalStore, store_from_settings
 from trainforge_services.common.manifest import Manifest
 from trainforge_services.common.settings import ApiSettings, LcmSettings
@@ -39,6 +56,7 @@ class Platform:
     settings: LcmSettings
     trainer_port: int
     api_port: int
+    isolation: str = "sandbox"  # what its learners get
 
     @property
     def state_dir(self) -> Path:
@@ -73,24 +91,114 @@ class Platform:
         return "\n".join(p.read_text(errors="replace") for p in sorted(attempt_dir.glob("*.log*")))
 
 
-@pytest.fixture
-def platform(store_settings, coordinator, tmp_path) -> Iterator[Platform]:
+@contextmanager
+def _platform(store_settings, coordinator, tmp_path: Path, kind: str = "sandbox", **overrides) -> Iterator[Platform]:
     trainer_port = free_port()
     server, _ = start_trainer(trainer_port)
     app = create_app(ApiSettings(dev_mode=True, retention_interval=0), trainer=InMemoryTrainer(), identity=object(), logs=object(),
                      objects=LocalStore(tmp_path / "api-objects"), audit=object())
     settings = LcmSettings(**{**store_settings.model_dump(), "trainer_address": f"127.0.0.1:{trainer_port}",
-                              "python": sys.executable, "local_gpus": 0, "lease_ttl": 5})
+                              "python": sys.executable, "local_gpus": 0, "lease_ttl": 5, **overrides})
     lifecycle = Lifecycle.from_settings(settings, LocalBackend(settings, kill_grace=5), coordinator,
                                         start_timeout=60, supervise_interval=1.0)
     with serve_app(app) as url:
-        yield Platform(lifecycle, coordinator, settings, trainer_port, int(url.rsplit(":", 1)[1]))
+        yield Platform(lifecycle, coordinator, settings, trainer_port, int(url.rsplit(":", 1)[1]), kind)
         for job in lifecycle.running_jobs():
             lifecycle.kill(job.job_id)
         for path in (Path(settings.state_dir).resolve() / "lcm" / "local").glob("*.json"):
             lifecycle.kill(json.loads(path.read_text())["job_id"])
         lifecycle.close()
     server.stop(0).wait()
+
+
+@pytest.fixture
+def root_platform(store_settings, coordinator, tmp_path) -> Iterator[Platform]:
+    """The platform as the test's own user (root: `isolation: sandbox`)."""
+    with _platform(store_settings, coordinator, tmp_path) as p:
+        yield p
+
+
+@pytest.fixture(params=["sandbox", "userns"])
+def platform(request) -> Platform:
+    """The platform as root (`sandbox`) or with its controllers as uid 65534 (`userns`), where possible; a test
+    module using it imports root_platform, unprivileged_platform and nobody_python too."""
+    if request.param == "sandbox":
+        if isolation.unavailable():
+            pytest.skip(f"no sandbox here: {isolation.unavailable()}")
+        return request.getfixturevalue("root_platform")
+    if why := unprivileged_unavailable():
+        pytest.skip(why)
+    return request.getfixturevalue("unprivileged_platform")
+
+
+NOBODY = 65534
+AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def unprivileged_unavailable() -> str:
+    """Why this test machine cannot run the platform as uid 65534 with the userns sandbox; "" when it can."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or shutil.which("unshare") is None:
+        return f"needs root, setpriv and unshare to run controllers as uid {NOBODY}"
+    probe = subprocess.run([*AS_NOBODY, "unshare", "--user", "--map-root-user", "--net", "--mount", "--pid", "--fork",
+                            "--ipc", "--uts", "true"], capture_output=True, timeout=30, check=False, cwd="/")
+    return "" if probe.returncode == 0 else f"no unprivileged user namespaces for uid {NOBODY}"
+
+
+def _copy_interpreter(dest: Path) -> Path:
+    """The running interpreter, its shared library and standard library under `dest`, with an absolute library
+    path (RUNPATH) in the binary rewritten to `$ORIGIN/../lib`, in place (same length, NUL-padded)."""
+    base, exe = Path(sys.base_prefix), Path(os.path.realpath(sys.executable))
+    (dest / "bin").mkdir(parents=True)
+    data, old = exe.read_bytes(), f"{base}/lib".encode() + b"\0"
+    new = b"$ORIGIN/../lib"
+    if old in data and len(new) < len(old):
+        data = data.replace(old, new.ljust(len(old), b"\0"))
+    (dest / "bin" / PY).write_bytes(data)
+    (dest / "bin" / PY).chmod(0o755)
+    (dest / "lib").mkdir()
+    for lib in (base / "lib").glob("libpython*.so*"):
+        shutil.copy(lib, dest / "lib" / lib.name, follow_symlinks=False)
+    shutil.copytree(base / "lib" / PY, dest / "lib" / PY, symlinks=True,
+                    ignore=lambda d, names: [n for n in names if Path(d) == base / "lib" / PY and (
+                        n in ("test", "site-packages") or n.startswith("config-"))])
+    return dest / "bin" / PY
+
+
+@pytest.fixture(scope="session")
+def nobody_python() -> Iterator[Path]:
+    """A venv that uid 65534 can run, of a copy of the running interpreter, seeing the running venv's packages."""
+    root = Path(tempfile.mkdtemp(prefix="tf-nobody-py-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    python = _copy_interpreter(root / "prefix")
+    subprocess.run([str(python), "-m", "venv", "--without-pip", str(root / "venv")], check=True,
+                   capture_output=True, timeout=120)
+    site = Path(sysconfig.get_paths()["purelib"])
+    target = root / "venv" / "lib" / PY / "site-packages"
+    for src in [*site.glob("*.pth"), *site.glob("__editable__*.py")]:
+        shutil.copy(src, target / src.name)
+    yield root / "venv" / "bin" / "python"
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def unprivileged_platform(store_settings, coordinator, tmp_path, nobody_python) -> Iterator[Platform]:
+    state = Path(tempfile.mkdtemp(prefix="tf-userns-", dir="/var/tmp"))  # not below the learner's private /tmp
+    try:
+        os.chmod(state, 0o755)
+        (state / "objects").mkdir()
+        # The LCM (this test, root) writes each attempt's folder and spec; the wrapper hands them to uid 65534.
+        wrapper = state / "python-as-nobody"
+        wrapper.write_text(f'#!/bin/sh\nchown -R {NOBODY}:{NOBODY} "{state}"\n'
+                           f'exec {" ".join(AS_NOBODY)} "{nobody_python}" "$@"\n')
+        wrapper.chmod(0o755)
+        os.chown(state, NOBODY, NOBODY)
+        files = store_settings.objectstore_url.startswith("file:")  # else the S3 store of the egress tests
+        with _platform(store_settings, coordinator, tmp_path, kind="userns", state_dir=state, python=str(wrapper),
+                       **({"objectstore_url": (state / "objects").as_uri()} if files else {})) as p:
+            yield p
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def outcome_lines(doc: dict) -> tuple[list[str], list[str]]:

@@ -4,6 +4,9 @@ The platform here keeps its objects in the SeaweedFS S3 server, so `store`
 has an endpoint to reach. Each job tries destinations and prints `REACHED
 <what>` for one it reached and `BLOCKED <what>` for one it could not; the
 admin's policy is TF_EGRESS in the controllers' environment (the LCM's).
+Each runs as root (`isolation: sandbox`) and with the controllers as uid
+65534 (`isolation: userns`), where the relays' listening sockets come from a
+helper inside the job's namespaces.
 """
 
 from __future__ import annotations
@@ -15,16 +18,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.sandbox_jobs import platform  # noqa: F401 - fixture
-from trainforge_services.common import isolation
+from tests.integration.sandbox_jobs import (  # noqa: F401 - fixtures
+    nobody_python,
+    platform,
+    root_platform,
+    unprivileged_platform,
+)
 from trainforge_services.common.adapters.objectstore.s3 import S3Store
 from trainforge_services.common.states import LearnerState
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(bool(isolation.unavailable()), reason=f"no sandbox here: {isolation.unavailable()}"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 BUCKET = "tf-egress"
 
@@ -90,7 +93,7 @@ def echo() -> Iterator[int]:
 def outcomes(platform, job: str, tries: list) -> dict[str, str]:  # noqa: F811
     doc = platform.run(job, SCRIPT, env={"HOSTILE_ARGS": json.dumps({"tries": tries})})
     assert doc["state"] == LearnerState.LEARNER_COMPLETED, platform.log(job)
-    assert doc["isolation"] == "sandbox", doc
+    assert doc["isolation"] == platform.isolation, doc
     out = {}
     for line in doc.get("tail") or []:
         if line.startswith(("REACHED ", "BLOCKED ")):
@@ -150,6 +153,6 @@ def test_a_team_policy_narrows_the_admins(platform, echo, monkeypatch, unique): 
     job = f"eg-team-{unique}"
     doc = platform.run(job, SCRIPT, team_egress=f"127.0.0.1:{echo},127.0.0.1:{other}",
                        env={"HOSTILE_ARGS": json.dumps({"tries": [["echo", "127.0.0.1", echo, "hi"]]})})
-    assert doc["isolation"] == "sandbox" and doc["state"] == LearnerState.LEARNER_COMPLETED, platform.log(job)
+    assert doc["isolation"] == platform.isolation and doc["state"] == LearnerState.LEARNER_COMPLETED, platform.log(job)
     assert f"EGRESS 127.0.0.1:{echo} -" in doc["tail"], doc["tail"]
     assert any(ln.startswith("REACHED echo") for ln in doc["tail"]), doc["tail"]

@@ -73,3 +73,26 @@ def test_trainforge_up_says_plainly_what_learners_run_in(monkeypatch):
         "egress at most: store,pypi.internal:443)")
     monkeypatch.setattr(isolation, "unavailable", lambda: "no root")
     assert isolation.describe("auto", False).startswith("learners: NOT isolated (isolation: none) - no root")
+
+
+def test_without_root_the_sandbox_is_the_user_namespace_one(monkeypatch):
+    from trainforge_services.common import isolation
+
+    monkeypatch.setattr(isolation.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(isolation, "unavailable", lambda: "")
+    import trainforge_services.controller.sandbox.policy as policy
+
+    monkeypatch.setattr(policy, "unavailable", lambda: "")
+    assert policy.decide("auto", True).isolation is Isolation.USERNS
+    assert policy.decide("sandbox", False).refused == ""
+    line = isolation.describe("auto", False, "store")
+    assert line.startswith("learners: sandboxed without root (isolation: userns")
+    assert "NO cgroup limits" in line and line.endswith("egress at most: store)")
+    assert LearnerStatus(state=LearnerState.LEARNER_RUNNING, attempt=1, isolation="userns").isolation == "userns"
+
+
+def test_the_view_without_root_has_no_sys_no_cgroups_and_names_the_holder(tmp_path):
+    cfg = view.config(workdir=tmp_path / "w", secrets=[tmp_path / "state"], python=sys.executable, netns=None,
+                      cgroup_procs=[], uid=0, holder=4242, stage=tmp_path / "stage")
+    assert "/sys" not in cfg["readonly"] and cfg["cgroups"] == [] and cfg["netns"] == ""
+    assert (cfg["holder"], cfg["stage"], cfg["uid"]) == (4242, str(tmp_path / "stage"), 0)

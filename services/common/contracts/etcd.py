@@ -61,7 +61,8 @@ class LearnerStatus(_Value):
     `tail` is filled when the learner exits (its last output lines); `step`
     and `checkpoint_uri` name the stored checkpoint a LEARNER_HALTED learner
     left. `isolation` is what the learner runs in once that is decided:
-    "sandbox" or "none" (services/controller/sandbox/), "container" behind a
+    "sandbox", "userns" (the sandbox without root) or "none"
+    (services/controller/sandbox/), "container" behind a
     backend's launcher (the docker backend); "" before. `lines_archived` /
     `lines_shipped` count its log lines (archive, index) in a final status.
     """
@@ -75,7 +76,7 @@ class LearnerStatus(_Value):
     outputs_uri: str = ""
     step: int | None = None
     checkpoint_uri: str = ""
-    isolation: str = Field("", pattern="^(sandbox|container|none|)$")
+    isolation: str = Field("", pattern="^(sandbox|userns|container|none|)$")
     # Final statuses only: lines in the learner's log archive, and how many of them the index confirmed.
     lines_archived: int | None = None
     lines_shipped: int | None = None

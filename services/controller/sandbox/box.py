@@ -11,6 +11,12 @@ in place of the bare shell, so the guard's group-kill semantics hold for
 everything inside. `oom_message()` names the memory limit when the kernel
 killed the learner for it; `cleanup()` removes the cgroups (the job's
 namespace outlives one learner and is removed by the local backend's stop).
+
+`unprivileged` (the platform is not root: `isolation: userns`): the job's
+namespaces are a holder process's (userns.py) instead of `ip netns`, there
+are no cgroups (the controller's memory watchdog stays the limit), the
+working directory stays the platform's (it is the learner's uid outside)
+and the egress listeners are made by a helper inside the namespace.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from trainforge_services.common.egress import Policy
 from trainforge_services.common.isolation import netns_name
 
 from ..learner import human_bytes
-from . import netns, view
+from . import netns, userns, view
 from .cgroups import LearnerCgroups, Limits
 from .egress import Egress, hosts_file
 
@@ -36,27 +42,51 @@ ENTER = Path(__file__).with_name("enter.py")
 
 class Sandbox:
     def __init__(self, spec: LearnerSpec, state_dir: Path, *, python: str = sys.executable,
-                 egress: Policy = Policy(), store_endpoint: str = ""):
-        self.spec, self.python = spec, python
+                 egress: Policy = Policy(), store_endpoint: str = "", unprivileged: bool = False):
+        self.spec, self.python, self.unprivileged = spec, python, unprivileged
         self.state_dir = Path(state_dir).resolve()
-        self.uid = view.job_uid(spec.job_id)
+        self.uid = 0 if unprivileged else view.job_uid(spec.job_id)
         self.cgroups = LearnerCgroups(spec.job_id, spec.rank, spec.attempt)
         self.config_path = spec.workdir.parent / f".sandbox-{spec.rank}-{spec.attempt}.json"
         self.hosts_path = spec.workdir.parent / f".sandbox-hosts-{spec.rank}-{spec.attempt}"
-        self.egress = Egress(egress, netns_name(spec.job_id), netns.path_of(spec.job_id), store_endpoint)
+        # userns: the holder's pid file, in the job's folder (gone with it), and an empty folder to build on
+        self.holder_file = spec.workdir.parent.parent / ".userns-holder"
+        self.stage = spec.workdir.parent / f".sandbox-root-{spec.rank}-{spec.attempt}"
+        self.holder = 0
+        self.egress = Egress(egress, netns_name(spec.job_id), netns.path_of(spec.job_id), store_endpoint,
+                             listen=self._listen if unprivileged else None)
 
-    def prepare(self) -> None:
-        """Everything the entry needs; OSError naming what the kernel refused."""
+    @property
+    def limits_memory(self) -> bool:
+        """Whether a cgroup enforces the memory limit (else the controller's watchdog does)."""
+        return not self.unprivileged
+
+    def _listen(self, addresses: list[tuple[str, int]]) -> list:
+        return userns.listen_in(self.holder, addresses, python=sys.executable)
+
+    def _namespaces(self) -> dict:
+        """The entry's config entries for the job's namespaces (and cgroups), made or joined."""
         spec = self.spec
+        if self.unprivileged:
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TF_JOB_ID": spec.job_id,
+                   "TF_WORKDIR": str(self.holder_file.parent)}  # the local backend's stop finds it by these
+            self.holder = userns.ensure(self.holder_file, env, python=sys.executable)
+            self.stage.mkdir(mode=0o700, exist_ok=True)
+            return {"netns": None, "cgroup_procs": [], "holder": self.holder, "stage": self.stage}
         ns = netns.ensure(spec.job_id)
         res = spec.manifest.resources
         self.cgroups.create(Limits(memory=res.memory, cpus=res.cpus, pids=res.pids))
         view.hand_over(spec.workdir, self.uid)
+        return {"netns": ns, "cgroup_procs": self.cgroups.procs_files}
+
+    def prepare(self) -> None:
+        """Everything the entry needs; OSError naming what the kernel refused."""
+        spec = self.spec
+        namespaces = self._namespaces()
         self.hosts_path.write_text(hosts_file(self.egress.names))
         os.chmod(self.hosts_path, 0o644)
         cfg = view.config(workdir=spec.workdir.resolve(), secrets=[self.state_dir, Path.home().resolve()],
-                          python=self.python, netns=ns, cgroup_procs=self.cgroups.procs_files, uid=self.uid,
-                          hosts=self.hosts_path)
+                          python=self.python, uid=self.uid, hosts=self.hosts_path, **namespaces)
         view.write_config(self.config_path, cfg)
         self.egress.start()
         for note in self.egress.notes:
@@ -77,7 +107,7 @@ class Sandbox:
 
     def oom_message(self) -> str:
         """'' unless the kernel's OOM killer fired in the learner's memory cgroup."""
-        if not self.cgroups.oom_killed():
+        if self.unprivileged or not self.cgroups.oom_killed():
             return ""
         return (f"memory limit exceeded: out of memory (OOM kill) in the learner's cgroup, "
                 f"limit {human_bytes(self.spec.manifest.resources.memory)}")
@@ -86,5 +116,11 @@ class Sandbox:
         self.egress.stop()
         self.config_path.unlink(missing_ok=True)
         self.hosts_path.unlink(missing_ok=True)
+        if self.unprivileged:
+            try:
+                self.stage.rmdir()
+            except OSError:
+                pass
+            return
         if not self.cgroups.remove():
             log.warning("the learner's cgroups could not all be removed; the local backend's stop retries")

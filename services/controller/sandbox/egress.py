@@ -23,6 +23,11 @@ Only the listed ports listen; every other address and port still refuses
 or has no route. The ranks of one job each run the same forwarders on the
 same addresses with SO_REUSEPORT, so the kernel spreads connections over
 them and one controller ending does not cut the others' learners off.
+
+Without root (`isolation: userns`) the controller cannot enter the job's
+namespace itself: `listen` is then userns.listen_in, a helper that joins
+the job's user and network namespaces, adds the addresses and hands the
+listening sockets back over a unix socket; the relaying is the same.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import os
 import socket
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -154,8 +160,10 @@ class EgressError(Exception):
 class Egress:
     """The forwarders of one learner's sandbox: `start()` once the namespace exists, `stop()` at cleanup."""
 
-    def __init__(self, policy: Policy, netns_name: str, netns_path: Path, store_endpoint: str = ""):
+    def __init__(self, policy: Policy, netns_name: str, netns_path: Path, store_endpoint: str = "",
+                 listen: Callable[[list[tuple[str, int]]], list[socket.socket]] | None = None):
         self.policy, self.netns_name, self.netns_path = policy, netns_name, netns_path
+        self._listen = listen  # None: as root, listen_in the named namespace
         self.store_endpoint = store_endpoint
         self.routes, self.names, self.notes = plan(policy, store_endpoint)
         self._listeners: list[socket.socket] = []
@@ -172,9 +180,12 @@ class Egress:
 
     def start(self) -> None:
         try:
-            for addr, _, _ in self.routes:
-                _add_address(self.netns_name, addr)
-            self._listeners = listen_in(self.netns_path, [(a, p) for a, p, _ in self.routes])
+            if self._listen is not None:
+                self._listeners = self._listen([(a, p) for a, p, _ in self.routes])
+            else:
+                for addr, _, _ in self.routes:
+                    _add_address(self.netns_name, addr)
+                self._listeners = listen_in(self.netns_path, [(a, p) for a, p, _ in self.routes])
         except OSError as e:
             raise EgressError(f"egress {self.policy}: {e.strerror or e}") from e
         for sock, (addr, port, host) in zip(self._listeners, self.routes, strict=True):

@@ -22,9 +22,20 @@ every process of the namespace; the controller's grace period and SIGKILL
 bound that wait. The host-side parent mirrors pid 1's exit (code or
 signal), so to the guard this looks exactly like the shell.
 
+Without root (`isolation: userns`, the config names the job's namespace
+holder, userns.py): the entry joins the holder's user namespace, where it
+is root with every capability over what that namespace owns but only the
+platform's own uid outside, and its network namespace; there are no
+cgroups to join. pid 1 builds the same view (without the host's /sys),
+then pivot_root(2)s into it and detaches the old root, so nothing of the
+host's mount tree is left to escape to, and finally unshares a user
+namespace of its own in which the learner is uid 1000 (the holder's root
+outside), so the command starts with no capability at all.
+
 Only the standard library is used (ctypes for the system calls Python 3.11
 lacks), and the interpreter runs isolated, so nothing of the user's
-environment is imported with root privileges.
+environment is imported with root privileges (userns.py is a sibling
+file of this one, imported from this folder only).
 """
 
 from __future__ import annotations
@@ -36,11 +47,20 @@ import os
 import signal
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import userns  # noqa: E402 - the sibling script, standard library only
+
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = (
     0x00020000, 0x04000000, 0x08000000, 0x20000000, 0x40000000)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
     1, 2, 4, 8, 32, 4096, 16384, 1 << 18)
 PR_SET_NO_NEW_PRIVS = 38
+MNT_DETACH = 2
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+# Mount flags a bind keeps from its source (a user namespace may not clear them): read-only, nosuid, nodev,
+# noexec, noatime, nodiratime; statvfs(3) and mount(2) number them alike.
+KEPT_FLAGS = 1 | 2 | 4 | 8 | 1024 | 2048
+LEARNER_UID = 1000  # the learner's uid in its own user namespace (userns mode)
 # Where the new root is built, inside the private mount namespace only.
 STAGE = "/run/trainforge/sandbox-root"
 EXIT_SETUP = 126  # the sandbox could not be built; the learner never ran
@@ -82,7 +102,8 @@ def _bind(root: str, src: str, dst: str, *, writable: bool) -> None:
         if not os.path.exists(target):
             open(target, "a").close()
     _mount(src, target, None, MS_BIND | MS_REC)
-    flags = MS_BIND | MS_REMOUNT | MS_NOSUID | (0 if writable else MS_RDONLY)
+    flags = MS_BIND | MS_REMOUNT | MS_NOSUID | (0 if writable else MS_RDONLY) | (os.statvfs(target).f_flag
+                                                                              & KEPT_FLAGS)
     if not src.startswith("/dev/"):
         flags |= MS_NODEV
     _mount(None, target, None, flags)
@@ -91,8 +112,7 @@ def _bind(root: str, src: str, dst: str, *, writable: bool) -> None:
 _PRIVATE = ("/tmp", "/dev/shm")
 
 
-def _build_root(cfg: dict) -> str:
-    root = STAGE
+def _build_root(cfg: dict, root: str) -> str:
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=16m")
     # A read-only folder under /tmp or /dev/shm (a job environment cached there) is bound after the private
     # tmpfs is mounted over those, or the tmpfs would hide it.
@@ -126,9 +146,30 @@ def _build_root(cfg: dict) -> str:
         if os.path.lexists(path):
             _bind(root, path, path, writable=False)
     _bind(root, cfg["workdir"], cfg["workdir"], writable=True)
-    # Everything above the workdir is the tmpfs' own folders: searchable, not writable, by the learner.
-    _mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     return root
+
+
+def _seal(root: str) -> None:
+    """Everything above the workdir is the tmpfs' own folders: searchable, not writable, by the learner."""
+    _mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _pivot(root: str) -> None:
+    """Make `root` the mount namespace's root and detach the host's tree under it (userns mode)."""
+    number = SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise SetupError(f"pivot_root: no system call number known for {os.uname().machine}")
+    os.chdir(root)
+    _check(_libc.syscall(number, b".", b"."), "pivot_root")
+    _check(_libc.umount2(b".", MNT_DETACH), "detach the host's root")
+    os.chdir("/")
+
+
+def _become_learner() -> None:
+    """userns mode: a user namespace of pid 1's own, where it is LEARNER_UID and execs with no capability."""
+    _check(_libc.unshare(userns.CLONE_NEWUSER), "unshare(user)")
+    userns.map_self(LEARNER_UID, 0, 0)
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
 
 
 def _drop_privileges(uid: int, gid: int) -> None:
@@ -151,11 +192,19 @@ def _pid1(cfg: dict, command: list[str]) -> int:
         signal.signal(sig, on_stop)
     try:
         _mount(None, "/", None, MS_REC | MS_PRIVATE)
-        root = _build_root(cfg)
-        os.chroot(root)
+        root = _build_root(cfg, cfg.get("stage") or STAGE)
+        if cfg.get("holder"):
+            _pivot(root)
+            _seal("/")
+        else:
+            _seal(root)
+            os.chroot(root)
         os.chdir(cfg["workdir"])
         _check(_libc.sethostname(b"learner", 7), "sethostname")
-        _drop_privileges(cfg["uid"], cfg["gid"])
+        if cfg.get("holder"):
+            _become_learner()
+        else:
+            _drop_privileges(cfg["uid"], cfg["gid"])
     except (SetupError, OSError) as e:
         print(f"trainforge sandbox: cannot build the learner's sandbox: {e}", file=sys.stderr)
         return EXIT_SETUP
@@ -199,13 +248,16 @@ def main(argv: list[str]) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)  # meant for the learner; its group gets them too
     try:
-        for procs in cfg["cgroups"]:
-            with open(procs, "w") as f:
-                f.write(str(os.getpid()))
-        fd = os.open(cfg["netns"], os.O_RDONLY)
-        _check(_libc.setns(fd, CLONE_NEWNET), f"setns {cfg['netns']}")
-        os.close(fd)
-        os.makedirs(STAGE, mode=0o700, exist_ok=True)
+        if cfg.get("holder"):
+            userns.join(cfg["holder"])  # its user namespace, then its network namespace
+        else:
+            for procs in cfg["cgroups"]:
+                with open(procs, "w") as f:
+                    f.write(str(os.getpid()))
+            fd = os.open(cfg["netns"], os.O_RDONLY)
+            _check(_libc.setns(fd, CLONE_NEWNET), f"setns {cfg['netns']}")
+            os.close(fd)
+            os.makedirs(STAGE, mode=0o700, exist_ok=True)
         _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
     except (SetupError, OSError) as e:
         print(f"trainforge sandbox: cannot enter the learner's namespaces: {e}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Which isolation a learner gets: the admin's setting against what this machine allows.
 
 TF_ISOLATION=auto (the default) sandboxes where the kernel and privileges
-allow it and otherwise runs the learner with isolation `none`, saying why;
+allow it (as root: `sandbox`; without root, in user namespaces: `userns`) and otherwise runs the learner with isolation `none`, saying why;
 `sandbox` requires it; `none` turns it off. TF_REQUIRE_ISOLATION=true
 refuses to run a learner without a sandbox, with the reason in its status.
 What the sandbox needs of the machine is `trainforge_services.common.isolation.unavailable`.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from trainforge_services.common import egress
 from trainforge_services.common.contracts.specs import LearnerSpec
-from trainforge_services.common.isolation import Isolation, unavailable
+from trainforge_services.common.isolation import Isolation, kind, unavailable
 from trainforge_services.common.settings import ControllerSettings
 
 from .box import Sandbox
@@ -38,7 +38,7 @@ def decide(setting: str, require: bool, why_not: str | None = None) -> Decision:
     else:
         reason = unavailable() if why_not is None else why_not
         if not reason:
-            return Decision(Isolation.SANDBOX)
+            return Decision(kind())
         if setting == "sandbox":
             return Decision(Isolation.NONE, reason, f"TF_ISOLATION=sandbox but no sandbox is possible: {reason}")
     if require:
@@ -60,17 +60,18 @@ class Chosen:
 def choose(spec: LearnerSpec, settings: ControllerSettings, *, python: str) -> Chosen:
     """Decide and, for a sandbox, set it up; a sandbox that cannot be set up degrades like a missing one."""
     decision = decide(settings.isolation, settings.require_isolation)
-    if decision.isolation is Isolation.SANDBOX:
+    if decision.isolation in (Isolation.SANDBOX, Isolation.USERNS):
         try:
             team = egress.parse(spec.egress, f"team {spec.team}'s egress policy") if spec.egress else None
             allowed = egress.effective(egress.parse(settings.egress, "TF_EGRESS"), team)
         except ValueError as e:
             return Chosen(None, Isolation.NONE, refused=str(e))
         sandbox = Sandbox(spec, settings.state_dir, python=python, egress=allowed,
-                          store_endpoint=settings.s3_endpoint if settings.objectstore().startswith("s3://") else "")
+                          store_endpoint=settings.s3_endpoint if settings.objectstore().startswith("s3://") else "",
+                          unprivileged=decision.isolation is Isolation.USERNS)
         try:
             sandbox.prepare()
-            return Chosen(sandbox, Isolation.SANDBOX, note="" if allowed.none else f"egress: {allowed}")
+            return Chosen(sandbox, decision.isolation, note="" if allowed.none else f"egress: {allowed}")
         except EgressError as e:
             sandbox.cleanup()
             return Chosen(None, Isolation.NONE, refused=f"the learner's egress could not be set up: {e}")

@@ -8,6 +8,12 @@ jobs, the object store, the databases' files, logs) or the platform's home
 with its config.json, even when a Python folder lies above them. The uid
 is derived from the job id, so the learners of one job share it and two
 jobs almost surely do not; the working directory is handed to it.
+
+Without root (`holder`: the job's user-namespace holder, userns.py) the
+view has no /sys (the host's would be the only one: a fresh sysfs cannot
+be mounted safely there), the learner keeps the platform's uid outside
+(uid 0 of the holder's namespace owns its tmpfs) and there are no cgroups;
+the new root is built on `stage`, an empty folder of the platform's.
 """
 
 from __future__ import annotations
@@ -68,14 +74,15 @@ def python_paths(python: str, secrets: list[Path]) -> tuple[list[str], list[tupl
     return outer, aliases
 
 
-def config(*, workdir: Path, secrets: list[Path], python: str, netns: Path, cgroup_procs: list[str],
-           uid: int, hosts: Path | None = None) -> dict:
+def config(*, workdir: Path, secrets: list[Path], python: str, netns: Path | None, cgroup_procs: list[str],
+           uid: int, hosts: Path | None = None, holder: int = 0, stage: Path | None = None) -> dict:
     py, aliases = python_paths(python, secrets)
-    system = [p for p in SYSTEM if os.path.lexists(p)]
+    system = [p for p in SYSTEM if os.path.lexists(p) and not (holder and p == "/sys")]
     return {"readonly": system + [p for p in py if not any(Path(p).is_relative_to(s) for s in system)],
             "aliases": aliases, "devices": [*DEVICES, *sorted(glob.glob("/dev/nvidia*"))],
-            "workdir": str(workdir), "uid": uid, "gid": uid, "netns": str(netns), "cgroups": cgroup_procs,
-            "tmp_size": TMP_SIZE, "shm_size": SHM_SIZE, "hosts": str(hosts) if hosts else ""}
+            "workdir": str(workdir), "uid": uid, "gid": uid, "netns": str(netns or ""), "cgroups": cgroup_procs,
+            "tmp_size": TMP_SIZE, "shm_size": SHM_SIZE, "hosts": str(hosts) if hosts else "",
+            "holder": holder, "stage": str(stage or "")}
 
 
 def hand_over(workdir: Path, uid: int) -> None:
