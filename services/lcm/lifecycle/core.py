@@ -13,6 +13,10 @@ them with what the backend observes (`reconcile`): an attempt with
 something running, or whose monitor never delivered its last state, is
 adopted; the rest forgotten. The supervision pass (`supervision.py`) reports
 lost controllers and starts dead monitors again.
+
+An elected LCM replica passes a fenced coordinator (services/lcm/replicas.py):
+its etcd writes are refused once it is deposed, and each operation confirms
+the fence before it touches the backend (`_confirm`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import logging
 import threading
 from pathlib import Path
 
-from trainforge_services.common.adapters.etcd import Coordinator
+from trainforge_services.common.adapters.etcd import Coordinator, FenceRefused
 from trainforge_services.common.contracts.etcd import AttemptInfo, HaltRequest
 from trainforge_services.common.contracts.ids import check_job_id
 from trainforge_services.common.errors import Conflict, ResourceExhausted
@@ -95,6 +99,7 @@ class Lifecycle:
         Attempts the backend finds on its own (`recover`, e.g. by label) that no record names are recorded
         first, so an LCM that lost its state directory adopts them too.
         """
+        self._coord.confirm()
         known = {r.job_id for r in self._records.load()}
         for plan in self.backend.recover():
             if plan.job_id not in known:
@@ -127,6 +132,7 @@ class Lifecycle:
         earlier one; an earlier attempt than the recorded one is a Conflict.
         """
         with self._job_lock(job.job_id):
+            self._coord.confirm()  # a deposed leader starts and stops nothing
             existing = self._records.get(job.job_id)
             if existing is not None:
                 if job.attempt < existing.attempt:
@@ -147,6 +153,9 @@ class Lifecycle:
                 self._coord.put(self._keys.attempt(job.job_id), AttemptInfo(
                     attempt=job.attempt, learners=job.world_size, checkpoint_uri=job.checkpoint_uri).value())
                 handles = self.backend.launch(plan)
+            except FenceRefused:
+                self._records.forget(job.job_id)  # deposed before it launched: the next leader deploys it
+                raise
             except BaseException:
                 self.backend.stop(job.job_id)
                 self._records.forget(job.job_id)
@@ -234,6 +243,7 @@ class Lifecycle:
         """
         check_job_id(job_id)
         with self._job_lock(job_id):
+            self._coord.confirm()
             killed = self._remove(self._records.get(job_id), job_id)
         log.info("job %s killed: %d process(es) were running", job_id, killed)
         return killed
@@ -281,11 +291,15 @@ class Lifecycle:
         while not self._closing.wait(interval):
             try:
                 self.supervise_once()
+            except FenceRefused as e:
+                log.warning("supervision stopped: %s", e.message)
+                return
             except Exception:
                 log.exception("supervision pass failed")
 
     def supervise_once(self) -> None:
         """One look at every attempt: restart dead monitors, report lost controllers, grow elastic jobs."""
+        self._coord.confirm()
         self._supervision.run_once()
         self._growth.run_once()
 

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainforge_services.common.adapters.etcd import Coordinator
+from trainforge_services.common.adapters.etcd import Coordinator, FenceRefused
 from trainforge_services.common.contracts.etcd import HaltRequest, LearnerStatus
 from trainforge_services.common.errors import TrainforgeError
 from trainforge_services.common.manifest import Manifest
@@ -128,6 +128,8 @@ class Growth:
                 log.warning("elastic jobs keep their starting size: %s", e)
                 self._unsupported = True
                 return
+            except FenceRefused:
+                raise  # deposed: this replica grows nothing more
             except TrainforgeError as e:
                 log.info("job %s: not growing now: %s", record.job_id, e.message)
             finally:
@@ -173,6 +175,7 @@ class Growth:
         add = self._due(record, add)
         if not add:
             return
+        self._coord.confirm()  # nothing more starts once this replica was deposed
         grown = with_learners(plan, {slot: by_rank[slot] for slot in add})
         reported = tuple(r for r in record.reported_dead if r not in add)
         self._records.put(record.model_copy(update={"plan": grown, "reported_dead": reported}))
