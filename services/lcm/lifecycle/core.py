@@ -39,7 +39,7 @@ from trainforge_services.lcm.backends.base import (
     JobView,
     TeamQuota,
 )
-from trainforge_services.lcm.lifecycle.elastic import Growth, Room, fitting_size, open_slots, quota_room
+from trainforge_services.lcm.lifecycle.elastic import Growth, Room, open_slots, quota_room
 from trainforge_services.lcm.lifecycle.plan import build_plan, check_attempt
 from trainforge_services.lcm.lifecycle.records import AttemptRecord, attempt_records
 from trainforge_services.lcm.lifecycle.supervision import Supervision, unfinished
@@ -202,21 +202,32 @@ class Lifecycle:
             if job.gpus > len(free):
                 raise ResourceExhausted(f"needs {job.gpus} GPU(s); the {cap.backend} backend has {len(free)} of "
                                         f"{cap.gpus} free")
+            # an elastic job starts with the minimum the Trainer admitted; it grows as the Trainer grants more
             size = job.world_size
-            if job.manifest.elastic:
-                held = [(r.plan.manifest, r.plan.world_size) for r in others if r.plan.team == job.team]
-                room = Room(learners=cap.max_learners - running, gpus=free,
-                            quota=quota_room(job.team_quota, job.manifest, held))
-                # the Trainer admitted the minimum: at least that is started even where its copy of the
-                # quota and this one disagree
-                size = max(job.world_size, fitting_size(job.world_size, job.manifest.max_learners, room,
-                                                        job.manifest.resources.gpus))
             plan = build_plan(job, self.backend.site(job.job_id, job.attempt),
                               free[:size * job.manifest.resources.gpus], lease_ttl=self._lease_ttl,
                               start_timeout=self._start_timeout, size=size)
             self._records.put(AttemptRecord(plan=plan))
             self._launching.add(job.job_id)
             return plan
+
+    def grow(self, job_id: str, attempt: int, learners: int) -> bool:
+        """The Trainer grants the elastic attempt up to `learners` learners (growth fills slots that far).
+
+        False when no such attempt is recorded (ended, replaced, or not deployed yet). Idempotent.
+        """
+        check_job_id(job_id)
+        check_attempt(attempt)
+        with self._job_lock(job_id):
+            record = self._records.get(job_id)
+            if record is None or record.attempt != attempt or record.killing or not record.plan.manifest.elastic:
+                return False
+            granted = min(learners, record.plan.manifest.max_learners)
+            if granted > record.granted:
+                self._coord.confirm()
+                self._records.put(record.model_copy(update={"granted": granted}))
+                log.info("job %s attempt %d: granted %d learner(s)", job_id, attempt, granted)
+            return True
 
     # -- kill and halt ----------------------------------------------------------------
 
