@@ -34,6 +34,8 @@ class StatusEvent(_Frozen):
     reason: str = ""
     actor: str = ""
     ts: float = 0.0
+    # the entry that reserved the job's resources: what that stint holds on borrowed quota
+    borrowed: Usage = Usage()
 
 
 class LearnerReport(_Frozen):

@@ -267,7 +267,8 @@ class JobStore:
                 return Transition(None, False)
             now = time.time()
             update = {**to_document(set_fields or {}), "state": int(to), "reason": reason, "updated_at": now,
-                      f"history.{history_key()}": history_event(frm, to, reason, actor, now)}
+                      f"history.{history_key()}": history_event(frm, to, reason, actor, now,
+                                                                (set_fields or {}).get("borrowed"))}
             if to != JobState.QUEUED:
                 update["queue_position"] = 0
             if to == JobState.DEPLOYING:

@@ -56,7 +56,8 @@ def to_record(doc: Mapping | None) -> JobRecord | None:
         return None
     history = doc.get("history") or {}
     events = tuple(StatusEvent(from_state=JobState(e["from"]), to_state=JobState(e["to"]),
-                               reason=e.get("reason", ""), actor=e.get("actor", ""), ts=float(e.get("ts", 0.0)))
+                               reason=e.get("reason", ""), actor=e.get("actor", ""), ts=float(e.get("ts", 0.0)),
+                               borrowed=Usage.from_doc(e.get("borrowed") or {}))
                    for e in (history[k] for k in sorted(history)))
     learners = {str(rank): LearnerReport(**{"rank": int(rank), **s})
                 for rank, s in (doc.get("learners") or {}).items()}
@@ -103,5 +104,10 @@ def add_seconds(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, flo
     return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in {*a, *b}}
 
 
-def history_event(frm: JobState, to: JobState, reason: str, actor: str, ts: float) -> dict:
-    return {"from": int(frm), "to": int(to), "reason": reason, "actor": actor, "ts": ts}
+def history_event(frm: JobState, to: JobState, reason: str, actor: str, ts: float,
+                  borrowed: Usage | None = None) -> dict:
+    """A history entry; `borrowed`, on the entry that reserves resources, is what that stint borrows."""
+    event = {"from": int(frm), "to": int(to), "reason": reason, "actor": actor, "ts": ts}
+    if borrowed is not None and borrowed != Usage():
+        event["borrowed"] = borrowed.as_doc()
+    return event
