@@ -97,6 +97,22 @@ class LcmHaltJobResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class GrowJobRequest(_message.Message):
+    __slots__ = ("job_id", "attempt", "learners")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    learners: int
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., learners: _Optional[int] = ...) -> None: ...
+
+class GrowJobResponse(_message.Message):
+    __slots__ = ("granted",)
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    granted: bool
+    def __init__(self, granted: _Optional[bool] = ...) -> None: ...
+
 class KillJobResponse(_message.Message):
     __slots__ = ("killed",)
     KILLED_FIELD_NUMBER: _ClassVar[int]

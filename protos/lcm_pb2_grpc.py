@@ -49,6 +49,11 @@ class LifecycleManagerStub:
                 request_serializer=trainforge__protos_dot_lcm__pb2.LcmHaltJobRequest.SerializeToString,
                 response_deserializer=trainforge__protos_dot_lcm__pb2.LcmHaltJobResponse.FromString,
                 _registered_method=True)
+        self.GrowJob = channel.unary_unary(
+                '/trainforge.v1.LifecycleManager/GrowJob',
+                request_serializer=trainforge__protos_dot_lcm__pb2.GrowJobRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_lcm__pb2.GrowJobResponse.FromString,
+                _registered_method=True)
         self.GetCapacity = channel.unary_unary(
                 '/trainforge.v1.LifecycleManager/GetCapacity',
                 request_serializer=trainforge__protos_dot_lcm__pb2.GetCapacityRequest.SerializeToString,
@@ -92,6 +97,16 @@ class LifecycleManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GrowJob(self, request, context):
+        """The Trainer grants a running elastic attempt up to `learners` learners:
+        the LCM grows it into open slots only that far (docs/ARCHITECTURE.md,
+        "Elastic jobs"). A grant for an older attempt than the deployed one is
+        ignored; a lower grant stops no learner. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetCapacity(self, request, context):
         """What the backend can run in total and what it runs now.
         """
@@ -130,6 +145,11 @@ def add_LifecycleManagerServicer_to_server(servicer, server):
                     servicer.HaltJob,
                     request_deserializer=trainforge__protos_dot_lcm__pb2.LcmHaltJobRequest.FromString,
                     response_serializer=trainforge__protos_dot_lcm__pb2.LcmHaltJobResponse.SerializeToString,
+            ),
+            'GrowJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.GrowJob,
+                    request_deserializer=trainforge__protos_dot_lcm__pb2.GrowJobRequest.FromString,
+                    response_serializer=trainforge__protos_dot_lcm__pb2.GrowJobResponse.SerializeToString,
             ),
             'GetCapacity': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCapacity,
@@ -228,6 +248,33 @@ class LifecycleManager:
             '/trainforge.v1.LifecycleManager/HaltJob',
             trainforge__protos_dot_lcm__pb2.LcmHaltJobRequest.SerializeToString,
             trainforge__protos_dot_lcm__pb2.LcmHaltJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GrowJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.LifecycleManager/GrowJob',
+            trainforge__protos_dot_lcm__pb2.GrowJobRequest.SerializeToString,
+            trainforge__protos_dot_lcm__pb2.GrowJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

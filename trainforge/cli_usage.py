@@ -48,10 +48,13 @@ def accounting(admin: Admin, team: str | None, since: str | None, until: str | N
         out().print("no usage in that window")
         return
     table = Table(show_edge=False)
-    for col in ("day", "team", "gpu hours", "by gpu type", "cpu hours", "memory GiB·h", "jobs", "submitted"):
+    # the borrowed columns beside their totals: of those hours, the ones held on quota borrowed in the cohort
+    for col in ("day", "team", "gpu hours", "borrowed gpu h", "by gpu type", "cpu hours", "borrowed cpu h",
+                "memory GiB·h", "jobs", "submitted"):
         table.add_column(col)
     for d in report["days"]:
         by_type = ", ".join(f"{t}={_hours(s)}" for t, s in d["gpu_seconds_by_type"].items()) or "-"
-        table.add_row(d["day"], d["team"], _hours(d["gpu_seconds"]), by_type, _hours(d["cpu_seconds"]),
+        table.add_row(d["day"], d["team"], _hours(d["gpu_seconds"]), _hours(d.get("borrowed_gpu_seconds", 0.0)),
+                      by_type, _hours(d["cpu_seconds"]), _hours(d.get("borrowed_cpu_seconds", 0.0)),
                       _hours(d["memory_gib_seconds"]), str(d["jobs_active"]), str(d["jobs_submitted"]))
     out().print(table)

@@ -54,6 +54,8 @@ class HistoryEvent(_Model):
     reason: str = ""
     actor: str = ""
     timestamp: float
+    # on the entry that reserved the job's resources: what that stint borrowed ({gpus, cpus, memory}); None: none
+    borrowed: dict[str, Any] | None = None
 
 
 class WorldSize(_Model):

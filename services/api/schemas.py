@@ -49,6 +49,12 @@ class Learner(BaseModel):
                                            'empty before it started')
 
 
+class Borrowed(BaseModel):
+    gpus: int
+    cpus: float
+    memory: int = Field(description="bytes")
+
+
 class HistoryEvent(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
@@ -57,6 +63,8 @@ class HistoryEvent(BaseModel):
     reason: str
     actor: str = Field(description='who caused it: "user:<key id>", "trainer", "monitor", "lcm"')
     timestamp: float = Field(description="unix time, seconds")
+    borrowed: Borrowed | None = Field(None, description="on the entry that reserved the job's resources: what "
+                                      "that stint holds on quota borrowed in its team's cohort; null: nothing")
 
 
 class JobBorrowed(BaseModel):
@@ -338,12 +346,6 @@ class Quota(Held):
     cohort: str = Field("", description="the team's cohort; empty: it neither lends nor borrows")
     lending_limit: Limits | None = Field(None, description="null: lends all its unused quota")
     borrowing_limit: Limits | None = Field(None, description="null: borrows without a limit")
-
-
-class Borrowed(BaseModel):
-    gpus: int
-    cpus: float
-    memory: int = Field(description="bytes")
 
 
 class TeamUsage(BaseModel):

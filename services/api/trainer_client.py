@@ -83,7 +83,8 @@ def job_to_json(job: common_pb2.Job) -> dict:
         "updated_at": job.updated_at,
         "learners": [learner_to_json(ls) for ls in sorted(job.learners, key=lambda x: x.rank)],
         "history": [{"from": job_state_name(ev.from_state), "to": job_state_name(ev.to_state),
-                     "reason": ev.reason, "actor": ev.actor, "timestamp": ev.timestamp}
+                     "reason": ev.reason, "actor": ev.actor, "timestamp": ev.timestamp,
+                     "borrowed": resources_json(ev.borrowed) if ev.HasField("borrowed") else None}
                     for ev in job.history],
         "manifest": json.loads(job.manifest_json) if job.manifest_json else {},
         "outputs_uri": job.outputs_uri,
@@ -97,6 +98,10 @@ def job_to_json(job: common_pb2.Job) -> dict:
         "preempted": job.preempted,
         "world_size": world_size_json(job),
     }
+
+
+def resources_json(r: common_pb2.Resources) -> dict:
+    return {"gpus": r.gpus, "cpus": r.cpus, "memory": r.memory}
 
 
 def world_size_json(job: common_pb2.Job) -> dict | None:

@@ -11,7 +11,11 @@ now, so there is no nightly job to miss and nothing to drift.
 
 Figures per (day, team): GPU-seconds (total and by GPU type; a job without a
 type counts under `unspecified`), CPU-seconds, memory-GiB-seconds, the jobs
-that held resources that day and the jobs submitted that day. `rows` is pure;
+that held resources that day and the jobs submitted that day, and of the GPU-
+and CPU-seconds those held on quota borrowed in the team's cohort: the
+history entry that reserved a stint's resources says what that stint
+borrowed (services/trainer/cohorts.py), so a job that ran on its own quota
+once and on borrowed quota after a requeue is counted right for each. `rows` is pure;
 `collect` pages every team's jobs out of the Trainer; `to_csv` is RFC 4180.
 """
 
@@ -48,6 +52,9 @@ class UsageDay(BaseModel):
         description=f"GPU-seconds per GPU type; jobs that named none count under {UNSPECIFIED_GPU!r}")
     cpu_seconds: float
     memory_gib_seconds: float = Field(description="GiB (2^30 bytes) held, times seconds")
+    borrowed_gpu_seconds: float = Field(0.0, description="of gpu_seconds, those held on quota borrowed in the "
+                                        "team's cohort")
+    borrowed_cpu_seconds: float = Field(0.0, description="of cpu_seconds, those held on borrowed quota")
     jobs_active: int = Field(description="jobs that held resources during the day")
     jobs_submitted: int = Field(description="jobs submitted during the day")
 
@@ -64,6 +71,8 @@ class _Tally:
     gpu: dict[str, float] = field(default_factory=dict)
     cpu: float = 0.0
     mem: float = 0.0
+    borrowed_gpu: float = 0.0
+    borrowed_cpu: float = 0.0
     active: set[str] = field(default_factory=set)
     submitted: int = 0
 
@@ -116,19 +125,22 @@ def day_name(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d")
 
 
-def stints(job: dict, until: float) -> Iterator[tuple[float, float]]:
-    """The [start, end) spans in which the job held its resources, from its history; a job still
-    holding them has an open span, which ends at `until`."""
+def stints(job: dict, until: float) -> Iterator[tuple[float, float, dict]]:
+    """The [start, end) spans in which the job held its resources, from its history, each with what it
+    borrowed ({gpus, cpus, memory}; empty: nothing); a job still holding them has an open span, which
+    ends at `until`."""
     started: float | None = None
+    borrowed: dict = {}
     for event in sorted(job.get("history") or (), key=lambda e: e["timestamp"]):
         ts = float(event["timestamp"])
         if event["to"] in ACTIVE:
-            started = ts if started is None else started
+            if started is None:
+                started, borrowed = ts, event.get("borrowed") or {}
         elif started is not None:
-            yield started, ts
+            yield started, ts, borrowed
             started = None
     if started is not None and job.get("state") in ACTIVE:
-        yield started, until
+        yield started, until, borrowed
 
 
 def _demand(job: dict) -> tuple[str, float, float, float]:
@@ -154,7 +166,7 @@ def rows(jobs: Iterable[dict], since: float, until: float, now: float) -> list[U
         if since <= created < until:
             tallies.setdefault((_day_start(created), team), _Tally()).submitted += 1
         gpu_type, gpus, cpus, gib = _demand(job)
-        for start, end in stints(job, open_end):
+        for start, end, borrowed in stints(job, open_end):
             start, end = max(start, since), min(end, until)
             while start < end:
                 day = _day_start(start)
@@ -165,11 +177,15 @@ def rows(jobs: Iterable[dict], since: float, until: float, now: float) -> list[U
                     tally.gpu[gpu_type] = tally.gpu.get(gpu_type, 0.0) + seconds * gpus
                 tally.cpu += seconds * cpus
                 tally.mem += seconds * gib
+                tally.borrowed_gpu += seconds * float(borrowed.get("gpus", 0))
+                tally.borrowed_cpu += seconds * float(borrowed.get("cpus", 0.0))
                 tally.active.add(job["id"])
                 start = piece_end
     return [UsageDay(day=day_name(day), team=team, gpu_seconds=round(sum(t.gpu.values()), 3),
                      gpu_seconds_by_type={k: round(v, 3) for k, v in sorted(t.gpu.items())},
-                     cpu_seconds=round(t.cpu, 3), memory_gib_seconds=round(t.mem, 3), jobs_active=len(t.active),
+                     cpu_seconds=round(t.cpu, 3), memory_gib_seconds=round(t.mem, 3),
+                     borrowed_gpu_seconds=round(t.borrowed_gpu, 3), borrowed_cpu_seconds=round(t.borrowed_cpu, 3),
+                     jobs_active=len(t.active),
                      jobs_submitted=t.submitted)
             for (day, team), t in sorted(tallies.items())]
 
@@ -190,7 +206,8 @@ def collect(trainer: TrainerApi, teams: Iterable[str], since: float, until: floa
     return UsageReport(since=since, until=until, group_by="day", days=rows(jobs, since, until, now))
 
 
-CSV_COLUMNS = ("day", "team", "gpu_seconds", "cpu_seconds", "memory_gib_seconds", "jobs_active", "jobs_submitted")
+CSV_COLUMNS = ("day", "team", "gpu_seconds", "cpu_seconds", "memory_gib_seconds", "jobs_active", "jobs_submitted",
+               "borrowed_gpu_seconds", "borrowed_cpu_seconds")
 
 
 def to_csv(report: UsageReport) -> str:
@@ -201,7 +218,8 @@ def to_csv(report: UsageReport) -> str:
     writer.writerow([*CSV_COLUMNS, *(f"gpu_seconds:{t}" for t in gpu_types)])
     for d in report.days:
         writer.writerow([d.day, d.team, _num(d.gpu_seconds), _num(d.cpu_seconds), _num(d.memory_gib_seconds),
-                         d.jobs_active, d.jobs_submitted, *(_num(d.gpu_seconds_by_type.get(t, 0.0))
+                         d.jobs_active, d.jobs_submitted, _num(d.borrowed_gpu_seconds),
+                         _num(d.borrowed_cpu_seconds), *(_num(d.gpu_seconds_by_type.get(t, 0.0))
                                                             for t in gpu_types)])
     return out.getvalue()
 

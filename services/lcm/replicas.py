@@ -18,6 +18,16 @@ backends keep their records (pids, attempt plans) in files under
 twice or spend the same capacity. A deposed leader closes its lifecycle
 (stops supervising) and refuses calls from then on; the learners, monitors
 and records stay for the next leader to adopt.
+
+Fencing: a leader can be deposed without knowing it yet (paused, then
+resumed after its lease ran out while a follower took over). Its lifecycle
+therefore writes to etcd only through a `FencedCoordinator`
+(services/common/adapters/etcd.py): every write (attempt and halt keys,
+lost-controller reports, an elastic slot's status, a job's cleanup) is a
+transaction that also compares the election key's create revision with this
+leader's term, and the lifecycle confirms that fence before it acts on the
+backend (deploy, kill, growth, a monitor's restart). The first refusal
+deposes the replica at once, and its calls answer as a follower's.
 """
 
 from __future__ import annotations
@@ -27,8 +37,9 @@ import os
 import socket
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
-from trainforge_services.common.adapters.etcd import Coordinator
+from trainforge_services.common.adapters.etcd import Coordinator, FenceRefused
 from trainforge_services.common.election import FOLLOWING, Election
 from trainforge_services.common.errors import TrainforgeError, Unavailable
 from trainforge_services.lcm.backends.base import Capacity, Handle, JobDeployment, JobView, TeamQuota
@@ -37,12 +48,13 @@ from trainforge_services.lcm.lifecycle import Lifecycle, RunningJob
 log = logging.getLogger(__name__)
 
 SERVICE = "lcm"
+T = TypeVar("T")
 
 
 class LeaderLifecycle:
     """The lifecycle's face for the servicer: the elected replica's `Lifecycle`, or a refusal."""
 
-    def __init__(self, build: Callable[[], Lifecycle], coordinator: Coordinator, *, backend: str, ttl: int,
+    def __init__(self, build: Callable[[Coordinator], Lifecycle], coordinator: Coordinator, *, backend: str, ttl: int,
                  address: str):
         self._build, self._coord, self.name = build, coordinator, backend
         self.identity = f"{socket.gethostname()}:{os.getpid()}@{address}"
@@ -63,7 +75,8 @@ class LeaderLifecycle:
 
     def _elected(self, term: int) -> None:
         try:
-            lifecycle = self._build()  # reconciles with the backend before the first call is served
+            # every etcd write of this lifecycle is fenced on this term; reconciles before serving a call
+            lifecycle = self._build(self._coord.fenced(self.election.key, term, self.election.resign))
         except Exception as e:  # noqa: BLE001 - a leader that cannot lead must let another one try
             message = e.message if isinstance(e, TrainforgeError) else repr(e)
             log.warning("lcm: could not take over as term %d: %s; resigning", term, message)
@@ -90,23 +103,32 @@ class LeaderLifecycle:
 
     # -- what the servicer and the metrics call ------------------------------------------
 
+    def _as_leader(self, call: Callable[[Lifecycle], T]) -> T:
+        try:
+            return call(self._leader())
+        except FenceRefused as e:  # deposed while serving it: the caller asks the next replica
+            raise Unavailable(f"LCM {FOLLOWING} ({self.identity}): {e.message}") from None
+
     def deploy(self, job: JobDeployment) -> list[Handle]:
-        return self._leader().deploy(job)
+        return self._as_leader(lambda lc: lc.deploy(job))
 
     def kill(self, job_id: str) -> int:
-        return self._leader().kill(job_id)
+        return self._as_leader(lambda lc: lc.kill(job_id))
 
     def halt(self, job_id: str, attempt: int) -> None:
-        self._leader().halt(job_id, attempt)
+        self._as_leader(lambda lc: lc.halt(job_id, attempt))
+
+    def grow(self, job_id: str, attempt: int, learners: int) -> bool:
+        return self._as_leader(lambda lc: lc.grow(job_id, attempt, learners))
 
     def capacity(self) -> Capacity:
-        return self._leader().capacity()
+        return self._as_leader(lambda lc: lc.capacity())
 
     def sync_team(self, team: str, quota: TeamQuota) -> bool:
-        return self._leader().sync_team(team, quota)
+        return self._as_leader(lambda lc: lc.sync_team(team, quota))
 
     def view(self, job_id: str) -> JobView | None:
-        return self._leader().view(job_id)
+        return self._as_leader(lambda lc: lc.view(job_id))
 
     def running_jobs(self) -> list[RunningJob]:
         lifecycle = self._current

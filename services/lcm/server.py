@@ -33,14 +33,15 @@ SERVICE_NAME = "trainforge.LifecycleManager"
 ENDPOINTS: dict[int, MetricsEndpoint] = {}
 
 
-def build_lifecycle(settings: LcmSettings) -> Lifecycle:
-    """The backend settings name, under a lifecycle with its own etcd connection."""
-    return Lifecycle.from_settings(settings, make_backend(settings))
+def build_lifecycle(settings: LcmSettings, coordinator: Coordinator | None = None) -> Lifecycle:
+    """The backend settings name, under a lifecycle with its own etcd connection (or `coordinator`)."""
+    return Lifecycle.from_settings(settings, make_backend(settings), coordinator)
 
 
 def build_replica(settings: LcmSettings) -> LeaderLifecycle:
-    """With TF_ELECT: a lifecycle built only while this replica is elected (services/lcm/replicas.py)."""
-    return LeaderLifecycle(lambda: build_lifecycle(settings),
+    """With TF_ELECT: a lifecycle built only while this replica is elected, writing to etcd through its
+    fenced connection (services/lcm/replicas.py)."""
+    return LeaderLifecycle(lambda fenced: build_lifecycle(settings, fenced),
                            Coordinator(settings.etcd_endpoints, settings.etcd_prefix), backend=settings.backend,
                            ttl=settings.leader_ttl, address=settings.listen_address or settings.lcm_address)
 

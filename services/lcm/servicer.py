@@ -53,6 +53,16 @@ class LcmServicer(lcm_pb2_grpc.LifecycleManagerServicer):
         return lcm_pb2.LcmHaltJobResponse()
 
     @handler
+    def GrowJob(self, request: lcm_pb2.GrowJobRequest, context: Ctx) -> lcm_pb2.GrowJobResponse:
+        check_job_id(request.job_id)
+        check_attempt(request.attempt)
+        if request.learners < 1:
+            raise InvalidArgument(f"learners must be at least 1, not {request.learners}",
+                                  details=[{"field": "learners", "message": "must be at least 1"}])
+        return lcm_pb2.GrowJobResponse(granted=self._lifecycle.grow(request.job_id, request.attempt,
+                                                                    request.learners))
+
+    @handler
     def GetCapacity(self, request: lcm_pb2.GetCapacityRequest, context: Ctx) -> lcm_pb2.Capacity:
         cap = self._lifecycle.capacity()
         return lcm_pb2.Capacity(backend=cap.backend, max_learners=cap.max_learners,

@@ -65,11 +65,15 @@ def reports(jobs: Iterable[JobRecord], quotas: Mapping[str, Quota], now: float) 
         if job.state == JobState.QUEUED:
             tally.queued += 1
         elif job.state in states.ACTIVE:
-            tally.held = tally.held.add(job.resources, job.gpu_type)
+            tally.held = tally.held.add(job.holds, job.gpu_type)
             tally.borrowed = tally.borrowed + job.borrowed
             if job.active_since is not None:
                 stint = max(0.0, now - job.active_since)
                 tally.gpu_seconds += stint * job.resources.gpus
                 tally.cpu_seconds += stint * job.resources.cpus
+            if job.grown_since is not None:  # an elastic job's grant beyond its minimum
+                stint = max(0.0, now - job.grown_since)
+                tally.gpu_seconds += stint * job.grown.gpus
+                tally.cpu_seconds += stint * job.grown.cpus
     return [TeamReport(team, quotas.get(team, Quota()), t.held, t.queued, t.gpu_seconds, t.cpu_seconds, t.borrowed)
             for team, t in sorted(tallies.items())]

@@ -49,6 +49,8 @@ from trainforge_services.trainer import admission, cohorts
 from trainforge_services.trainer.admission import Capacity, Plan, Quota
 from trainforge_services.trainer.capacity import CapacityCache
 from trainforge_services.trainer.fence import Deposed, FenceGate
+from trainforge_services.trainer.growth import FIELDS as _GROWTH_FIELDS
+from trainforge_services.trainer.growth import Grower
 from trainforge_services.trainer.lcm_client import Lcm
 from trainforge_services.trainer.lcmcalls import LcmCalls
 from trainforge_services.trainer.preemption import Policy
@@ -72,7 +74,7 @@ MIN_SPACING = 0.05
 # What a pass reads of queued and of active jobs: a pass reads the whole queue, so not the manifests.
 _QUEUE_FIELDS = ("team", "resources", "gpu_type", "priority", "created_at", "attempt", "reason",
                  "queue_position", "not_before", "cleanup_pending", "restarts")
-_HELD_FIELDS = ("team", "resources", "gpu_type", *_PREEMPT_FIELDS)
+_HELD_FIELDS = ("team", "resources", "gpu_type", *_PREEMPT_FIELDS, *_GROWTH_FIELDS)
 
 
 # The admission passes' decisions in this process, by decision and reason kind ("held" per job and pass):
@@ -108,6 +110,8 @@ class Dispatcher(LcmCalls):
         self._calls = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainer-lcm")
         self._notes = QueueNotes(store)
         self._capacity = CapacityCache(lcm)
+        # grants elastic jobs room no queued job waits for (services/trainer/growth.py)
+        self._grower = Grower(store, lcm, self._submit)
         # cleanups in flight, and when a failed one may be tried again
         self._cleaning: set[str] = set()
         self._retry_at: dict[str, float] = {}
@@ -207,6 +211,8 @@ class Dispatcher(LcmCalls):
             del queued[job_id]
             ADMISSIONS.add("held", "cleanup" if job.cleanup_pending else "backoff")
         if not queued:
+            if not held_back:
+                self._grow_idle()
             return Plan()
         queue = [job.queued() for job in queued.values()]
         # after reading the queue, so a newer leader's stamp covers every job read (fence.py)
@@ -217,7 +223,7 @@ class Dispatcher(LcmCalls):
             result = admission.hold(queue, f"waiting for the LCM: {self._capacity.problem}")
         else:
             active = self._store.in_states(states.ACTIVE, fields=_HELD_FIELDS)
-            held = [(j.team, j.resources, j.gpu_type) for j in active]
+            held = [(j.team, j.holds, j.gpu_type) for j in active]
             # a team's quota with what borrowing in its cohort allows (services/trainer/cohorts.py)
             result = admission.plan(queue, admission.total(need for _, need, _ in held), capacity,
                                     quotas=cohorts.ceilings(quotas), teams=admission.team_use(held),
@@ -229,6 +235,11 @@ class Dispatcher(LcmCalls):
                                 attempt=queued[job_id].attempt, fields=fields, fence=term)
         if capacity is not None:  # halt running jobs that waiting ones may displace
             self.preemptor.consider(result, queued, active, quotas, capacity)
+            if not held_back:
+                self._grower.run(active, capacity, quotas,
+                                 waiting=[(queued[j].team, admission.reason_kind(r)) for j, (r, _) in result.wait.items()],
+                                 extra=[(queued[j].team, queued[j].resources, queued[j].gpu_type)
+                                        for j in result.dispatch])
         for job_id, reason in result.reject.items():
             self.lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt,
                                 fence=term)
@@ -238,6 +249,17 @@ class Dispatcher(LcmCalls):
         for reason, _ in result.wait.values():
             ADMISSIONS.add("held", admission.reason_kind(reason))
         return result
+
+    def _grow_idle(self) -> None:
+        """An empty queue: elastic jobs may grow into what is free (services/trainer/growth.py)."""
+        active = self._store.in_states(states.ACTIVE, fields=_HELD_FIELDS)
+        if not any(j.max_learners for j in active):
+            return
+        if self._gate is not None:
+            self._gate.confirm()
+        capacity = self._capacity.current()
+        if capacity is not None:
+            self._grower.run(active, capacity, self._quotas.all() if self._quotas is not None else {})
 
     def _held_back(self, queued: dict[str, JobRecord], now: float) -> dict[str, JobRecord]:
         """Queued jobs that may not be dispatched yet (restart backoff, previous learners not removed)."""

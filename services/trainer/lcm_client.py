@@ -31,6 +31,10 @@ class Lcm(Protocol):
     def halt_job(self, job_id: str, attempt: int) -> None:
         """Ask one attempt's learners to checkpoint and exit; idempotent."""
 
+    def grow_job(self, job_id: str, attempt: int, learners: int) -> bool:
+        """Grant a running elastic attempt up to `learners` learners (services/trainer/growth.py); idempotent.
+        False when no such attempt runs there."""
+
     def get_capacity(self) -> Capacity:
         """What the backend can run at once."""
 
@@ -73,6 +77,10 @@ class GrpcLcm:
 
     def halt_job(self, job_id: str, attempt: int) -> None:
         self._call(self._stub.HaltJob, lcm_pb2.LcmHaltJobRequest(job_id=job_id, attempt=attempt), self._timeout)
+
+    def grow_job(self, job_id: str, attempt: int, learners: int) -> bool:
+        request = lcm_pb2.GrowJobRequest(job_id=job_id, attempt=attempt, learners=learners)
+        return self._call(self._stub.GrowJob, request, self._timeout).granted
 
     def get_capacity(self) -> Capacity:
         cap = self._call(self._stub.GetCapacity, lcm_pb2.GetCapacityRequest(), self._timeout)

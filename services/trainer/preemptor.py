@@ -103,7 +103,8 @@ class Preemptor:
 
 
 def _running(job: JobRecord, now: float) -> Running:
-    return Running(job.id, job.team, job.resources, job.priority, job.gpu_type,
+    # what halting it frees: an elastic job's grant too (services/trainer/growth.py)
+    return Running(job.id, job.team, job.holds, job.priority, job.gpu_type,
                    started=job.active_since if job.active_since is not None else now,
                    preemptions=job.preemptions, haltable=job.state in RequestHalt.FROM,
                    leaving=job.state == JobState.HALTING, preempted_for=job.preempted_for)

@@ -34,6 +34,8 @@ class StatusEvent(_Frozen):
     reason: str = ""
     actor: str = ""
     ts: float = 0.0
+    # the entry that reserved the job's resources: what that stint holds on borrowed quota
+    borrowed: Usage = Usage()
 
 
 class LearnerReport(_Frozen):
@@ -60,8 +62,13 @@ class JobRecord(_Frozen):
     submitted_by: str = ""
     idempotency_key: str = ""
     priority: int = 1
-    # what the job holds while ACTIVE: all its learners together
+    # what the job holds while ACTIVE: all its learners together (an elastic job: at its minimum)
     resources: Usage = Usage()
+    # an elastic job: its manifest's max learners (0: a fixed size), the learners granted to its current
+    # attempt beyond the minimum (services/trainer/growth.py), and since when it holds that grant
+    max_learners: int = 0
+    grown: Usage = Usage()
+    grown_since: float | None = None
     gpu_type: str = ""
     queue_position: int = 0
     # restarts made so far, the backoff chosen for the next one, and the earliest time it may deploy
@@ -93,6 +100,11 @@ class JobRecord(_Frozen):
     preempted_for: str = ""
     # oldest first
     history: tuple[StatusEvent, ...] = ()
+
+    @property
+    def holds(self) -> Usage:
+        """What the job holds while ACTIVE: its admitted resources and what growth was granted."""
+        return self.resources + self.grown
 
     def spec(self) -> Manifest:
         """The manifest as the typed model (only on a record read with its manifest)."""

@@ -46,6 +46,9 @@ class SecretResolvingLcm:
     def halt_job(self, job_id: str, attempt: int) -> None:
         self._inner.halt_job(job_id, attempt)
 
+    def grow_job(self, job_id: str, attempt: int, learners: int) -> bool:
+        return self._inner.grow_job(job_id, attempt, learners)
+
     def get_capacity(self) -> Capacity:
         return self._inner.get_capacity()
 

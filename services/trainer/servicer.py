@@ -35,7 +35,10 @@ def job_to_proto(job: JobRecord) -> common_pb2.Job:
     """A job as the wire sees it: history oldest first, learners by rank, times in unix seconds."""
     history = [
         common_pb2.StatusEvent(from_state=int(e.from_state), to_state=int(e.to_state), reason=e.reason,
-                               actor=e.actor, timestamp=e.ts)
+                               actor=e.actor, timestamp=e.ts,
+                               borrowed=common_pb2.Resources(gpus=e.borrowed.gpus, cpus=e.borrowed.cpus,
+                                                             memory=e.borrowed.memory)
+                               if e.borrowed != Usage() else None)
         for e in job.history
     ]
     learners = [

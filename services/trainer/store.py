@@ -16,7 +16,8 @@ leaves it as a domain error (`mapped`, services/common/adapters/mongo.py).
 Usage accounting rides on the same atomic updates: entering DEPLOYING
 records `active_since`, and the one transition that takes a job out of the
 ACTIVE states (to a terminal state, HALTED, or back to QUEUED for a restart)
-adds `(now - active_since) * resources` to the job's `gpu_seconds` and
+adds `(now - active_since) * resources` (and, for an elastic job's grant,
+`(now - grown_since) * grown`) to the job's `gpu_seconds` and
 `cpu_seconds` in the same compare-and-set, so a stint is counted exactly once
 even when reporters race or repeat themselves. Team totals are sums over the
 team's jobs (`usage_rows`).
@@ -47,11 +48,12 @@ from trainforge_services.common.adapters.mongo import (
 from trainforge_services.common.errors import Conflict, NotFound
 from trainforge_services.common.manifest import Manifest
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import demand
+from trainforge_services.trainer.admission import Usage, demand
 from trainforge_services.trainer.fence import Deposed
 from trainforge_services.trainer.record import JobRecord
 from trainforge_services.trainer.storedocs import (
     fields_projection,
+    grown_seconds,
     history_event,
     history_key,
     seconds_spent,
@@ -128,6 +130,7 @@ class JobStore:
             "attempt": 1,
             "priority": int(manifest.priority),
             "resources": demand(manifest).as_doc(),
+            "max_learners": manifest.max_learners if manifest.elastic else 0,
             "gpu_type": manifest.resources.gpu_type or "",
             "gpu_seconds": 0.0,
             "cpu_seconds": 0.0,
@@ -211,7 +214,8 @@ class JobStore:
     def usage_rows(self, team: str | None = None) -> list[JobRecord]:
         """What accounting needs of every job (of one team): team, state, resources, times, seconds used."""
         query = {} if team is None else {"team": team}
-        fields = ("team", "state", "resources", "gpu_type", "active_since", "gpu_seconds", "cpu_seconds", "borrowed")
+        fields = ("team", "state", "resources", "gpu_type", "active_since", "gpu_seconds", "cpu_seconds", "borrowed",
+                  "grown", "grown_since")
         return to_records(self._jobs.find(query, fields_projection(fields)))
 
     def transition(self, job_id: str, to: JobState, reason: str, actor: str, *, attempt: int | None = None,
@@ -263,11 +267,13 @@ class JobStore:
                 return Transition(None, False)
             now = time.time()
             update = {**to_document(set_fields or {}), "state": int(to), "reason": reason, "updated_at": now,
-                      f"history.{history_key()}": history_event(frm, to, reason, actor, now)}
+                      f"history.{history_key()}": history_event(frm, to, reason, actor, now,
+                                                                (set_fields or {}).get("borrowed"))}
             if to != JobState.QUEUED:
                 update["queue_position"] = 0
             if to == JobState.DEPLOYING:
-                update["active_since"] = now
+                # a new attempt starts at its minimum: growth is granted again (services/trainer/growth.py)
+                update.update(active_since=now, grown=Usage().as_doc(), grown_since=None)
             if frm in states.ACTIVE and frm != JobState.RESTARTING and \
                     (to not in states.ACTIVE or to == JobState.RESTARTING):
                 # learners may still run: the dispatcher removes them (RESTARTING: then queues the
@@ -277,6 +283,7 @@ class JobStore:
             changes: dict = {"$set": update}
             if spent := seconds_spent(current, frm, to, now):
                 changes["$inc"] = spent
+                update["grown_since"] = None  # the grant's seconds are in `spent`
             guard: dict = {**match, "state": int(frm)}
             if fence is not None:
                 if int(current.get("fence", 0)) > fence:
@@ -298,6 +305,21 @@ class JobStore:
         queued = int(JobState.QUEUED)
         return sum(self._jobs.update_many({"state": queued, "fence": older}, {"$set": {"fence": term}}).modified_count
                    for older in ({"$exists": False}, {"$lt": term}))
+
+    @mapped
+    def grant(self, job_id: str, attempt: int, was: Usage, grown: Usage) -> bool:
+        """Raise a RUNNING elastic attempt's grant from `was` to `grown` (compare-and-set on both); the
+        seconds of the grant so far are added to its totals, and the new grant counts from now."""
+        now = time.time()
+        match = {"_id": job_id, "attempt": attempt, "state": int(JobState.RUNNING)}
+        current = self._jobs.find_one(match, {"grown": 1, "grown_since": 1})
+        if current is None or Usage.from_doc(current.get("grown") or {}) != was:
+            return False
+        guard = {**match, "grown_since": current.get("grown_since")}
+        changes: dict = {"$set": {"grown": grown.as_doc(), "grown_since": now, "updated_at": now}}
+        if spent := grown_seconds(current, now):
+            changes["$inc"] = spent
+        return self._jobs.update_one(guard, changes).modified_count == 1
 
     @mapped
     def pending_cleanups(self) -> list[JobRecord]:

@@ -56,16 +56,18 @@ def to_record(doc: Mapping | None) -> JobRecord | None:
         return None
     history = doc.get("history") or {}
     events = tuple(StatusEvent(from_state=JobState(e["from"]), to_state=JobState(e["to"]),
-                               reason=e.get("reason", ""), actor=e.get("actor", ""), ts=float(e.get("ts", 0.0)))
+                               reason=e.get("reason", ""), actor=e.get("actor", ""), ts=float(e.get("ts", 0.0)),
+                               borrowed=Usage.from_doc(e.get("borrowed") or {}))
                    for e in (history[k] for k in sorted(history)))
     learners = {str(rank): LearnerReport(**{"rank": int(rank), **s})
                 for rank, s in (doc.get("learners") or {}).items()}
     plain = {k: v for k, v in doc.items() if k not in ("_id", "history", "learners", "resources", "state",
-                                                       "borrowed")
+                                                       "borrowed", "grown")
              and k in JobRecord.model_fields and v is not None}
     return JobRecord(id=doc["_id"], state=JobState(doc.get("state", 0)), history=events, learners=learners,
                      resources=Usage.from_doc(doc.get("resources") or {}),
-                     borrowed=Usage.from_doc(doc.get("borrowed") or {}), **plain)
+                     borrowed=Usage.from_doc(doc.get("borrowed") or {}),
+                     grown=Usage.from_doc(doc.get("grown") or {}), **plain)
 
 
 def to_records(docs: Iterable[Mapping]) -> list[JobRecord]:
@@ -84,9 +86,28 @@ def seconds_spent(current: Mapping, frm: JobState, to: JobState, now: float) -> 
         return {}
     held = max(0.0, now - float(current["active_since"]))
     resources = current.get("resources") or {}
-    return {"gpu_seconds": held * float(resources.get("gpus", 0)),
-            "cpu_seconds": held * float(resources.get("cpus", 0.0))}
+    spent = {"gpu_seconds": held * float(resources.get("gpus", 0)),
+             "cpu_seconds": held * float(resources.get("cpus", 0.0))}
+    return add_seconds(spent, grown_seconds(current, now))
 
 
-def history_event(frm: JobState, to: JobState, reason: str, actor: str, ts: float) -> dict:
-    return {"from": int(frm), "to": int(to), "reason": reason, "actor": actor, "ts": ts}
+def grown_seconds(current: Mapping, now: float) -> dict[str, float]:
+    """GPU- and CPU-seconds of what an elastic job was granted beyond its minimum, since the grant."""
+    grown, since = current.get("grown") or {}, current.get("grown_since")
+    if since is None:
+        return {}
+    held = max(0.0, now - float(since))
+    return {"gpu_seconds": held * float(grown.get("gpus", 0)), "cpu_seconds": held * float(grown.get("cpus", 0.0))}
+
+
+def add_seconds(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
+    return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in {*a, *b}}
+
+
+def history_event(frm: JobState, to: JobState, reason: str, actor: str, ts: float,
+                  borrowed: Usage | None = None) -> dict:
+    """A history entry; `borrowed`, on the entry that reserves resources, is what that stint borrows."""
+    event = {"from": int(frm), "to": int(to), "reason": reason, "actor": actor, "ts": ts}
+    if borrowed is not None and borrowed != Usage():
+        event["borrowed"] = borrowed.as_doc()
+    return event

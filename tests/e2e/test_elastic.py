@@ -117,3 +117,45 @@ def test_elastic_job_shrinks_on_a_lost_learner_and_grows_back(stack, tmp_path):
     # the final group's rank 0 saves the model; after a regrouping torchrun may give rank 0 to either slot
     models = sorted((state / "objects" / "jobs" / job_id / "outputs").glob("*/model.pt"))
     assert len(models) == 1, models
+
+
+def starts_per_learner(env, job_id: str) -> dict[int, list[int]]:
+    """The steps each learner's runs started at, in order (every attempt)."""
+    out = {}
+    for slot in (0, 1):
+        mine = [line["line"] for line in cli_json(env, "logs", job_id, "--learner", str(slot))["lines"]]
+        out[slot] = [int(m.group(1)) for ln in mine if (m := re.search(r"starts at step (\d+)", ln))]
+    return out
+
+
+@pytest.mark.timeout(600)
+def test_an_elastic_job_halts_and_resumes_and_its_step_never_goes_back(stack, tmp_path):
+    env, state, stack_id = stack
+    job_id = cli_json(env, "submit", str(elastic_job(tmp_path)))["id"]
+    wait_for(lambda: any(ln.startswith("world 2: rank 0 saved") for ln in world_lines(env, job_id)), 240,
+             "the job to train with 2 learners", interval=1.0)
+    halted = cli_json(env, "halt", job_id, timeout=180)
+    assert halted["state"] == "halted", halted
+    step = halted["checkpoint_step"]
+    assert step is not None and step > 0, halted
+    assert {ln["state"] for ln in halted["learners"] if ln["attempt"] == 1} <= {"halted", "completed"}, halted
+    wait_for(lambda: all(controller_of(stack_id, job_id, slot) is None for slot in (0, 1)), 30,
+             "the learners to be gone")
+    before = starts_per_learner(env, job_id)
+
+    resumed = cli_json(env, "resume", job_id)
+    assert (resumed["state"], resumed["attempt"]) == ("queued", 2)
+    job = wait_terminal(env, job_id, 400)
+    assert job["state"] == "completed", job["reason"]
+    walked = [h["to"] for h in job["history"]]
+    assert walked[walked.index("halting"):walked.index("halting") + 4] == ["halting", "halted", "queued",
+                                                                           "deploying"], walked
+    # the resumed attempt started from the halt's checkpoint, and no learner's step ever went back
+    after = starts_per_learner(env, job_id)
+    for slot in (0, 1):
+        assert after[slot] == sorted(after[slot]), (slot, after[slot])
+    resumed_starts = [s for slot in (0, 1) for s in after[slot][len(before[slot]):]]
+    assert resumed_starts and min(resumed_starts) >= step, (step, before, after)
+    assert any(ln.startswith("world 2: rank 0 done at step 400") or ln.startswith("world 1: rank 0 done at step 400")
+               for ln in world_lines(env, job_id))
+    assert len(sorted((state / "objects" / "jobs" / job_id / "outputs").glob("*/model.pt"))) == 1

@@ -43,5 +43,8 @@ class MemoryCoordinator:
             for key in [k for k in self.data if k.startswith(prefix)]:
                 del self.data[key]
 
+    def confirm(self) -> None:
+        """Unfenced, as a plain `Coordinator`."""
+
     def close(self) -> None:
         pass

@@ -12,6 +12,7 @@ from trainforge_services.trainer.admission import Capacity, Quota, Usage
 class IdleLcm:
     def __init__(self, capacity: Usage):
         self.capacity = Capacity(capacity, "fake")
+        self.grants: list[tuple[str, int, int]] = []  # (job, attempt, learners) granted, oldest first
 
     def deploy_job(self, *args: object, **kwargs: object) -> list[str]:
         return ["pid:1"]
@@ -21,6 +22,10 @@ class IdleLcm:
 
     def halt_job(self, job_id: str, attempt: int) -> None:
         return None
+
+    def grow_job(self, job_id: str, attempt: int, learners: int) -> bool:
+        self.grants.append((job_id, attempt, learners))
+        return True
 
     def get_capacity(self) -> Capacity:
         return self.capacity

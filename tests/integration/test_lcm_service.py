@@ -83,6 +83,13 @@ def test_bad_requests_name_the_field(lcm, fake):  # noqa: F811
     assert e.value.details == [{"field": "team", "message": "required"}]
     with pytest.raises(InvalidArgument, match="invalid quota"):
         rpc.call(lcm.SyncTeam, lcm_pb2.SyncTeamRequest(team="t", quota=lcm_pb2.TeamQuota(cpus=-2)))
+    with pytest.raises(InvalidArgument) as e:
+        rpc.call(lcm.GrowJob, lcm_pb2.GrowJobRequest(job_id="j1", attempt=1, learners=0))
+    assert e.value.details == [{"field": "learners", "message": "must be at least 1"}]
+    with pytest.raises(InvalidArgument, match="attempt must be 1 or more"):
+        rpc.call(lcm.GrowJob, lcm_pb2.GrowJobRequest(job_id="j1", attempt=0, learners=2))
+    # a grant for an attempt that does not run here is answered, not an error
+    assert not rpc.call(lcm.GrowJob, lcm_pb2.GrowJobRequest(job_id="j1", attempt=1, learners=2)).granted
     # a backend that keeps no copy of quotas says so
     assert not rpc.call(lcm.SyncTeam, lcm_pb2.SyncTeamRequest(team="t", quota=lcm_pb2.TeamQuota(gpus=1))).mirrored
     assert fake.runs() == []

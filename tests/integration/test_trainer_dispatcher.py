@@ -57,6 +57,9 @@ class ScriptedLcm:
                 raise Unavailable("LCM restarting")
         return 1
 
+    def grow_job(self, job_id, attempt, learners):  # noqa: ANN001
+        return True
+
     def get_capacity(self) -> Capacity:
         return self.capacity
 

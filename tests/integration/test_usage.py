@@ -13,6 +13,7 @@ import contextlib
 import csv
 import io
 import json
+import re
 import time
 from types import SimpleNamespace
 
@@ -36,6 +37,10 @@ DAY = 86400
 # two whole days before today (UTC), so the running job's third day is today
 T0 = (int(time.time()) // DAY - 2) * DAY
 S = JobState
+# what a stint borrowed in its team's cohort, as the Trainer writes it on the entry that reserved it
+CPU = {"gpus": 0, "cpus": 1.0, "memory": 0}
+GPU = {"gpus": 1, "cpus": 0.0, "memory": 0}
+ZERO = {"borrowed_gpu_seconds": 0, "borrowed_cpu_seconds": 0}
 
 
 @contextlib.contextmanager
@@ -68,14 +73,17 @@ def submit(p, who: str, name: str, learners: int = 1, **resources) -> str:
     return resp.json()["id"]
 
 
-def seed(p, job_id: str, created: float, steps: list[tuple[S, float]]) -> None:
-    """Give the job this history (from PENDING at `created`) and the last step's state, in the real store."""
+def seed(p, job_id: str, created: float, steps: list[tuple]) -> None:
+    """Give the job this history (from PENDING at `created`) and the last step's state, in the real store.
+
+    A step is (state, time) or (state, time, borrowed): what the stint it starts borrowed in the cohort."""
     # the dispatcher must be done with the job before its record is rewritten under it
     wait_for(lambda: p.jobs.find_one({"_id": job_id})["state"] == int(S.DEPLOYING), 20, f"{job_id} deploying")
     history, frm = {}, S.PENDING
-    for i, (to, ts) in enumerate([(S.QUEUED, created), *steps]):
+    for i, (to, ts, *borrowed) in enumerate([(S.QUEUED, created), *steps]):
         history[f"{int(ts * 1e9):020d}{i:04x}"] = {"from": int(frm), "to": int(to), "reason": "seeded",
-                                                   "actor": "test", "ts": ts}
+                                                   "actor": "test", "ts": ts, **({"borrowed": borrowed[0]}
+                                                                                 if borrowed else {})}
         frm = to
     p.jobs.update_one({"_id": job_id}, {"$set": {"history": history, "state": int(frm), "created_at": created,
                                                  "updated_at": steps[-1][1] if steps else created}})
@@ -86,23 +94,24 @@ def seed_jobs(p) -> dict[str, str]:
     jobs = {
         # day 1, 01:00-... : 3620 s active, 2 learners x (1 a100, 2 cpus, 1 GiB)
         "a": submit(p, "alpha", "two-a100", learners=2, gpus=1, gpu_type="a100", cpus=2, memory="1Gi"),
-        # across midnight, halted and resumed: 300 s on day 1, 600 + 200 s on day 2; 1 cpu, 2 GiB
+        # across midnight, halted and resumed: 300 s on day 1, 600 + 200 s on day 2; 1 cpu, 2 GiB; the resumed
+        # stint (200 s) on a CPU borrowed in the cohort
         "b": submit(p, "alpha", "halted", cpus=1, memory="2Gi"),
         # started before the window: only its 500 s inside day 1 count; 1 untyped GPU, 1 cpu, 1 GiB
         "c": submit(p, "beta", "early", gpus=1, cpus=1, memory="1Gi"),
         # cancelled while queued: a submission, no usage
         "d": submit(p, "beta", "cancelled", cpus=1),
-        # still running at query time since day 2 + 3700 s; 1 untyped GPU, 0.5 cpu, 4 GiB
+        # still running at query time since day 2 + 3700 s; 1 untyped GPU, 0.5 cpu, 4 GiB; its GPU borrowed
         "e": submit(p, "beta", "long", gpus=1, cpus=0.5, memory="4Gi"),
     }
     seed(p, jobs["a"], d1 + 3600, [(S.DEPLOYING, d1 + 7200), (S.RUNNING, d1 + 7210), (S.STORING, d1 + 10810),
                                    (S.COMPLETED, d1 + 10820)])
     seed(p, jobs["b"], d1 + 86000, [(S.DEPLOYING, d1 + 86100), (S.RUNNING, d1 + 86110), (S.HALTING, d2 + 500),
-                                    (S.HALTED, d2 + 600), (S.QUEUED, d2 + 1000), (S.DEPLOYING, d2 + 1100),
+                                    (S.HALTED, d2 + 600), (S.QUEUED, d2 + 1000), (S.DEPLOYING, d2 + 1100, CPU),
                                     (S.RUNNING, d2 + 1150), (S.FAILED, d2 + 1300)])
     seed(p, jobs["c"], d1 - 2000, [(S.DEPLOYING, d1 - 500), (S.RUNNING, d1 - 400), (S.COMPLETED, d1 + 500)])
     seed(p, jobs["d"], d2 + 10, [(S.CANCELLED, d2 + 20)])
-    seed(p, jobs["e"], d2 + 3600, [(S.DEPLOYING, d2 + 3700), (S.RUNNING, d2 + 3710)])
+    seed(p, jobs["e"], d2 + 3600, [(S.DEPLOYING, d2 + 3700, GPU), (S.RUNNING, d2 + 3710)])
     assert d3 <= time.time()
     return jobs
 
@@ -127,15 +136,18 @@ def test_usage_per_team_per_day_matches_seeded_histories_to_the_second(mongo_ser
         assert rows == {
             (d1, "alpha"): {"day": d1, "team": "alpha", "gpu_seconds": 7240, "gpu_seconds_by_type": {"a100": 7240},
                             "cpu_seconds": 3620 * 4 + 300, "memory_gib_seconds": 3620 * 2 + 300 * 2,
-                            "jobs_active": 2, "jobs_submitted": 2},
+                            "jobs_active": 2, "jobs_submitted": 2, **ZERO},
             (d2, "alpha"): {"day": d2, "team": "alpha", "gpu_seconds": 0, "gpu_seconds_by_type": {},
-                            "cpu_seconds": 800, "memory_gib_seconds": 1600, "jobs_active": 1, "jobs_submitted": 0},
+                            "cpu_seconds": 800, "memory_gib_seconds": 1600, "jobs_active": 1, "jobs_submitted": 0,
+                            "borrowed_gpu_seconds": 0, "borrowed_cpu_seconds": 200},
             (d1, "beta"): {"day": d1, "team": "beta", "gpu_seconds": 500, "gpu_seconds_by_type": {"unspecified": 500},
-                           "cpu_seconds": 500, "memory_gib_seconds": 500, "jobs_active": 1, "jobs_submitted": 0},
+                           "cpu_seconds": 500, "memory_gib_seconds": 500, "jobs_active": 1, "jobs_submitted": 0,
+                           **ZERO},
             # the running job counts up to `until`
             (d2, "beta"): {"day": d2, "team": "beta", "gpu_seconds": DAY - 3700,
                            "gpu_seconds_by_type": {"unspecified": DAY - 3700}, "cpu_seconds": (DAY - 3700) / 2,
-                           "memory_gib_seconds": (DAY - 3700) * 4, "jobs_active": 1, "jobs_submitted": 2},
+                           "memory_gib_seconds": (DAY - 3700) * 4, "jobs_active": 1, "jobs_submitted": 2,
+                           "borrowed_gpu_seconds": DAY - 3700, "borrowed_cpu_seconds": 0},
         }
 
         # no `until`: the running job counts up to now, today included
@@ -161,12 +173,15 @@ def test_usage_csv_sdk_and_cli_give_the_same_figures(mongo_server, mongo_db, log
         assert text.endswith("\r\n") and "\r\n" in text.rstrip("\r\n")  # RFC 4180 line ends
         table = list(csv.DictReader(io.StringIO(text, newline="")))
         assert list(table[0]) == ["day", "team", "gpu_seconds", "cpu_seconds", "memory_gib_seconds", "jobs_active",
-                                  "jobs_submitted", "gpu_seconds:a100", "gpu_seconds:unspecified"]
+                                  "jobs_submitted", "borrowed_gpu_seconds", "borrowed_cpu_seconds",
+                                  "gpu_seconds:a100", "gpu_seconds:unspecified"]
         by_key = {(r["day"], r["team"]): r for r in table}
         assert by_key[(day(T0), "alpha")]["gpu_seconds:a100"] == "7240"
         assert by_key[(day(T0), "alpha")]["cpu_seconds"] == str(3620 * 4 + 300)
         assert by_key[(day(T0 + DAY), "beta")]["cpu_seconds"] == str((DAY - 3700) // 2)
         assert by_key[(day(T0), "beta")]["gpu_seconds:unspecified"] == "500"
+        assert by_key[(day(T0 + DAY), "beta")]["borrowed_gpu_seconds"] == str(DAY - 3700)
+        assert by_key[(day(T0 + DAY), "alpha")]["borrowed_cpu_seconds"] == "200"
         same = p.http.get("/v1/admin/usage", params={**window, "format": "csv"}, headers=p.h["platform"])
         assert same.text == text
 
@@ -189,6 +204,13 @@ def test_usage_csv_sdk_and_cli_give_the_same_figures(mongo_server, mongo_db, log
                                              window["until"], "--json"], env=env, catch_exceptions=False)
         assert beta.exit_code == 0, beta.output
         assert {r["team"] for r in json.loads(beta.stdout)["days"]} == {"beta"}
+        table = CliRunner().invoke(cli.main, ["admin", "usage", "beta", "--since", window["since"], "--until",
+                                              window["until"]], env={**env, "COLUMNS": "200"}, catch_exceptions=False)
+        assert table.exit_code == 0, table.output
+        header, *lines = [[c.strip() for c in re.split("[┃│]", ln)] for ln in table.stdout.splitlines()
+                          if ln.strip() and "━" not in ln and "─" not in ln]
+        assert header[2:4] == ["gpu hours", "borrowed gpu h"] and header[6] == "borrowed cpu h", header
+        assert [ln[2:4] for ln in lines if ln[0] == day(T0 + DAY)] == [[f"{(DAY - 3700) / 3600:.2f}"] * 2]
 
 
 def test_usage_parameters_are_validated_and_admin_only(mongo_server, mongo_db, logstore, tmp_path, unique):

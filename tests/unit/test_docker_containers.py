@@ -169,3 +169,47 @@ def test_the_controller_runs_a_launcher_before_the_shell_and_reports_its_reason(
     assert launcher_reason(spec) == "", "without a launcher the file is not the controller's business"
     launched = spec.model_copy(update={"launcher": ["/py", "runner.py", "c.json"]})
     assert launcher_reason(launched) == "the learner was OOM-killed: it reached its memory limit of 512Mi"
+
+
+def test_an_elastic_jobs_containers_carry_torchruns_c10d_rendezvous_and_grown_slots_get_theirs(tmp_path):
+    """The docker backend's elastic job: every slot's container, the first ones and those it grows into,
+    runs a torchrun agent whose PET_* env points at slot 0's container (the c10d store's host) and names
+    itself by its own container's address."""
+    from trainforge_services.controller.learner import learner_command, learner_env
+    from trainforge_services.lcm.lifecycle.plan import with_learners
+
+    manifest = Manifest(name="el", framework="torch", learners={"min": 1, "max": 3}, command="python train.py",
+                        image="team/img:1", resources={"cpus": 1, "memory": "512Mi"})
+    job = JobDeployment(job_id="j-el", team="team-a", attempt=2, manifest=manifest)
+    subnet = containers.pick_subnet("j-el", 2, set())
+    site = Site(attempt_dir=tmp_path / "j-el" / "2", master_addr=containers.rank_address(subnet, 0),
+                master_port=containers.MASTER_PORT)
+    plan = build_plan(job, site, [], lease_ttl=10, start_timeout=30, size=1)
+    opts = {"engine_url": "unix:///x.sock", "image": "team/img:1", "stack": "s", "python": sys.executable}
+    started = containers.in_containers(plan, [0], **opts)
+    grown = containers.in_containers(with_learners(plan, {1: [], 2: []}), [1, 2], **opts)
+    assert not grown.learners[0].launcher, "a running slot's spec is left as it is"
+
+    for spec in (started.learners[0], *grown.learners[1:]):
+        box = containers.ContainerPlan.load(spec.launcher[2])
+        assert spec.launcher == [sys.executable, str(containers.RUNNER), str(site.attempt_dir /
+                                                                            f"container-{spec.rank}.json")]
+        assert (box.name, box.network, box.ip) == (f"tf-j-el-a2-r{spec.rank}", "tf-j-el-a2",
+                                                   containers.rank_address(subnet, spec.rank))
+        assert box.labels["tf.rank"] == str(spec.rank)
+        env = container_env(box, {"PATH": "/usr/bin"}, learner_env(spec, base={"PATH": "/bin"}))
+        assert env["PET_RDZV_BACKEND"] == "c10d" and env["PET_NNODES"] == "1:3" and env["PET_NPROC_PER_NODE"] == "1"
+        assert env["PET_RDZV_ENDPOINT"] == f"{site.master_addr}:{containers.MASTER_PORT}"
+        assert env["PET_RDZV_ID"] == "j-el-2"
+        assert f"is_host={int(spec.rank == 0)}" in env["PET_RDZV_CONF"], "the c10d store lives in slot 0"
+        assert env["PET_LOCAL_ADDR"] == box.ip, "an agent must be reachable at its container's address"
+        assert "RANK" not in env and "MASTER_ADDR" not in env  # torchrun gives each group's worker its own
+        assert learner_command(spec).startswith("exec python -m torch.distributed.run --no-python ")
+
+
+def test_a_fixed_size_jobs_containers_get_no_torchrun_env(tmp_path):
+    plan, _ = plan_for(tmp_path)
+    box = containers.container_plan(plan, plan.learners[1], engine_url="", image="i", stack="s",
+                                    python=sys.executable)
+    env = container_env(box, {}, {"MASTER_ADDR": plan.master_addr, "RANK": "1"})
+    assert "PET_LOCAL_ADDR" not in env and env["MASTER_ADDR"] == plan.master_addr

@@ -69,7 +69,7 @@ def test_admission_holds_the_minimum():
     assert demand(manifest(2, 8)).learners == 2
 
 
-# -- the LCM: starting what fits, growing, refilling a lost slot ------------------------------------------------
+# -- the LCM: starting at the minimum, growing as far as granted, refilling a lost slot --------------------------
 
 
 @pytest.fixture
@@ -85,26 +85,32 @@ def deploy(lc: Lifecycle, job_id: str, m: Manifest) -> None:
     lc.deploy(JobDeployment(job_id=job_id, team="team-a", attempt=1, manifest=m))
 
 
-def test_an_elastic_job_starts_with_what_fits_and_its_specs_say_so(setup):
+def test_an_elastic_job_starts_at_its_minimum_and_its_specs_say_so(setup):
     backend, _, lc = setup
     deploy(lc, "j-other", parse_manifest({**BASE, "learners": 1}))  # 1 of 4 GPUs taken
     deploy(lc, "j-el", manifest(2, 4))
     plan = backend.launched[-1]
-    assert plan.world_size == 3 and plan.gpu_ids == ((1,), (2,), (3,))
+    assert plan.world_size == 2 and plan.gpu_ids == ((1,), (2,))
     assert {s.world_size for s in plan.learners} == {4}  # ranks are slots 0..max-1
-    assert (plan.monitor.learners, plan.monitor.min_learners, plan.monitor.max_learners) == (3, 2, 4)
+    assert (plan.monitor.learners, plan.monitor.min_learners, plan.monitor.max_learners) == (2, 2, 4)
+    lc.supervise_once()
+    assert backend.grown == [], "an elastic job grew into room the Trainer never granted"
 
 
-def test_an_elastic_job_grows_into_freed_capacity(setup):
+def test_an_elastic_job_grows_as_far_as_granted_and_room_allows(setup):
     backend, _, lc = setup
     deploy(lc, "j-other", parse_manifest({**BASE, "learners": 2}))
     deploy(lc, "j-el", manifest(1, 4))
-    assert backend.launched[-1].world_size == 2
+    assert backend.launched[-1].world_size == 1
+    assert lc.grow("j-el", 1, 3) and not lc.grow("j-el", 2, 4) and not lc.grow("j-none", 1, 2)
     lc.supervise_once()
-    assert backend.grown == []  # nothing free
+    assert backend.grown == [("j-el", [1])]  # granted 3, but only one GPU is free
     lc.kill("j-other")
     lc.supervise_once()
-    assert backend.grown == [("j-el", [2, 3])]
+    assert backend.grown == [("j-el", [1]), ("j-el", [2])]  # up to the grant, not to the max
+    assert lc.grow("j-el", 1, 9)  # a grant beyond the max is the max
+    lc.supervise_once()
+    assert backend.grown[-1] == ("j-el", [3])
     assert sorted(lc.view("j-el").names()) == ["controller-0", "controller-1", "controller-2", "controller-3",
                                               "monitor"]
 
@@ -112,6 +118,9 @@ def test_an_elastic_job_grows_into_freed_capacity(setup):
 def test_a_lost_slot_is_marked_starting_and_started_again_after_the_refill_delay(setup, monkeypatch):
     backend, coord, lc = setup
     deploy(lc, "j-el", manifest(1, 2))
+    lc.grow("j-el", 1, 2)
+    lc.supervise_once()
+    backend.grown.clear()
     backend.die("j-el", "controller-1")
     lc.supervise_once()
     assert backend.grown == []
@@ -125,6 +134,9 @@ def test_a_lost_slot_is_marked_starting_and_started_again_after_the_refill_delay
 def test_no_growth_once_a_learner_completed(setup):
     backend, coord, lc = setup
     deploy(lc, "j-el", manifest(1, 4))
+    lc.grow("j-el", 1, 4)
+    lc.supervise_once()
+    backend.grown.clear()
     backend.die("j-el", "controller-3")
     coord.put(coord.keys.learner_status("j-el", 0),
               LearnerStatus(state=LearnerState.LEARNER_COMPLETED, attempt=1, exit_code=0).value())
@@ -134,13 +146,12 @@ def test_no_growth_once_a_learner_completed(setup):
     assert LearnerStatus.parse(coord.get(coord.keys.learner_status("j-el", 3))[0]).state == LearnerState.LEARNER_FAILED
 
 
-def test_the_team_quota_bounds_the_starting_size():
+def test_the_team_quota_bounds_growth():
     from trainforge_services.lcm.backends.base import TeamQuota
 
-    room = elastic.quota_room(TeamQuota(gpus=3), manifest(1, 8), [(manifest(1, 8), 1)])
-    assert room == 2
-    assert elastic.fitting_size(1, 8, elastic.Room(learners=8, gpus=[0, 1, 2, 3], quota=room), 1) == 2
-    assert elastic.fitting_size(3, 8, elastic.Room(learners=8, gpus=[0, 1, 2, 3], quota=room), 1) == 0
+    assert elastic.quota_room(TeamQuota(gpus=3), manifest(1, 8), [(manifest(1, 8), 1)]) == 2
+    assert elastic.quota_room(TeamQuota(gpus=3), manifest(1, 8), [(manifest(1, 8), 3)]) == 0
+    assert elastic.quota_room(None, manifest(1, 8), [(manifest(1, 8), 3)]) > 8
 
 
 # -- the learner: a torchrun agent node --------------------------------------------------------------------------

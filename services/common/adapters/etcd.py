@@ -14,13 +14,14 @@ import json
 import logging
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import pyetcd
 import pyetcd.exceptions as etcd_exc
+from pyetcd.utils import prefix_range_end
 
 from trainforge_services.common.errors import Unavailable
 from trainforge_services.common.keys import Keys
@@ -43,6 +44,11 @@ class Event:
     value: dict | None = None
     revision: int = 0
     snapshot: dict[str, dict] | None = None
+
+
+class FenceRefused(Unavailable):
+    """A fenced write refused: the election key it is fenced on is no longer its writer's (services/common/
+    election.py); the writer was deposed and must stop acting."""
 
 
 class Lease:
@@ -108,8 +114,21 @@ class Coordinator:
         except Exception:  # noqa: BLE001 - any failure means "not healthy"
             return False
 
+    def fenced(self, key: str, create_revision: int, on_refused: Callable[[], None] = lambda: None) -> Coordinator:
+        """This connection, with every write made only while `key` still has `create_revision` (a leader's
+        election key and term): see `FencedCoordinator`."""
+        return FencedCoordinator(self, key, create_revision, on_refused)
+
+    def confirm(self) -> None:
+        """Nothing for an unfenced connection; a fenced one raises `FenceRefused` once its fence fell."""
+
+    def _write(self, op, compare: list | None = None) -> bool:  # noqa: ANN001 - a pyetcd transaction op
+        """One write, under `compare` when given: whether it was made."""
+        ok, _ = self._call(self._client.transaction, compare=compare or [], success=[op], failure=[])
+        return bool(ok)
+
     def put(self, key: str, value: dict, lease: Lease | None = None) -> None:
-        self._call(self._client.put, key, json.dumps(value), lease=lease.id if lease else None)
+        self._write(self._client.transactions.put(key, json.dumps(value), lease=lease.id if lease else None))
 
     def get(self, key: str) -> tuple[dict | None, int]:
         """(value, mod_revision); (None, 0) when absent."""
@@ -124,22 +143,20 @@ class Coordinator:
 
     def create(self, key: str, value: dict, lease: Lease | None = None) -> bool:
         """Put only if the key does not exist; True when this call created it."""
-        return bool(self._call(self._client.put_if_not_exists, key, json.dumps(value),
-                               lease=lease.id if lease else None))
+        t = self._client.transactions
+        return self._write(t.put(key, json.dumps(value), lease=lease.id if lease else None), [t.create(key) == 0])
 
     def replace(self, key: str, expected_mod_revision: int, value: dict, lease: Lease | None = None) -> bool:
         """Compare-and-swap on the key's mod revision (0: must not exist)."""
-        c = self._client
-        compare = [c.transactions.mod(key) == expected_mod_revision]
-        success = [c.transactions.put(key, json.dumps(value), lease=lease.id if lease else None)]
-        ok, _ = self._call(c.transaction, compare=compare, success=success, failure=[])
-        return bool(ok)
+        t = self._client.transactions
+        return self._write(t.put(key, json.dumps(value), lease=lease.id if lease else None),
+                           [t.mod(key) == expected_mod_revision])
 
     def delete(self, key: str) -> None:
-        self._call(self._client.delete, key)
+        self._write(self._client.transactions.delete(key))
 
     def delete_prefix(self, prefix: str) -> None:
-        self._call(self._client.delete_prefix, prefix)
+        self._write(self._client.transactions.delete(prefix, range_end=prefix_range_end(prefix.encode())))
 
     def grant_lease(self, ttl: int) -> Lease:
         return Lease(self._call(self._client.lease, ttl), ttl)
@@ -216,6 +233,60 @@ class Coordinator:
             self._client._clear_old_stubs()  # noqa: SLF001 - no public way to reconnect
         except Exception:  # noqa: BLE001
             pass
+
+
+class FencedCoordinator(Coordinator):
+    """A leader's view of etcd: every write is one transaction that also compares the leader's election key
+    with the create revision it had when this replica was elected (its term).
+
+    While the key is the one this replica created, the writes go through; once its lease expired (a
+    paused leader resumed, a partition) and the key is gone or another replica's, every write is refused
+    with `FenceRefused`, `on_refused` is called once (the replica gives up leading), and nothing is
+    written: a deposed leader cannot overwrite what its successor wrote. Reads are not fenced. It shares
+    its parent's connection; `close` leaves that open.
+    """
+
+    def __init__(self, parent: Coordinator, key: str, create_revision: int, on_refused: Callable[[], None]):
+        self.__dict__.update(parent.__dict__)
+        self.fence_key, self.term = key, create_revision
+        self._on_refused = on_refused
+        self._refused = False
+
+    def close(self) -> None:
+        pass  # the parent's connection
+
+    def confirm(self) -> None:
+        """Raise `FenceRefused` when the election key is no longer this leader's (a read of one key)."""
+        if self._refused:
+            self._refuse()
+        raw, meta = self._call(self._client.get, self.fence_key)
+        if raw is None or meta is None or meta.create_revision != self.term:
+            self._refuse()
+
+    def _write(self, op, compare: list | None = None) -> bool:  # noqa: ANN001 - a pyetcd transaction op
+        if self._refused:
+            self._refuse()
+        t = self._client.transactions
+        ours = t.create(self.fence_key) == self.term
+        if compare is None:
+            ok, _ = self._call(self._client.transaction, compare=[ours], success=[op], failure=[])
+            if not ok:
+                self._refuse()
+            return True
+        # the write's own condition nested under the fence: the outer comparison fails only when the fence fell
+        inner = t.txn(compare=compare, success=[op], failure=[])
+        ok, responses = self._call(self._client.transaction, compare=[ours], success=[inner], failure=[])
+        if not ok:
+            self._refuse()
+        return bool(responses[0].response_txn.succeeded)
+
+    def _refuse(self) -> None:
+        first, self._refused = not self._refused, True
+        if first:
+            log.warning("etcd writes refused: %s (term %d) is no longer this leader's", self.fence_key, self.term)
+            self._on_refused()
+        raise FenceRefused(f"this replica's leadership (term {self.term}) was taken over: {self.fence_key} is "
+                           "no longer its key, so it writes nothing more")
 
 
 def wait_healthy(coord: Coordinator, timeout: float) -> None:

@@ -13,6 +13,10 @@ them with what the backend observes (`reconcile`): an attempt with
 something running, or whose monitor never delivered its last state, is
 adopted; the rest forgotten. The supervision pass (`supervision.py`) reports
 lost controllers and starts dead monitors again.
+
+An elected LCM replica passes a fenced coordinator (services/lcm/replicas.py):
+its etcd writes are refused once it is deposed, and each operation confirms
+the fence before it touches the backend (`_confirm`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import logging
 import threading
 from pathlib import Path
 
-from trainforge_services.common.adapters.etcd import Coordinator
+from trainforge_services.common.adapters.etcd import Coordinator, FenceRefused
 from trainforge_services.common.contracts.etcd import AttemptInfo, HaltRequest
 from trainforge_services.common.contracts.ids import check_job_id
 from trainforge_services.common.errors import Conflict, ResourceExhausted
@@ -35,7 +39,7 @@ from trainforge_services.lcm.backends.base import (
     JobView,
     TeamQuota,
 )
-from trainforge_services.lcm.lifecycle.elastic import Growth, Room, fitting_size, open_slots, quota_room
+from trainforge_services.lcm.lifecycle.elastic import Growth, Room, open_slots, quota_room
 from trainforge_services.lcm.lifecycle.plan import build_plan, check_attempt
 from trainforge_services.lcm.lifecycle.records import AttemptRecord, attempt_records
 from trainforge_services.lcm.lifecycle.supervision import Supervision, unfinished
@@ -95,6 +99,7 @@ class Lifecycle:
         Attempts the backend finds on its own (`recover`, e.g. by label) that no record names are recorded
         first, so an LCM that lost its state directory adopts them too.
         """
+        self._coord.confirm()
         known = {r.job_id for r in self._records.load()}
         for plan in self.backend.recover():
             if plan.job_id not in known:
@@ -127,6 +132,7 @@ class Lifecycle:
         earlier one; an earlier attempt than the recorded one is a Conflict.
         """
         with self._job_lock(job.job_id):
+            self._coord.confirm()  # a deposed leader starts and stops nothing
             existing = self._records.get(job.job_id)
             if existing is not None:
                 if job.attempt < existing.attempt:
@@ -147,6 +153,9 @@ class Lifecycle:
                 self._coord.put(self._keys.attempt(job.job_id), AttemptInfo(
                     attempt=job.attempt, learners=job.world_size, checkpoint_uri=job.checkpoint_uri).value())
                 handles = self.backend.launch(plan)
+            except FenceRefused:
+                self._records.forget(job.job_id)  # deposed before it launched: the next leader deploys it
+                raise
             except BaseException:
                 self.backend.stop(job.job_id)
                 self._records.forget(job.job_id)
@@ -193,21 +202,32 @@ class Lifecycle:
             if job.gpus > len(free):
                 raise ResourceExhausted(f"needs {job.gpus} GPU(s); the {cap.backend} backend has {len(free)} of "
                                         f"{cap.gpus} free")
+            # an elastic job starts with the minimum the Trainer admitted; it grows as the Trainer grants more
             size = job.world_size
-            if job.manifest.elastic:
-                held = [(r.plan.manifest, r.plan.world_size) for r in others if r.plan.team == job.team]
-                room = Room(learners=cap.max_learners - running, gpus=free,
-                            quota=quota_room(job.team_quota, job.manifest, held))
-                # the Trainer admitted the minimum: at least that is started even where its copy of the
-                # quota and this one disagree
-                size = max(job.world_size, fitting_size(job.world_size, job.manifest.max_learners, room,
-                                                        job.manifest.resources.gpus))
             plan = build_plan(job, self.backend.site(job.job_id, job.attempt),
                               free[:size * job.manifest.resources.gpus], lease_ttl=self._lease_ttl,
                               start_timeout=self._start_timeout, size=size)
             self._records.put(AttemptRecord(plan=plan))
             self._launching.add(job.job_id)
             return plan
+
+    def grow(self, job_id: str, attempt: int, learners: int) -> bool:
+        """The Trainer grants the elastic attempt up to `learners` learners (growth fills slots that far).
+
+        False when no such attempt is recorded (ended, replaced, or not deployed yet). Idempotent.
+        """
+        check_job_id(job_id)
+        check_attempt(attempt)
+        with self._job_lock(job_id):
+            record = self._records.get(job_id)
+            if record is None or record.attempt != attempt or record.killing or not record.plan.manifest.elastic:
+                return False
+            granted = min(learners, record.plan.manifest.max_learners)
+            if granted > record.granted:
+                self._coord.confirm()
+                self._records.put(record.model_copy(update={"granted": granted}))
+                log.info("job %s attempt %d: granted %d learner(s)", job_id, attempt, granted)
+            return True
 
     # -- kill and halt ----------------------------------------------------------------
 
@@ -234,6 +254,7 @@ class Lifecycle:
         """
         check_job_id(job_id)
         with self._job_lock(job_id):
+            self._coord.confirm()
             killed = self._remove(self._records.get(job_id), job_id)
         log.info("job %s killed: %d process(es) were running", job_id, killed)
         return killed
@@ -281,11 +302,15 @@ class Lifecycle:
         while not self._closing.wait(interval):
             try:
                 self.supervise_once()
+            except FenceRefused as e:
+                log.warning("supervision stopped: %s", e.message)
+                return
             except Exception:
                 log.exception("supervision pass failed")
 
     def supervise_once(self) -> None:
         """One look at every attempt: restart dead monitors, report lost controllers, grow elastic jobs."""
+        self._coord.confirm()
         self._supervision.run_once()
         self._growth.run_once()
 

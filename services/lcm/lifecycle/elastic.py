@@ -1,13 +1,14 @@
-"""Elastic jobs on the LCM's side: the size an attempt starts with, and growing it as capacity frees.
+"""Elastic jobs on the LCM's side: growing an attempt into the learners the Trainer granted it.
 
 An elastic job (manifest `learners: {min, max}`) has `max` slots, ranks
 0..max-1, each one learner (a torchrun agent node). The Trainer admits it
-at its minimum; the lifecycle starts it with as many slots as fit
-(`fitting_size`: the backend's free learners and GPUs and the room left in
-the team's quota, at least `min`, at most `max`), all or nothing like any
-job. After that the pass here (`Growth.run_once`, run with supervision)
-fills slots whose controller is gone or was never started, as far as room
-allows, and the job grows up to `max`. A lost learner's slot is started
+at its minimum, and the lifecycle starts it with that many, all or nothing
+like any job. The Trainer grants it more learners as its admission pass
+finds room that no queued job waits for (services/trainer/growth.py; the
+LCM's GrowJob call records the grant). The pass here (`Growth.run_once`,
+run with supervision) fills slots whose controller is gone or was never
+started, up to the grant and as far as the backend's room and the team's
+quota allow: growth never takes capacity the Trainer has not counted. A lost learner's slot is started
 again only `REFILL_DELAY` seconds after the loss was seen: by then its
 torchrun peers dropped the lost node and re-formed a smaller group, so the
 new learner joins a settled rendezvous (and a slot that keeps failing is
@@ -29,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainforge_services.common.adapters.etcd import Coordinator
+from trainforge_services.common.adapters.etcd import Coordinator, FenceRefused
 from trainforge_services.common.contracts.etcd import HaltRequest, LearnerStatus
 from trainforge_services.common.errors import TrainforgeError
 from trainforge_services.common.manifest import Manifest
@@ -80,14 +81,6 @@ def quota_room(quota: TeamQuota | None, manifest: Manifest, held: list[tuple[Man
     return max(0, int(min(limits))) if limits else _UNLIMITED
 
 
-def fitting_size(low: int, high: int, room: Room, gpus_per_learner: int) -> int:
-    """The most learners in [low, high] that fit `room`; 0 when not even `low` do."""
-    n = min(high, room.learners, room.quota)
-    if gpus_per_learner:
-        n = min(n, len(room.gpus) // gpus_per_learner)
-    return n if n >= low else 0
-
-
 def open_slots(plan: AttemptPlan, view: JobView) -> list[int]:
     """Slots (ranks < max) without a live controller: never started, or whose controller is gone."""
     alive = {o.handle.rank for o in view.processes if o.handle.role is Role.CONTROLLER and o.alive}
@@ -128,6 +121,8 @@ class Growth:
                 log.warning("elastic jobs keep their starting size: %s", e)
                 self._unsupported = True
                 return
+            except FenceRefused:
+                raise  # deposed: this replica grows nothing more
             except TrainforgeError as e:
                 log.info("job %s: not growing now: %s", record.job_id, e.message)
             finally:
@@ -156,12 +151,14 @@ class Growth:
         room = self._room(record)
         per = plan.manifest.resources.gpus
         running = plan.manifest.max_learners - len(slots)
+        # what the Trainer granted (at least the minimum it admitted), less what runs
+        allowed = max(record.granted, plan.manifest.min_learners) - running
         # a slot started before keeps its GPUs; a new one takes free ones
         add: list[int] = []
         gpus = list(room.gpus)
         by_rank: dict[int, list[int]] = {}
         for slot in slots:
-            if len(add) >= min(room.learners, room.quota):
+            if len(add) >= min(room.learners, room.quota, allowed):
                 break
             if slot < len(plan.learners):
                 by_rank[slot] = list(plan.learners[slot].gpu_ids)
@@ -173,6 +170,7 @@ class Growth:
         add = self._due(record, add)
         if not add:
             return
+        self._coord.confirm()  # nothing more starts once this replica was deposed
         grown = with_learners(plan, {slot: by_rank[slot] for slot in add})
         reported = tuple(r for r in record.reported_dead if r not in add)
         self._records.put(record.model_copy(update={"plan": grown, "reported_dead": reported}))

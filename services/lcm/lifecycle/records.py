@@ -2,8 +2,9 @@
 
 `<state_dir>/lcm/jobs/<job>.json` holds the attempt's plan, whether it is
 being removed (`killing`, set before anything is stopped, so an LCM that
-crashes halfway never revives what it was removing) and which ranks' lost
-controllers were already reported. Which processes run is the backend's
+crashes halfway never revives what it was removing), which ranks' lost
+controllers were already reported and, for an elastic attempt, how many
+learners the Trainer granted it (`granted`; 0: only those it started with). Which processes run is the backend's
 business, not recorded here.
 """
 
@@ -24,6 +25,7 @@ class AttemptRecord(BaseModel):
     plan: AttemptPlan
     killing: bool = False
     reported_dead: tuple[int, ...] = ()
+    granted: int = 0
     created_at: float = Field(default_factory=time.time)
 
     @property

@@ -76,6 +76,7 @@ class Supervision:
         if spaced and now - self._respawned.get(record.job_id, -1e9) < RESPAWN_SPACING:
             return
         self._respawned[record.job_id] = now
+        self._coord.confirm()
         log.warning("job %s attempt %d: its monitor died before the attempt ended; starting it again",
                     record.job_id, record.attempt)
         self._backend.restart_monitor(record.plan)

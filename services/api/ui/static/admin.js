@@ -139,7 +139,11 @@
     }) }));
     $("usage-charts").replaceChildren(
       lineChart("GPU hours per day", series("gpu_seconds"), { xlabels: "x: days, oldest first" }),
+      lineChart("GPU hours on borrowed quota per day", series("borrowed_gpu_seconds"),
+        { xlabels: "x: days, oldest first" }),
       lineChart("CPU hours per day", series("cpu_seconds"), { xlabels: "x: days, oldest first" }),
+      lineChart("CPU hours on borrowed quota per day", series("borrowed_cpu_seconds"),
+        { xlabels: "x: days, oldest first" }),
       lineChart("Memory GiB-hours per day", series("memory_gib_seconds"), { xlabels: "x: days, oldest first" }));
   }
 

@@ -11,7 +11,12 @@ the learner's container and stands in for the command: signals go to the
 container, its output comes back, its exit code and reason are reported.
 
 Per attempt the backend creates one internal network with static addresses
-(`containers.py`); rank 0's address is the DDP rendezvous in the plan. The
+(`containers.py`); rank 0's address is the DDP rendezvous in the plan, and
+for an elastic job the c10d rendezvous endpoint (`PET_RDZV_ENDPOINT`) that
+slot 0's torchrun agent hosts; each agent names itself by its container's
+address (`PET_LOCAL_ADDR`, runner.py). A slot an elastic job grows into, or
+a lost one started again (`launch_learners`), gets its container the same
+way, at the slot's address on the attempt's network. The
 image is the manifest's `image:` or `settings.docker_image`; a missing one
 fails the deploy naming it, an unreachable engine makes it `Unavailable`
 (the Trainer waits and deploys again; the job is not lost). `stop` lets the
@@ -34,7 +39,6 @@ from trainforge_services.lcm.backends.base import AttemptPlan, Capacity, Handle,
 from trainforge_services.lcm.backends.docker import containers
 from trainforge_services.lcm.backends.local import KILL_GRACE, LocalBackend
 from trainforge_services.lcm.backends.local.processes import detect_gpus
-from trainforge_services.lcm.store import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +79,20 @@ class DockerBackend(LocalBackend):
         plan.attempt_dir.mkdir(parents=True, exist_ok=True)
         # where the controllers build a manifest's `requirements:` (ControllerSettings.env_cache, which they
         # read from the same environment): the learner runs that environment's interpreter in its container
+        return super().launch(self._in_containers(plan, image, [spec.rank for spec in plan.learners]))
+
+    def launch_learners(self, plan: AttemptPlan, ranks: list[int]) -> list[Handle]:
+        """Slots of a running elastic attempt (it grows, or a lost learner's slot starts again), each in its
+        container on the attempt's network."""
+        return super().launch_learners(self._in_containers(plan, self.image_of(plan), ranks), ranks)
+
+    def _in_containers(self, plan: AttemptPlan, image: str, ranks: list[int]) -> AttemptPlan:
+        # where the controllers build a manifest's `requirements:` (ControllerSettings.env_cache, which they
+        # read from the same environment): the learner runs that environment's interpreter in its container
         env_cache = Path(os.environ.get("TF_ENV_CACHE_DIR") or Path(self._settings.state_dir) / "envs").resolve()
         env_cache.mkdir(parents=True, exist_ok=True)
-        learners = []
-        for spec in plan.learners:
-            box = containers.container_plan(plan, spec, engine_url=self._url, image=image, stack=self._stack,
-                                            python=self._python, env_cache=env_cache)
-            path = plan.attempt_dir / f"container-{spec.rank}.json"
-            write_atomically(path, box.model_dump_json(indent=2))
-            learners.append(spec.model_copy(update={"launcher": [self._python, str(containers.RUNNER), str(path)]}))
-        return super().launch(plan.model_copy(update={"learners": tuple(learners)}))
+        return containers.in_containers(plan, ranks, engine_url=self._url, image=image, stack=self._stack,
+                                        python=self._python, env_cache=env_cache)
 
     def _check_room(self, plan: AttemptPlan) -> None:
         """The engine's CPUs and memory minus what the running containers of other jobs hold."""

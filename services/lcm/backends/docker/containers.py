@@ -45,6 +45,7 @@ from trainforge_services.common.contracts.specs import LearnerSpec
 from trainforge_services.common.errors import ResourceExhausted
 from trainforge_services.common.isolation import job_uid
 from trainforge_services.lcm.backends.base import AttemptPlan
+from trainforge_services.lcm.store import write_atomically
 
 # The learner-side helper's package folder; the folder holding it goes on the learner's PYTHONPATH when the
 # package is installed under its name (an editable install maps the name to frameworks/ through a finder in
@@ -183,3 +184,18 @@ def container_plan(plan: AttemptPlan, spec: LearnerSpec, *, engine_url: str, ima
         nano_cpus=int(res.cpus * 1e9), memory=res.memory, gpu_ids=tuple(spec.gpu_ids), mounts=tuple(mounts),
         workdir=str(spec.workdir), pythonpath=HELPER_PATH, reason_path=str(spec.exit_reason_path),
         uid=job_uid(plan.job_id), pids_limit=res.pids, skeletons=tops)
+
+
+def in_containers(plan: AttemptPlan, ranks: list[int], *, engine_url: str, image: str, stack: str, python: str,
+                  env_cache: Path | None = None) -> AttemptPlan:
+    """The plan with the learners of `ranks` run by the container runner: each one's container plan written
+    next to its spec (`container-<rank>.json`) and the runner as its spec's launcher."""
+    learners = list(plan.learners)
+    for rank in ranks:
+        spec = learners[rank]
+        box = container_plan(plan, spec, engine_url=engine_url, image=image, stack=stack, python=python,
+                             env_cache=env_cache)
+        path = plan.attempt_dir / f"container-{spec.rank}.json"
+        write_atomically(path, box.model_dump_json(indent=2))
+        learners[rank] = spec.model_copy(update={"launcher": [python, str(RUNNER), str(path)]})
+    return plan.model_copy(update={"learners": tuple(learners)})

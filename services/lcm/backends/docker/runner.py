@@ -50,6 +50,10 @@ def container_env(plan: ContainerPlan, image_env: dict[str, str], env: dict[str,
     out = dict(env)
     out["PYTHONPATH"] = os.pathsep.join(p for p in (plan.pythonpath, image_env.get("PYTHONPATH", "")) if p)
     out["PATH"] = os.pathsep.join(p for p in (env.get("PATH", ""), image_env.get("PATH", "")) if p)
+    if "PET_RDZV_ENDPOINT" in env:
+        # an elastic job's torchrun agent names itself by this address (the worker group's MASTER_ADDR when
+        # it leads); the container's hostname resolves nowhere else on an internal network without DNS
+        out["PET_LOCAL_ADDR"] = plan.ip
     # tini (the engine's init) hands a signal to the command's whole process group, not just the shell
     out["TINI_KILL_PROCESS_GROUP"] = "1"
     out.update({"HOME": "/tmp", "USER": "learner", "LOGNAME": "learner"})  # the job's uid has no home in the image

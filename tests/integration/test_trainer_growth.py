@@ -1,0 +1,86 @@
+"""Elastic growth through the real dispatcher and job store: granted only when no queued job waits,
+counted by admission, sent to the LCM, charged in the usage totals, cleared for the next attempt."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.fakes.lcm import IdleLcm
+from tests.servers import wait_for
+from trainforge_services.common.manifest import parse_manifest
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.accounting import reports
+from trainforge_services.trainer.admission import Usage
+from trainforge_services.trainer.dispatcher import Dispatcher
+from trainforge_services.trainer.store import JobStore
+
+pytestmark = pytest.mark.integration
+GI = 2**30
+ONE = {"cpus": 1, "memory": "1Gi", "gpus": 1}
+
+
+@pytest.fixture
+def store(mongo_db, unique) -> JobStore:
+    s = JobStore(mongo_db, collection=f"jobs_{unique}")
+    s.ensure_indexes()
+    return s
+
+
+def submit(store: JobStore, job_id: str, learners: object, team: str = "team-a") -> None:
+    manifest = parse_manifest({"name": job_id, "framework": "torch", "command": "python train.py",
+                               "learners": learners, "resources": ONE})
+    store.insert(job_id, team, manifest)
+    store.transition(job_id, JobState.QUEUED, "admitted", "trainer")
+
+
+def test_growth_waits_for_the_queue_and_admission_counts_what_was_granted(store):
+    lcm = IdleLcm(Usage(gpus=4, cpus=16, memory=64 * GI, learners=8))
+    dispatcher = Dispatcher(store, lcm, interval=60)
+    try:
+        submit(store, "el", {"min": 1, "max": 4})
+        submit(store, "big", 4, team="team-b")  # needs the whole backend: waits behind the elastic job
+        assert dispatcher.run_once().dispatch == ["el"]
+        store.transition("el", JobState.RUNNING, "1 of 1 learners running", "monitor")
+
+        dispatcher.run_once()
+        assert store.find("el").grown == Usage(), "grown while a job waits for the room"
+        assert store.find("big").reason == "needs 4 GPUs; capacity 4, in use 1"
+
+        store.transition("big", JobState.CANCELLED, "cancelled", "user")
+        dispatcher.run_once()  # the queue is empty: the elastic job is granted what is free
+        el = store.find("el")
+        assert (el.grown, el.holds.learners) == (Usage(3, 3.0, 3 * GI, 3), 4)
+        wait_for(lambda: lcm.grants == [("el", 1, 4)], 10, "the grant to reach the LCM")
+        dispatcher.run_once()
+        assert lcm.grants == [("el", 1, 4)], "a grant the LCM acknowledged is not sent again"
+
+        submit(store, "late", 1, team="team-b")
+        assert dispatcher.run_once().dispatch == []
+        assert store.find("late").reason == "needs 1 GPU; capacity 4, in use 4", "the grant is not counted"
+
+        time.sleep(0.01)  # (so the grant's seconds are more than nothing)
+        [team_a] = [r for r in reports(store.usage_rows(), {}, time.time()) if r.team == "team-a"]
+        assert team_a.held.usage.gpus == 4 and team_a.gpu_seconds > 0
+
+        # the attempt ends: its seconds are charged, and the next attempt starts from its minimum
+        done = store.transition("el", JobState.RESTARTING, "learner 0 failed", "monitor")
+        done = store.transition("el", JobState.QUEUED, "restart 1", "trainer", attempt=done.attempt)
+        assert done.gpu_seconds >= team_a.gpu_seconds and done.grown_since is None
+        store.cleanup_done("el", done.attempt)
+        store.transition("late", JobState.CANCELLED, "cancelled", "user")
+        assert dispatcher.run_once().dispatch == ["el"]
+        assert store.find("el").grown == Usage()
+    finally:
+        dispatcher.stop()
+
+
+def test_a_stale_grant_is_refused_by_the_store(store):
+    submit(store, "el", {"min": 1, "max": 4})
+    for to in (JobState.DEPLOYING, JobState.RUNNING):
+        store.transition("el", to, "test", "trainer")
+    assert store.grant("el", 1, Usage(), Usage(1, 1.0, GI, 1))
+    assert not store.grant("el", 1, Usage(), Usage(2, 2.0, 2 * GI, 2)), "granted over a grant it did not see"
+    assert not store.grant("el", 2, Usage(1, 1.0, GI, 1), Usage(2, 2.0, 2 * GI, 2)), "granted another attempt"
+    assert store.find("el").grown == Usage(1, 1.0, GI, 1)
