@@ -163,7 +163,12 @@ def test_a_teams_egress_policy_is_kept_with_its_quota_and_sent_with_each_deploy(
     tf.submit("b", "other", cpus=1)
     tf.wait_state("a", "train", JobState.DEPLOYING)
     tf.wait_state("b", "other", JobState.DEPLOYING)
-    by_team = {json.loads(d.manifest_json)["name"]: d for d in fake_lcm.deploys}
+
+    def deployed() -> dict:  # the deploy call follows the DEPLOYING write, from another thread
+        found = {json.loads(d.manifest_json)["name"]: d for d in list(fake_lcm.deploys)}
+        return found if {"train", "other"} <= found.keys() else {}
+
+    by_team = wait_for(deployed, 30, "both deploys to reach the LCM")
     assert by_team["train"].team_quota.egress == "store,pypi.internal:443"
     assert not by_team["other"].team_quota.HasField("egress"), "a team without a policy of its own: the admin's"
 
