@@ -82,7 +82,7 @@ bench: $(STAMP)
 
 # A separate venv for bench peers (Ray Jobs for `bench/submit_latency.py --peer ray`), never the project's own.
 BENCH_VENV := .cache/bench-venv
-RAY := ray[default]==2.60.0
+RAY := ray[default,tune]==2.60.0
 $(BENCH_VENV)/.stamp-ray:
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip --disable-pip-version-check -q install "$(RAY)"
