@@ -251,7 +251,7 @@ class ExperimentDriver:
             mark = f"{int(job.state)}:{job.attempt}"
             if job.state in (JobState.COMPLETED, JobState.HALTED) and progress.read == mark:
                 continue  # a settled trial's metrics were read once it settled; they do not change
-            records = self._metrics.records(job.id, exp.team)
+            records = self._metrics.records(job.id, exp.team, settled=job.state in (JobState.COMPLETED, JobState.HALTED))
             value = last_value(records, objective.metric)
             if value is not None and value != progress.objective:
                 self._experiments.set_trial(exp.id, index, objective=value)
