@@ -80,15 +80,16 @@ bench: $(STAMP)
 	$(PY) bench/api_read.py
 	$(PY) bench/train_overhead.py
 
-# A separate venv for bench peers (Ray Jobs for `bench/submit_latency.py --peer ray`), never the project's own.
-BENCH_VENV := .cache/bench-venv
-RAY := ray[default]==2.60.0
-$(BENCH_VENV)/.stamp-ray:
+# A separate venv for bench peers, never the project's own: Ray Jobs for `bench/submit_latency.py --peer ray`,
+# Ray Tune for `bench/sweep_overhead.py`. Elsewhere: `make bench-venv BENCH_VENV=DIR` and export BENCH_VENV=DIR.
+BENCH_VENV ?= .cache/bench-venv
+RAY := ray[default,tune]==2.60.0
+$(BENCH_VENV)/.stamp-ray-tune:
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip --disable-pip-version-check -q install "$(RAY)"
 	touch $@
 
-bench-venv: $(BENCH_VENV)/.stamp-ray
+bench-venv: $(BENCH_VENV)/.stamp-ray-tune
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -27,6 +27,11 @@ sys.path.insert(0, str(ROOT))  # the scripts share the test suite's helpers (tes
 TERMINAL = ("completed", "failed", "cancelled")
 
 
+def bench_python() -> Path:
+    """The bench venv's interpreter (`make bench-venv`): `$BENCH_VENV/bin/python`, default .cache/bench-venv."""
+    return Path(os.environ.get("BENCH_VENV") or ROOT / ".cache" / "bench-venv") / "bin" / "python"
+
+
 def machine_line() -> str:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     return (f"machine: {platform.machine()}, {psutil.cpu_count()} cores, "

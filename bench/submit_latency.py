@@ -6,8 +6,8 @@ and prints p50/p99 of submit→RUNNING and submit→COMPLETED (from the job's
 status history, stamped by the Trainer) next to the wall time of running the
 same command directly, as ratios. With `--peer ray`, the same N jobs go
 through Ray Jobs on a private single-node Ray cluster in the same run, from
-the separate bench venv (`make bench-venv`, .cache/bench-venv; never the
-project's own environment), and the ratios platform / Ray are printed too.
+the separate bench venv (`make bench-venv`, .cache/bench-venv or $BENCH_VENV;
+never the project's own environment), and the ratios platform / Ray are printed too.
 Usage:
 
     PYTHONPATH=$PWD .venv/bin/python bench/submit_latency.py [-n 20] [--peer ray]
@@ -25,12 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from _stack import machine_line
+from _stack import bench_python, machine_line
 
 from trainforge.sdk import Client
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH_PYTHON = ROOT / ".cache" / "bench-venv" / "bin" / "python"
+BENCH_PYTHON = bench_python()
 COMMAND = "python -c \"print('hello from a trivial job')\""
 
 

@@ -1,10 +1,15 @@
-"""bench/sweep_overhead.py runs end to end (tiny N): it brings up its own stack, sweeps, and prints its table."""
+"""bench/sweep_overhead.py runs end to end (tiny N): it brings up its own stack, sweeps, and prints its table;
+its Ray Tune peer runs where the bench venv is (`make bench-venv`; BENCH_VENV)."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,3 +25,16 @@ def test_sweep_overhead_bench_smoke(tmp_path):
                 "trainforge: first deploy -> last done"):
         assert row in out, out
     assert "ray tune: not measured" in out
+    assert "trainforge trial phases" in out and "deploying -> running" in out
+
+
+def test_the_ray_tune_peer_runs_the_same_trials_when_the_bench_venv_is_there():
+    python = Path(os.environ.get("BENCH_VENV") or ROOT / ".cache" / "bench-venv") / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"no bench venv at {python} (make bench-venv)")
+    proc = subprocess.run([str(python), str(ROOT / "bench" / "_tune_peer.py"), "3", "2", "0.2"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (result["trials"], result["errors"]) == (3, 0)
+    assert result["fit"] >= 0.2 and result["startup"] > 0

@@ -25,6 +25,7 @@ from trainforge_services.common.contracts.experiments import ExperimentState
 from trainforge_services.common.settings import TrainerSettings
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.admission import Capacity, Quota, Usage
+from trainforge_services.trainer.experiments.driver import SLOT
 from trainforge_services.trainer.server import serve
 
 GI = 2**30
@@ -91,8 +92,11 @@ class Env:
         self.metrics.write([LogLine(job_id, TEAM, 0, attempt, "metric", self.seq[key], ts, json.dumps(record))],
                            refresh=True)
 
+    def storing(self, job_id: str, attempt: int = 1) -> None:
+        self.trainer.service.report(job_id, attempt, JobState.STORING, "all learners exited 0", "monitor")
+
     def complete(self, job_id: str, attempt: int = 1) -> None:
-        self.trainer.service.report(job_id, attempt, JobState.STORING, "storing outputs", "monitor")
+        self.storing(job_id, attempt)
         self.trainer.service.report(job_id, attempt, JobState.COMPLETED, "all learners completed", "monitor",
                                     outputs_uri=f"store://jobs/{job_id}/outputs/")
 
@@ -123,7 +127,7 @@ def test_an_experiment_runs_its_trials_as_jobs_at_most_max_parallel_at_once_and_
         job_id = f"{exp.id}-{index}"
         wait_for(lambda: env.job(job_id) is not None, 15, f"trial {index} to be submitted")  # noqa: B023
         trials = env.trainer.store.of_experiment(exp.id)
-        busy_seen.append(sum(1 for j in trials if j.state not in (JobState.COMPLETED, JobState.FAILED)))
+        busy_seen.append(sum(1 for j in trials if j.state in SLOT))
         job = env.job(job_id)
         manifest = job.spec()
         assert (job.experiment_id, job.trial) == (exp.id, index)
@@ -143,6 +147,33 @@ def test_an_experiment_runs_its_trials_as_jobs_at_most_max_parallel_at_once_and_
     assert len(env.trainer.store.of_experiment(exp.id)) == 4
     listed = env.stub.ListExperiments(trainer_pb2.ListExperimentsRequest(team=TEAM)).experiments
     assert [e.id for e in listed] == [exp.id] and not listed[0].trials
+
+
+def test_a_trial_storing_its_outputs_gives_its_slot_to_the_next_trial_and_each_trial_runs_once(env):
+    exp = env.submit(sweep(max_parallel=2, mode="grid"))
+    ids = [f"{exp.id}-{i}" for i in range(4)]
+    env.run(ids[0])
+    env.run(ids[1])
+    env.storing(ids[0])  # its learners exited; its outputs are still uploading
+    wait_for(lambda: env.job(ids[2]) is not None, 15, "the third trial while the first is storing")
+    trials = env.trainer.store.of_experiment(exp.id)
+    assert env.job(ids[0]).state == JobState.STORING and env.job(ids[3]) is None
+    assert sum(1 for j in trials if j.state in SLOT) == 2  # trial 1 running, trial 2 submitted
+    env.storing(ids[1])
+    wait_for(lambda: env.job(ids[3]) is not None, 15, "the fourth trial while the second is storing")
+    for index, job_id in enumerate(ids):
+        if index >= 2:
+            env.run(job_id)
+        env.report_metric(job_id, {"step": 1, "loss": 1.0 - index / 10})
+        if index >= 2:
+            env.storing(job_id)
+        env.trainer.service.report(job_id, 1, JobState.COMPLETED, "all learners completed", "monitor",
+                                   outputs_uri=f"store://jobs/{job_id}/outputs/")
+    done = wait_for(lambda: (x := env.get(exp.id)).state == ExperimentState.EXPERIMENT_COMPLETED and x, 15,
+                    "the experiment to complete")
+    assert "4 of 4 trials completed" in done.reason and done.best_trial == 3
+    assert sorted(j.id for j in env.trainer.store.of_experiment(exp.id)) == sorted(ids)
+    assert set(env.lcm.deploys) == {(i, 1) for i in ids}
 
 
 def test_another_team_sees_no_experiment_and_bad_recipes_name_their_fields(env):

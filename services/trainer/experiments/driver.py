@@ -4,6 +4,12 @@ Each pass reads an experiment and its trial jobs and does what is due:
 records each trial's objective and ASHA rung results, halts a trial ASHA
 stops, resumes one ASHA promotes, submits the next planned trials up to
 `max_parallel`, and settles the experiment once no trial is left to run.
+`max_parallel` bounds the trials whose learners run or are about to
+(`SLOT`: pending to running, halting, restarting); a trial that is STORING
+(every learner exited, its outputs uploading) gives its slot to the next
+trial at once, so besides `max_parallel` trials with learners up to
+`max_parallel` more may still be storing (each still holds its resources
+in the team's quota until it ends).
 Nothing lives in the driver's memory: a Trainer killed at any point starts
 again from what MongoDB holds. Trial job ids are deterministic
 (`<experiment>-<index>[-<gen>]`), so a submit repeated after a crash finds
@@ -14,8 +20,10 @@ which is idempotent, never the decision.
 
 A halted experiment halts its running trials and cancels its queued ones
 (bumping their generation, so resume submits them again); a cancelled one
-cancels every trial. The pass is woken when a trial's job changes state
-(`TrialChanged`, a rule) and otherwise every `interval` seconds.
+cancels every trial. The pass is woken when a trial's job changes to a
+state the driver acts on (`TrialChanged`, a rule: not the PENDING, QUEUED
+and DEPLOYING that follow its own submits) and otherwise every `interval`
+seconds.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable
+from typing import ClassVar
 
 from trainforge_services.common import states
 from trainforge_services.common.contracts.experiments import ExperimentSpec, ExperimentState
@@ -43,6 +52,8 @@ ACTOR = "experiment-driver"
 # a trial job in one of these still needs (or holds) a slot
 BUSY = frozenset({JobState.PENDING, JobState.QUEUED, JobState.DEPLOYING, JobState.RUNNING, JobState.STORING,
                   JobState.HALTING, JobState.RESTARTING})
+# a trial job in one of these holds one of `max_parallel`'s slots: its learners run or are about to
+SLOT = BUSY - {JobState.STORING}
 _WAITING = frozenset({JobState.PENDING, JobState.QUEUED})
 _HALTABLE = frozenset({JobState.DEPLOYING, JobState.RUNNING})
 # whose metrics may still change what the driver knows
@@ -52,7 +63,14 @@ OPEN = (ExperimentState.EXPERIMENT_RUNNING, ExperimentState.EXPERIMENT_HALTED, E
 
 
 class TrialChanged(Rule):
-    """Any state change of a trial's job wakes the experiment driver (the wiring adds it with the driver's wake)."""
+    """A trial's job entering a state the driver acts on wakes it (the wiring adds it with the driver's wake).
+
+    PENDING, QUEUED and DEPLOYING follow the driver's own submits (or a resume) and free nothing; a pass
+    on each would only re-read the experiment. The driver's interval pass still runs whatever happens.
+    """
+
+    # a trial entering one of these may let the driver act (a slot freed, a trial ended, halted or running)
+    TO: ClassVar[frozenset[JobState]] = frozenset(JobState) - {JobState.PENDING, JobState.QUEUED, JobState.DEPLOYING}
 
     def __init__(self, wake: threading.Event):
         self._wake = wake
@@ -173,8 +191,7 @@ class ExperimentDriver:
         if observed is not None:
             exp = observed
             jobs, _ = self._trial_jobs(exp)
-        busy = sum(1 for j in jobs.values() if j.state in BUSY)
-        free = spec.max_parallel - busy
+        free = spec.max_parallel - sum(1 for j in jobs.values() if j.state in SLOT)
         for index, job in sorted(jobs.items()):
             if not exp.progress(index).held:
                 continue
@@ -234,7 +251,7 @@ class ExperimentDriver:
             mark = f"{int(job.state)}:{job.attempt}"
             if job.state in (JobState.COMPLETED, JobState.HALTED) and progress.read == mark:
                 continue  # a settled trial's metrics were read once it settled; they do not change
-            records = self._metrics.records(job.id, exp.team)
+            records = self._metrics.records(job.id, exp.team, settled=job.state in (JobState.COMPLETED, JobState.HALTED))
             value = last_value(records, objective.metric)
             if value is not None and value != progress.objective:
                 self._experiments.set_trial(exp.id, index, objective=value)

@@ -7,6 +7,11 @@ record with the JSON record as its `line`. Only rank 0's records count (every
 rank of a DDP job reports the same step). A record without the objective
 carries the last objective seen before it, so a trial that logs its loss and
 its epoch in separate records still places on the rungs.
+
+The log store makes new documents searchable on its refresh interval (1 s
+by default), so the read that follows a trial's end (`settled`: read once,
+never again) refreshes the metrics index first: the records a controller
+shipped just before its final status are then counted.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from trainforge_services.common.adapters.logstore import LogStore
 
 
 class MetricsReader(Protocol):
-    def records(self, job_id: str, team: str) -> list[dict]:
-        """The job's metric records (parsed JSON objects), oldest first; Unavailable when the store is down."""
+    def records(self, job_id: str, team: str, *, settled: bool = False) -> list[dict]:
+        """The job's metric records (parsed JSON objects), oldest first; Unavailable when the store is down.
+        `settled`: the job's attempt ended, so this read is its last; every record shipped so far counts."""
         ...
 
 
@@ -32,7 +38,10 @@ class LogStoreMetrics:
         self._store = LogStore(url, log_index).metrics_store()
         self._page = page
 
-    def records(self, job_id: str, team: str) -> list[dict]:
+    def records(self, job_id: str, team: str, *, settled: bool = False) -> list[dict]:
+        if settled:
+            self._store.ensure_index()
+            self._store.refresh()
         out: list[tuple[int, int, dict]] = []
         cursor: dict[str, int] = {}
         while True:
