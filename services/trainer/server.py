@@ -10,6 +10,7 @@ the dispatcher, then closes connections.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
@@ -22,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from trainforge_protos import trainer_pb2_grpc
 from trainforge_services.common import rpc
 from trainforge_services.common.adapters.mongo import Database, connect
+from trainforge_services.common.adapters.objectstore import store_from_settings
 from trainforge_services.common.errors import Unavailable
 from trainforge_services.common.observability import (
     CounterCollector,
@@ -165,7 +167,8 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
                             preemption=Policy(settings.preempt_min_runtime, settings.preempt_max_per_job))
     service = JobService(store, dispatcher, quotas)
     if metrics is None:
-        reader = LogStoreMetrics(settings.logstore_url, settings.logstore_index)
+        reader = LogStoreMetrics(settings.logstore_url, settings.logstore_index,
+                                 objects=functools.cache(lambda: store_from_settings(settings)))
         closers.append(reader.close)
         metrics = reader
     experiments = ExperimentStore(db, experiment_collection)

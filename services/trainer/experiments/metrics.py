@@ -8,20 +8,25 @@ rank of a DDP job reports the same step). A record without the objective
 carries the last objective seen before it, so a trial that logs its loss and
 its epoch in separate records still places on the rungs.
 
-The log store makes new documents searchable on its refresh interval (1 s
-by default), so the read that follows a trial's end (`settled`: read once,
-never again) refreshes the metrics index first: the records a controller
-shipped just before its final status are then counted.
+The read that follows a trial's end (`settled`: read once, never again)
+takes the records from rank 0's metrics archives in the object store, which
+hold every record the trial reported: the index may lag behind them (a
+controller's shipper that did not catch up within its drain window on a
+loaded machine, a log-store outage). Without an archive (a trial that never
+started its learner) the index is read, refreshed first, since the log store
+makes new documents searchable only on its refresh interval (1 s by default).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
+from trainforge_services.common import archives
 from trainforge_services.common.adapters.logstore import LogStore
+from trainforge_services.common.adapters.objectstore import ObjectStore
 
 
 class MetricsReader(Protocol):
@@ -31,33 +36,58 @@ class MetricsReader(Protocol):
         ...
 
 
-class LogStoreMetrics:
-    """Reads the metrics index of the log store (the same documents GET /v1/jobs/{id}/metrics reads)."""
+def _ordered(docs: Iterable[dict]) -> list[dict]:
+    """The metric records of rank-0 documents, attempts in order, each in its own sequence (a resumed trial
+    continues where its checkpoint was); a document whose line is not a JSON object is skipped."""
+    out: list[tuple[int, int, dict]] = []
+    for doc in docs:
+        try:
+            record = json.loads(doc["line"])
+            key = (int(doc.get("attempt", 0)), int(doc.get("seq", 0)))
+        except (ValueError, KeyError, TypeError):
+            continue
+        if isinstance(record, dict):
+            out.append((*key, record))
+    return [r for _, _, r in sorted(out, key=lambda t: (t[0], t[1]))]
 
-    def __init__(self, url: str, log_index: str, page: int = 5000):
+
+def _archived_docs(objects: ObjectStore, found: list[archives.Archive]) -> Iterator[dict]:
+    for archive in found:
+        for raw in archives.raw_lines(objects, archive):
+            try:
+                yield json.loads(raw)
+            except ValueError:
+                continue
+
+
+class LogStoreMetrics:
+    """Reads the metrics index of the log store (the same documents GET /v1/jobs/{id}/metrics reads), and a
+    settled trial's metrics archives when an object store is given."""
+
+    def __init__(self, url: str, log_index: str, page: int = 5000,
+                 objects: Callable[[], ObjectStore] | None = None):
         self._store = LogStore(url, log_index).metrics_store()
         self._page = page
+        self._objects = objects
 
     def records(self, job_id: str, team: str, *, settled: bool = False) -> list[dict]:
+        if settled and self._objects is not None:
+            objects = self._objects()
+            found = archives.archives(objects, job_id, 0, kind="metrics")
+            if found:
+                return _ordered(_archived_docs(objects, found))
         if settled:
             self._store.ensure_index()
             self._store.refresh()
-        out: list[tuple[int, int, dict]] = []
+        docs: list[dict] = []
         cursor: dict[str, int] = {}
         while True:
             got = self._store.read(job_id, team=team, learner=0, after=cursor, limit=self._page)
             if not got.lines:
                 break
             cursor = got.cursor
-            for doc in got.lines:
-                try:
-                    record = json.loads(doc["line"])
-                except (ValueError, KeyError, TypeError):
-                    continue
-                if isinstance(record, dict):
-                    out.append((int(doc.get("attempt", 0)), int(doc.get("seq", 0)), record))
-        # attempts in order, each in its own sequence: a resumed trial continues where its checkpoint was
-        return [r for _, _, r in sorted(out, key=lambda t: (t[0], t[1]))]
+            docs.extend(got.lines)
+        return _ordered(docs)
 
     def close(self) -> None:
         self._store.close()
