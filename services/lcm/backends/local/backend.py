@@ -42,7 +42,7 @@ from trainforge_services.lcm.backends.base import (
     Site,
     process_name,
 )
-from trainforge_services.lcm.backends.local import processes
+from trainforge_services.lcm.backends.local import forkclient, processes
 from trainforge_services.lcm.backends.local.records import ProcessEntry, ProcessRecord, process_records
 from trainforge_services.lcm.store import write_atomically
 
@@ -65,6 +65,10 @@ class LocalBackend(Backend):
         self._records = process_records(state)
         self._lock = threading.Lock()
         self._children: dict[int, subprocess.Popen] = {}
+        self._forks = None
+        if forkclient.enabled(settings.fork_server, settings.python):
+            self._forks = forkclient.ForkServer(self._python, state, processes.child_env(settings),
+                                                list(_MODULES.values()))
 
     # -- processes ------------------------------------------------------------------
 
@@ -83,15 +87,20 @@ class LocalBackend(Backend):
         attempt_dir = record.attempt_dir
         name = process_name(role, rank)
         argv = [self._python, "-m", _MODULES[role], "--spec", str(self._spec_path(attempt_dir, role, rank))]
-        try:
-            popen, started = processes.spawn(argv, attempt_dir, attempt_dir / f"{name}.log",
-                                             processes.child_env(self._settings))
-        except OSError as e:
-            raise TrainforgeError(f"cannot start the {role.value} of job {record.job_id} with {self._python}: "
-                                  f"{e}") from None
-        with self._lock:
-            self._children[popen.pid] = popen
-        record = record.adding(ProcessEntry(role=role, rank=rank, pid=popen.pid, started=started))
+        log_path, env = attempt_dir / f"{name}.log", processes.child_env(self._settings)
+        forked = self._forks.spawn(argv, attempt_dir, log_path, env) if self._forks else None
+        if forked:
+            pid, started = forked
+        else:
+            try:
+                popen, started = processes.spawn(argv, attempt_dir, log_path, env)
+            except OSError as e:
+                raise TrainforgeError(f"cannot start the {role.value} of job {record.job_id} with {self._python}: "
+                                      f"{e}") from None
+            pid = popen.pid
+            with self._lock:
+                self._children[pid] = popen
+        record = record.adding(ProcessEntry(role=role, rank=rank, pid=pid, started=started))
         self._records.put(record)
         return record
 
@@ -186,3 +195,5 @@ class LocalBackend(Backend):
 
     def close(self) -> None:
         self._reap()
+        if self._forks:
+            self._forks.close()
