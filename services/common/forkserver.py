@@ -8,11 +8,12 @@ checked). Each connection carries one request, a JSON line
 `{"module", "args", "cwd", "env", "log", "title"}`, and gets one JSON line
 back: `{"pid", "started"}` (the child's psutil create time) or `{"error"}`.
 
-The child is detached by a double fork: the server forks, that child forks
-the real child and exits at once, so the server never has a child to reap and
-what it started outlives it and its parent; the real child calls setsid, so
-it leads its own session and process group (pid = pgid = sid), like a process
-started with `start_new_session`. The real child closes the server's
+The child calls setsid, so it leads its own session and process group
+(pid = pgid = sid) like a process started with `start_new_session`, and
+outlives the server and the LCM (it is then the init process's). The server
+reaps its children at least twice a second (so none stays a zombie of it: a
+single fork rather than a double one, as an orphan would become a zombie of
+an init that does not reap, as on this project's VMs). The child closes the server's
 sockets, points stdin at /dev/null and stdout/stderr at the log (appended),
 changes into cwd, replaces `os.environ`, restores the signal handlers and
 mask a fresh interpreter has, writes `title` over its own command line (so
@@ -137,23 +138,19 @@ def _prepare(request: dict, report: int) -> None:
     os.close(report)
 
 
-def _detached(request: dict, report: int, sockets: list[socket.socket]) -> None:
-    """The first child: forks the real child, which leads a new session and process group; never returns."""
-    code = 1
+def _child(request: dict, report: int, sockets: list[socket.socket]) -> None:
+    """The forked child: its own session, the request's setup, then the module; never returns."""
     try:
         for s in sockets:
             os.close(s.detach())  # detach: the objects must not close these numbers again later
-        if os.fork() == 0:
-            try:
-                os.setsid()
-                _prepare(request, report)
-            except BaseException as e:  # noqa: BLE001 - anything that stops the child is the request's error
-                os.write(report, json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
-                os._exit(127)
-            os._exit(_run(request["module"], request["args"]))
-        code = 0
-    finally:
-        os._exit(code)
+        os.setsid()
+        _prepare(request, report)
+    except BaseException as e:  # noqa: BLE001 - anything that stops the child is the request's error
+        try:
+            os.write(report, json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
+        finally:
+            os._exit(127)
+    os._exit(_run(request["module"], request["args"]))
 
 
 # -- the server -----------------------------------------------------------------------------------
@@ -164,10 +161,9 @@ def fork(request: dict, sockets: list[socket.socket]) -> dict:
     r, w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
+    if os.fork() == 0:
         os.close(r)
-        _detached(request, w, sockets)
+        _child(request, w, sockets)
     os.close(w)
     try:
         chunks = []
@@ -175,10 +171,20 @@ def fork(request: dict, sockets: list[socket.socket]) -> dict:
             chunks.append(chunk)
     finally:
         os.close(r)
-        os.waitpid(pid, 0)
     if not chunks:
         return {"error": "the child exited before it started"}
     return json.loads(b"".join(chunks))
+
+
+def reap() -> None:
+    """Collect the children that have exited, so none lingers as a zombie."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def _check(request: object, modules: set[str]) -> dict:
@@ -221,9 +227,10 @@ def serve(path: Path, modules: set[str]) -> None:
     os.chmod(path, 0o600)
     inode = path.stat().st_ino
     listener.listen(64)
-    listener.settimeout(1.0)
+    listener.settimeout(0.5)
     _log(f"serving {', '.join(sorted(modules))} on {path}")
     while True:
+        reap()
         try:
             if os.getppid() != parent or path.stat().st_ino != inode:
                 _log("parent gone or socket taken over; exiting")

@@ -126,7 +126,6 @@ def test_a_forked_child_runs_like_python_m_in_its_own_session(server, tmp_path, 
     proc = psutil.Process(pid)
     assert abs(proc.create_time() - started) < 0.01
     assert proc.cmdline() == [sys.executable, "-m", "fsprobe", str(tmp_path / "report.json")]
-    assert proc.ppid() != server.pid, "the child is the server's: not detached"
     seen = report(tmp_path)
     assert seen["pid"] == pid and seen["sid"] == pid
     assert seen["argv"] == [str(tmp_path / "pkgs" / "fsprobe" / "__main__.py"), str(tmp_path / "report.json")]
@@ -141,7 +140,7 @@ def test_a_forked_child_runs_like_python_m_in_its_own_session(server, tmp_path, 
                    10, "the child's output in its log")
     assert "hello on stdout" in log
     os.kill(pid, signal.SIGTERM)
-    wait_for(lambda: not alive(pid), 10, "SIGTERM to end the child")
+    wait_for(lambda: not psutil.pid_exists(pid), 10, "SIGTERM to end the child and the server to reap it")
 
 
 def test_a_child_exits_with_the_modules_code_after_the_interpreters_exit_steps(tmp_path, probe_env):
@@ -194,7 +193,12 @@ def spawn_lcm(store_settings, tmp_path: Path, port: int) -> subprocess.Popen:
     with (tmp_path / f"lcm-{port}.log").open("ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "trainforge_services.lcm"], env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    wait_for(lambda: port_open(port) or proc.poll() is not None, 30, "the LCM to listen")
+    try:
+        wait_for(lambda: port_open(port) or proc.poll() is not None, 30, "the LCM to listen")
+    finally:
+        if not port_open(port):
+            proc.kill()
+            proc.wait()
     assert proc.poll() is None, (tmp_path / f"lcm-{port}.log").read_text()
     return proc
 

@@ -5,7 +5,10 @@ processes read (the plan's `LearnerSpec`s and `MonitorSpec`, docs/CONTRACTS.md),
 their logs, and the learners' working directories. The processes get the
 LCM's own TF_* settings in their environment, so an LCM built in a test
 reaches the same etcd as its learners. Which processes were started is kept
-in `ProcessRecords` so a restarted LCM sees them again.
+in `ProcessRecords` so a restarted LCM sees them again. They are forked
+from the backend's warm fork server (`forkclient.py`) when it can, else
+spawned as fresh interpreters (`processes.spawn`); either way they are
+recorded, found and stopped the same way.
 
 Stopping a job stops more than the recorded processes: a learner whose
 controller was SIGKILLed runs on as an orphan (the kernel's parent-death
