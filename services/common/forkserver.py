@@ -1,12 +1,14 @@
 """A warm fork server: `python -m <module> <args>` without paying the interpreter's start and imports again.
 
-`python -m trainforge_services.common.forkserver --socket PATH --preload MODULE... --title-room SPACES`
-imports each MODULE's `__main__` (nothing else: no gRPC channel, etcd client,
-thread or log-store client exists before a fork), then listens on PATH, a
-unix socket only its own user may use (mode 0600, and the peer's uid is
-checked). Each connection carries one request, a JSON line
-`{"module", "args", "cwd", "env", "log", "title"}`, and gets one JSON line
-back: `{"pid", "started"}` (the child's psutil create time) or `{"error"}`.
+`python -m trainforge_services.common.forkserver --socket PATH --preload MODULE... [--warm MODULE...]
+--title-room SPACES` imports each preloaded MODULE's `__main__` and each warm
+MODULE (calling its `warm()`, which imports what it would load on first use),
+and nothing else: no gRPC channel, etcd client, thread or log-store client
+exists before a fork. It then listens on PATH, a unix socket only its own
+user may use (mode 0600, and the peer's uid is checked). Each connection
+carries one request, a JSON line `{"module", "args", "cwd", "env", "log",
+"title"}`, and gets one JSON line back: `{"pid", "started"}` (the child's
+psutil create time) or `{"error"}`.
 
 The child calls setsid, so it leads its own session and process group
 (pid = pgid = sid) like a process started with `start_new_session`, and
@@ -254,12 +256,18 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Fork preloaded `python -m` modules on request.")
     parser.add_argument("--socket", required=True, type=Path, help="unix socket to listen on")
     parser.add_argument("--preload", action="append", required=True, help="a module to run (its __main__ is imported)")
+    parser.add_argument("--warm", action="append", default=[],
+                        help="a module to import too; its warm() is called when it has one (it must start nothing)")
     parser.add_argument("--title-room", default="", help="padding: room for the children's command lines")
     args = parser.parse_args(argv)
     for module in args.preload:
         importlib.import_module(f"{module}.__main__")
         # what it imported stays; the module itself is run afresh as __main__ (runpy warns when it is in sys.modules)
         del sys.modules[f"{module}.__main__"]
+    for module in args.warm:
+        warm = getattr(importlib.import_module(module), "warm", None)
+        if warm:
+            warm()
     serve(args.socket, set(args.preload))
     return 0
 

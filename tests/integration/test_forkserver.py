@@ -221,6 +221,8 @@ def test_a_sigkilled_lcm_leaves_its_forked_processes_running_and_the_next_adopts
         assert len(pids) == 2 and all(alive(p) for p in pids)
         assert all(psutil.Process(p).ppid() != first.pid for p in pids), "spawned by the LCM, not forked"
         server = next(c for c in psutil.Process(first.pid).children() if "forkserver" in " ".join(c.cmdline()))
+        assert server.num_threads() == 1 and server.net_connections(kind="inet") == [], \
+            "the fork server opened a thread or a connection before forking"
         first.kill()
         first.wait()
         wait_for(lambda: not alive(server.pid), 10, "the fork server to follow its LCM")

@@ -53,6 +53,10 @@ log = logging.getLogger(__name__)
 
 KILL_GRACE = 10.0
 _MODULES = {Role.MONITOR: "trainforge_services.jobmonitor", Role.CONTROLLER: "trainforge_services.controller"}
+# what a controller imports on first use (the log-store client library, ~0.4-0.8 s of CPU; boto3 for an S3
+# object store): the fork server imports it once, so its children do not
+_WARM = ("trainforge_services.common.adapters.logstore",)
+_WARM_S3 = "trainforge_services.common.adapters.objectstore.s3"
 
 
 class LocalBackend(Backend):
@@ -70,8 +74,9 @@ class LocalBackend(Backend):
         self._children: dict[int, subprocess.Popen] = {}
         self._forks = None
         if forkclient.enabled(settings.fork_server, settings.python):
+            warm = (*_WARM, _WARM_S3) if settings.objectstore_url.startswith("s3:") else _WARM
             self._forks = forkclient.ForkServer(self._python, state, processes.child_env(settings),
-                                                list(_MODULES.values()))
+                                                list(_MODULES.values()), warm)
 
     # -- processes ------------------------------------------------------------------
 

@@ -52,8 +52,10 @@ def socket_path(state_dir: Path) -> Path:
 class ForkServer:
     """One warm fork server of this backend, started now and again whenever it is found gone."""
 
-    def __init__(self, python: str, state_dir: Path, env: dict[str, str], modules: list[str]):
+    def __init__(self, python: str, state_dir: Path, env: dict[str, str], modules: list[str],
+                 warm: list[str] | tuple[str, ...] = ()):
         self._python = python
+        self._warm = list(warm)
         self._state = state_dir
         self._env = env
         self._modules = modules
@@ -67,6 +69,8 @@ class ForkServer:
         argv = [self._python, "-m", _SERVER, "--socket", str(self.path)]
         for module in self._modules:
             argv += ["--preload", module]
+        for module in self._warm:
+            argv += ["--warm", module]
         argv += ["--title-room", " " * _ROOM]
         (self._state / "lcm").mkdir(parents=True, exist_ok=True)
         self._started_at = time.monotonic()
