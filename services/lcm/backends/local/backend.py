@@ -75,8 +75,11 @@ class LocalBackend(Backend):
         self._forks = None
         if forkclient.enabled(settings.fork_server, settings.python):
             warm = (*_WARM, _WARM_S3) if settings.objectstore_url.startswith("s3:") else _WARM
-            self._forks = forkclient.ForkServer(self._python, state, processes.child_env(settings),
-                                                list(_MODULES.values()), warm)
+            try:
+                self._forks = forkclient.ForkServer(self._python, state, processes.child_env(settings),
+                                                    list(_MODULES.values()), warm)
+            except OSError as e:
+                log.warning("no fork server (%s): controllers and monitors are spawned", e)
 
     # -- processes ------------------------------------------------------------------
 
