@@ -123,6 +123,8 @@ class LcmSettings(StoreSettings):
     local_memory: int = Field(0, ge=0, description="bytes the local backend offers (0: the machine's total)")
     local_gpus: int = Field(-1, ge=-1, description="GPUs the local backend offers (-1: detect)")
     local_max_learners: int = Field(64, ge=1, description="learners the local backend runs at once")
+    fork_server: bool = Field(True, description="the local backend forks controllers and job monitors from a warm "
+                              "server that has their imports done (false: a fresh interpreter each)")
     lease_ttl: int = Field(10, ge=2, le=300, description="seconds a learner's etcd lease lives without keepalive")
     docker_url: str = Field("", description="the docker backend's engine, e.g. unix:///run/docker.sock (empty: DOCKER_HOST or the default socket)")
     docker_image: str = Field("trainforge/learner:bookworm", description="the docker backend's image for a manifest without `image:`")

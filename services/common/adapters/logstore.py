@@ -60,6 +60,12 @@ def metrics_index(log_index: str) -> str:
 # The client library is imported on first use, not with this module: importing it costs about a
 # second of CPU (its transport package loads aiohttp, httpx and requests), which a controller would
 # otherwise pay before starting its learner; its shipper thread pays it beside the learner instead.
+def warm() -> None:
+    """Import the client library now (no client is made): the local backend's fork server does, before it forks."""
+    import elastic_transport  # noqa: F401
+    import elasticsearch  # noqa: F401
+
+
 def _client(url: str, timeout: float) -> Elasticsearch:
     from elastic_transport import Urllib3HttpNode
     from elasticsearch import Elasticsearch

@@ -5,7 +5,10 @@ processes read (the plan's `LearnerSpec`s and `MonitorSpec`, docs/CONTRACTS.md),
 their logs, and the learners' working directories. The processes get the
 LCM's own TF_* settings in their environment, so an LCM built in a test
 reaches the same etcd as its learners. Which processes were started is kept
-in `ProcessRecords` so a restarted LCM sees them again.
+in `ProcessRecords` so a restarted LCM sees them again. They are forked
+from the backend's warm fork server (`forkclient.py`) when it can, else
+spawned as fresh interpreters (`processes.spawn`); either way they are
+recorded, found and stopped the same way.
 
 Stopping a job stops more than the recorded processes: a learner whose
 controller was SIGKILLed runs on as an orphan (the kernel's parent-death
@@ -42,7 +45,7 @@ from trainforge_services.lcm.backends.base import (
     Site,
     process_name,
 )
-from trainforge_services.lcm.backends.local import processes
+from trainforge_services.lcm.backends.local import forkclient, processes
 from trainforge_services.lcm.backends.local.records import ProcessEntry, ProcessRecord, process_records
 from trainforge_services.lcm.store import write_atomically
 
@@ -50,6 +53,10 @@ log = logging.getLogger(__name__)
 
 KILL_GRACE = 10.0
 _MODULES = {Role.MONITOR: "trainforge_services.jobmonitor", Role.CONTROLLER: "trainforge_services.controller"}
+# what a controller imports on first use (the log-store client library, ~0.4-0.8 s of CPU; boto3 for an S3
+# object store): the fork server imports it once, so its children do not
+_WARM = ("trainforge_services.common.adapters.logstore",)
+_WARM_S3 = "trainforge_services.common.adapters.objectstore.s3"
 
 
 class LocalBackend(Backend):
@@ -65,6 +72,14 @@ class LocalBackend(Backend):
         self._records = process_records(state)
         self._lock = threading.Lock()
         self._children: dict[int, subprocess.Popen] = {}
+        self._forks = None
+        if forkclient.enabled(settings.fork_server, settings.python):
+            warm = (*_WARM, _WARM_S3) if settings.objectstore_url.startswith("s3:") else _WARM
+            try:
+                self._forks = forkclient.ForkServer(self._python, state, processes.child_env(settings),
+                                                    list(_MODULES.values()), warm)
+            except OSError as e:
+                log.warning("no fork server (%s): controllers and monitors are spawned", e)
 
     # -- processes ------------------------------------------------------------------
 
@@ -83,15 +98,20 @@ class LocalBackend(Backend):
         attempt_dir = record.attempt_dir
         name = process_name(role, rank)
         argv = [self._python, "-m", _MODULES[role], "--spec", str(self._spec_path(attempt_dir, role, rank))]
-        try:
-            popen, started = processes.spawn(argv, attempt_dir, attempt_dir / f"{name}.log",
-                                             processes.child_env(self._settings))
-        except OSError as e:
-            raise TrainforgeError(f"cannot start the {role.value} of job {record.job_id} with {self._python}: "
-                                  f"{e}") from None
-        with self._lock:
-            self._children[popen.pid] = popen
-        record = record.adding(ProcessEntry(role=role, rank=rank, pid=popen.pid, started=started))
+        log_path, env = attempt_dir / f"{name}.log", processes.child_env(self._settings)
+        forked = self._forks.spawn(argv, attempt_dir, log_path, env) if self._forks else None
+        if forked:
+            pid, started = forked
+        else:
+            try:
+                popen, started = processes.spawn(argv, attempt_dir, log_path, env)
+            except OSError as e:
+                raise TrainforgeError(f"cannot start the {role.value} of job {record.job_id} with {self._python}: "
+                                      f"{e}") from None
+            pid = popen.pid
+            with self._lock:
+                self._children[pid] = popen
+        record = record.adding(ProcessEntry(role=role, rank=rank, pid=pid, started=started))
         self._records.put(record)
         return record
 
@@ -186,3 +206,5 @@ class LocalBackend(Backend):
 
     def close(self) -> None:
         self._reap()
+        if self._forks:
+            self._forks.close()

@@ -1,11 +1,12 @@
 """Processes on this machine: how the local backend starts, recognises and stops them.
 
-Controllers and job monitors are spawned in their own sessions (so they
-outlive the LCM) with the LCM's TF_* settings spelled out in their
-environment; they run the LCM's interpreter, which imports the platform's
-packages from its installation. A recorded process is ours
-only while its pid *and* start time match, so a reused pid is never
-mistaken for it. Stopping goes through `trainforge_services.common.proctree`.
+Controllers and job monitors are started in their own sessions (so they
+outlive the LCM), by `spawn` here or forked by the warm fork server
+(`forkclient.py`, same command line), with the LCM's TF_* settings spelled
+out in their environment; they run the LCM's interpreter, which imports the
+platform's packages from its installation. A recorded process is ours only
+while its pid *and* start time match, so a reused pid is never mistaken for
+it. Stopping goes through `trainforge_services.common.proctree`.
 """
 
 from __future__ import annotations
