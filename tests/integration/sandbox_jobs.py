@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -132,6 +133,7 @@ def platform(request) -> Platform:
 
 
 NOBODY = 65534
+REPO = Path(__file__).resolve().parents[2]
 AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -165,20 +167,45 @@ def _copy_interpreter(dest: Path) -> Path:
     return dest / "bin" / PY
 
 
+def _reachable(paths: list[Path]) -> list[tuple[Path, int]]:
+    """Give "others" search (x, not read) permission on each folder above `paths` that lacks it, so uid
+    65534 can open the running venv and the checkout below a 0700 home or temp folder; the old modes."""
+    changed: list[tuple[Path, int]] = []
+    for path in paths:
+        for folder in [*reversed(path.resolve().parents), path.resolve()]:
+            mode = folder.stat().st_mode
+            if not mode & stat.S_IXOTH and folder not in dict(changed):
+                changed.append((folder, stat.S_IMODE(mode)))
+                folder.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+    return changed
+
+
 @pytest.fixture(scope="session")
 def nobody_python() -> Iterator[Path]:
-    """A venv that uid 65534 can run, of a copy of the running interpreter, seeing the running venv's packages."""
+    """A venv that uid 65534 can run, of a copy of the running interpreter, seeing the running venv's packages
+    (the running site-packages is added as a site dir, so its .pth files, the editable install's among them,
+    are processed)."""
     root = Path(tempfile.mkdtemp(prefix="tf-nobody-py-", dir="/tmp"))
     os.chmod(root, 0o755)
-    python = _copy_interpreter(root / "prefix")
-    subprocess.run([str(python), "-m", "venv", "--without-pip", str(root / "venv")], check=True,
-                   capture_output=True, timeout=120)
-    site = Path(sysconfig.get_paths()["purelib"])
-    target = root / "venv" / "lib" / PY / "site-packages"
-    for src in [*site.glob("*.pth"), *site.glob("__editable__*.py")]:
-        shutil.copy(src, target / src.name)
-    yield root / "venv" / "bin" / "python"
-    shutil.rmtree(root, ignore_errors=True)
+    site_dirs = list(dict.fromkeys(Path(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")))
+    changed = _reachable([*site_dirs, REPO])
+    try:
+        python = _copy_interpreter(root / "prefix")
+        subprocess.run([str(python), "-m", "venv", "--without-pip", str(root / "venv")], check=True,
+                       capture_output=True, timeout=120)
+        target = root / "venv" / "lib" / PY / "site-packages"
+        (target / "tf-running-venv.pth").write_text(
+            "".join(f"import site; site.addsitedir({str(d)!r})\n" for d in site_dirs))
+        venv_python = root / "venv" / "bin" / "python"
+        probe = subprocess.run([*AS_NOBODY, str(venv_python), "-c", "import trainforge_services.controller.__main__"],
+                               capture_output=True, text=True, timeout=120, check=False, cwd="/")
+        if probe.returncode != 0:
+            pytest.fail(f"uid {NOBODY} cannot import the platform from {venv_python}: {probe.stderr[-2000:]}")
+        yield venv_python
+    finally:
+        for folder, mode in reversed(changed):
+            folder.chmod(mode)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
