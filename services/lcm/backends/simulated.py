@@ -8,7 +8,8 @@ and its job monitor would do, through the same contracts:
 - at launch each rank's `learners/<rank>/status` is written to etcd as
   LEARNER_RUNNING, then the Trainer hears RUNNING (ReportJobStatus, actor
   "simulated");
-- `sim_seconds` (TF_SIM_SECONDS) after RUNNING was delivered, each rank's
+- `sim_seconds` (TF_SIM_SECONDS; a job's own `env: {SIM_SECONDS: ...}`
+  overrides it) after RUNNING was delivered, each rank's
   status becomes LEARNER_COMPLETED and the Trainer hears STORING, then
   COMPLETED; if the LCM asked the attempt to halt by then (its `halt` key),
   each rank's status becomes LEARNER_HALTED (with no checkpoint) and the
@@ -57,6 +58,7 @@ log = logging.getLogger(__name__)
 ACTOR = "simulated"
 RETRY = 0.5
 WORKERS = 8
+SECONDS_ENV = "SIM_SECONDS"
 
 
 @dataclass
@@ -172,7 +174,7 @@ class SimulatedBackend(Backend):
             if not sim.sent:
                 self._put_statuses(sim, LearnerState.LEARNER_RUNNING)
                 self._report(sim, JobState.RUNNING, "every learner started (simulated)")
-                delay = self._settings.sim_seconds
+                delay = self._seconds(sim.plan)
             else:
                 self._end(sim)
                 return
@@ -186,6 +188,16 @@ class SimulatedBackend(Backend):
         with self._lock:
             if self._jobs.get(job_id) is sim:
                 self._schedule(delay, job_id, attempt)
+
+    def _seconds(self, plan: AttemptPlan) -> float:
+        """How long the attempt runs: its manifest's SIM_SECONDS, else the setting."""
+        own = plan.manifest.env.get(SECONDS_ENV)
+        try:
+            return max(0.0, float(own)) if isinstance(own, str) else self._settings.sim_seconds
+        except ValueError:
+            log.warning("job %s: %s=%r is not a number of seconds; using %g", plan.job_id, SECONDS_ENV, own,
+                        self._settings.sim_seconds)
+            return self._settings.sim_seconds
 
     def _end(self, sim: _Attempt) -> None:
         plan = sim.plan
