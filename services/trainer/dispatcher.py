@@ -40,7 +40,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from trainforge_services.common import states
 from trainforge_services.common.errors import Unavailable
 from trainforge_services.common.observability import LabelCounts
 from trainforge_services.common.retry import Backoff
@@ -49,6 +48,7 @@ from trainforge_services.trainer import admission, cohorts
 from trainforge_services.trainer.admission import Capacity, Plan, Quota
 from trainforge_services.trainer.capacity import CapacityCache
 from trainforge_services.trainer.fence import Deposed, FenceGate
+from trainforge_services.trainer.jobmirror import JobMirror
 from trainforge_services.trainer.lcm_client import Lcm
 from trainforge_services.trainer.lcmcalls import LcmCalls
 from trainforge_services.trainer.preemption import Policy
@@ -107,6 +107,11 @@ class Dispatcher(LcmCalls):
         self._thread: threading.Thread | None = None
         self._calls = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainer-lcm")
         self._notes = QueueNotes(store)
+        # the queued and active jobs as of the last pass, kept from what changed (jobmirror.py)
+        self._jobs = JobMirror(store, dict.fromkeys([*_QUEUE_FIELDS, *_HELD_FIELDS]))
+        self._mirror_term: int | None = None
+        # the reason and position each waiting job was last given (what its record says, once written)
+        self._noted: dict[str, tuple[str, int]] = {}
         self._capacity = CapacityCache(lcm)
         # cleanups in flight, and when a failed one may be tried again
         self._cleaning: set[str] = set()
@@ -201,14 +206,23 @@ class Dispatcher(LcmCalls):
 
     def _pass(self) -> Plan:
         """One admission pass; the caller holds `_pass_lock`."""
-        queued = {job.id: job for job in self._store.in_states([JobState.QUEUED], fields=_QUEUE_FIELDS)}
+        # a replica that just became the leader reads everything once: its copy may be from an older term
+        term_now = self._gate.term if self._gate is not None else None
+        changed = self._jobs.refresh(full=term_now != self._mirror_term)
+        self._mirror_term = term_now
+        # what a job read again says is what its record holds (a requeued job's new reason, say)
+        if changed is None:
+            self._noted.clear()
+        for job_id in changed or ():
+            self._noted.pop(job_id, None)
+        queued = dict(self._jobs.queued)
         held_back = self._held_back(queued, time.time())
         for job_id, job in held_back.items():
             del queued[job_id]
             ADMISSIONS.add("held", "cleanup" if job.cleanup_pending else "backoff")
         if not queued:
             return Plan()
-        queue = [job.queued() for job in queued.values()]
+        queue = [self._jobs.as_queued[job_id] for job_id in queued]
         # after reading the queue, so a newer leader's stamp covers every job read (fence.py)
         term = self._gate.confirm() if self._gate is not None else None
         capacity = self._capacity.current()
@@ -216,7 +230,7 @@ class Dispatcher(LcmCalls):
         if capacity is None:
             result = admission.hold(queue, f"waiting for the LCM: {self._capacity.problem}")
         else:
-            active = self._store.in_states(states.ACTIVE, fields=_HELD_FIELDS)
+            active = list(self._jobs.active.values())
             held = [(j.team, j.resources, j.gpu_type) for j in active]
             # a team's quota with what borrowing in its cohort allows (services/trainer/cohorts.py)
             result = admission.plan(queue, admission.total(need for _, need, _ in held), capacity,
@@ -225,13 +239,15 @@ class Dispatcher(LcmCalls):
         for job_id in result.dispatch:
             # QUEUED -> DEPLOYING holds the resources; the Deploy rule hands the call to a worker
             fields = cohorts.dispatched(result.borrowed.get(job_id), quotas.get(queued[job_id].team))
-            self.lifecycle.move(job_id, JobState.DEPLOYING, cohorts.reserved_reason(fields), ACTOR,
-                                attempt=queued[job_id].attempt, fields=fields, fence=term)
+            done = self.lifecycle.move(job_id, JobState.DEPLOYING, cohorts.reserved_reason(fields), ACTOR,
+                                       attempt=queued[job_id].attempt, fields=fields, fence=term)
+            self._jobs.moved(job_id, done.job)
         if capacity is not None:  # halt running jobs that waiting ones may displace
             self.preemptor.consider(result, queued, active, quotas, capacity)
         for job_id, reason in result.reject.items():
             self.lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt,
                                 fence=term)
+            self._jobs.moved(job_id, None)
         self._note_waiting(queued, result)
         ADMISSIONS.add("dispatched", "", n=len(result.dispatch))
         ADMISSIONS.add("rejected", "never_fits", n=len(result.reject))
@@ -252,9 +268,9 @@ class Dispatcher(LcmCalls):
             else:
                 continue
             held[job_id] = job
-            if (job.reason, job.queue_position) != (reason, 0):
+            if self._noted.get(job_id, (job.reason, job.queue_position)) != (reason, 0):
                 notes.append((job_id, job.attempt, reason, 0))
-        self._notes.add(notes)
+        self._note(notes)
         return held
 
     def _note_waiting(self, queued: dict[str, JobRecord], result: Plan) -> None:
@@ -263,9 +279,16 @@ class Dispatcher(LcmCalls):
         notes = []
         for job_id, (reason, position) in result.wait.items():
             job = queued[job_id]
-            if (job.reason, job.queue_position) != (reason, position):
+            if self._noted.get(job_id, (job.reason, job.queue_position)) != (reason, position):
                 notes.append((job_id, job.attempt, reason, position))
+        self._note(notes)
+        if len(self._noted) > 2 * len(queued) + 1000:  # forget jobs that left the queue
+            self._noted = {j: n for j, n in self._noted.items() if j in queued}
+
+    def _note(self, notes: list) -> None:
         self._notes.add(notes)
+        for job_id, _, reason, position in notes:
+            self._noted[job_id] = (reason, position)
 
     # -- LCM calls off the pass (the rules' Actions) -------------------------
 

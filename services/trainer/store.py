@@ -21,6 +21,11 @@ adds `(now - active_since) * resources` to the job's `gpu_seconds` and
 even when reporters race or repeat themselves. Team totals are sums over the
 team's jobs (`usage_rows`).
 
+Every write a dispatcher's pass decides on (insert, transition, cleanup done,
+fields set) stamps `changed_at`, so the leader's copy of the queue
+(services/trainer/jobmirror.py) reads only what changed (`changed_since`);
+queue notes do not.
+
 Idempotent submits: a job submitted with an idempotency key stores it, and a
 unique index on (team, idempotency_key), partial to the jobs that have one,
 lets exactly one of any number of concurrent inserts with the same key win;
@@ -95,6 +100,7 @@ class JobStore:
         self._jobs.create_index([("team", ASCENDING), ("created_at", DESCENDING)])
         self._jobs.create_index([("state", ASCENDING)])
         self._jobs.create_index([("experiment_id", ASCENDING)])
+        self._jobs.create_index([("changed_at", ASCENDING)])
         # partial: jobs without a key are not indexed, so any number of them may coexist
         self._jobs.create_index([("team", ASCENDING), ("idempotency_key", ASCENDING)], unique=True,
                                 name="team_idempotency_key",
@@ -135,6 +141,7 @@ class JobStore:
             "outputs_uri": "",
             "created_at": now,
             "updated_at": now,
+            "changed_at": now,
             "history": {history_key(): history_event(JobState.JOB_STATE_UNSPECIFIED, JobState.PENDING, "submitted",
                                               submitted_by or "user", now)},
         }
@@ -208,6 +215,12 @@ class JobStore:
         return to_records(self._jobs.find(query, projection))
 
     @mapped
+    def changed_since(self, since: float, fields: Iterable[str]) -> list[JobRecord]:
+        """Every job whose `changed_at` (insert, transition, cleanup, fields set) is at or after `since`, in any
+        state: only `fields` (and the id, state). Queue notes and history notes do not stamp it."""
+        return to_records(self._jobs.find({"changed_at": {"$gte": since}}, fields_projection([*fields, "state"])))
+
+    @mapped
     def usage_rows(self, team: str | None = None) -> list[JobRecord]:
         """What accounting needs of every job (of one team): team, state, resources, times, seconds used."""
         query = {} if team is None else {"team": team}
@@ -263,6 +276,7 @@ class JobStore:
                 return Transition(None, False)
             now = time.time()
             update = {**to_document(set_fields or {}), "state": int(to), "reason": reason, "updated_at": now,
+                      "changed_at": now,
                       f"history.{history_key()}": history_event(frm, to, reason, actor, now)}
             if to != JobState.QUEUED:
                 update["queue_position"] = 0
@@ -307,7 +321,8 @@ class JobStore:
     @mapped
     def cleanup_done(self, job_id: str, attempt: int) -> None:
         """The learners of `attempt` (and any earlier one) are gone."""
-        self._jobs.update_one({"_id": job_id, "attempt": attempt}, {"$set": {"cleanup_pending": False}})
+        self._jobs.update_one({"_id": job_id, "attempt": attempt},
+                              {"$set": {"cleanup_pending": False, "changed_at": time.time()}})
 
     @mapped
     def set_fields(self, job_id: str, fields: Mapping[str, Any], *, state: JobState,
@@ -316,8 +331,10 @@ class JobStore:
         match: dict = {"_id": job_id, "state": int(state)}
         if attempt is not None:
             match["attempt"] = attempt
-        return to_record(self._jobs.find_one_and_update(match, {"$set": {**to_document(fields), "updated_at": time.time()}},
-                                                      return_document=ReturnDocument.AFTER))
+        now = time.time()
+        return to_record(self._jobs.find_one_and_update(
+            match, {"$set": {**to_document(fields), "updated_at": now, "changed_at": now}},
+            return_document=ReturnDocument.AFTER))
 
     @mapped
     def note_event(self, job_id: str, attempt: int, state: JobState, reason: str, actor: str) -> bool:
