@@ -40,10 +40,13 @@ from _stack import machine_line, pct, pids, stack
 
 from trainforge_protos import trainer_pb2, trainer_pb2_grpc
 from trainforge_services.common import rpc
+from trainforge_services.common.states import JobState
 
-_PASS = re.compile(r"admission pass: (\d+) queued, (\d+) dispatched in (\d+(?:\.\d+)?) ms")
+_PASS = re.compile(r"admission pass: (\d+) queued, (\d+) dispatched in (\d+(?:\.\d+)?) ms "
+                   r"\(decided in (\d+(?:\.\d+)?) ms\)")
 SERVICES = ("trainer", "lcm", "api", "mongo", "etcd")
-RUNNING, COMPLETED = 4, 6
+RUNNING, COMPLETED, DEPLOYING = int(JobState.RUNNING), int(JobState.COMPLETED), int(JobState.DEPLOYING)
+ENDED_BADLY = (int(JobState.FAILED), int(JobState.CANCELLED))
 
 
 def manifest(seconds: float) -> str:
@@ -96,11 +99,14 @@ def submit_all(stub, teams: list[str], n: int, body: str, threads: int, offset: 
     return ids, time.monotonic() - t0
 
 
-def pass_line(label: str, ms: list[float]) -> str:
-    if not ms:
+def pass_line(label: str, passes: list[tuple[int, int, float, float]]) -> str:
+    """Whole passes, and their decisions alone (before the reservations, which cost a store write each)."""
+    if not passes:
         return f"admission pass, {label:<22} (no passes)"
-    return (f"admission pass, {label:<22} p50 {pct(ms, 50):7.1f} ms  p99 {pct(ms, 99):7.1f} ms  "
-            f"max {max(ms):7.1f} ms  ({len(ms)} passes)")
+    ms, dec = [p[2] for p in passes], [p[3] for p in passes]
+    return (f"admission pass, {label:<22} p50 {pct(ms, 50):7.1f} p99 {pct(ms, 99):7.1f} max {max(ms):7.1f} ms; "
+            f"decided p50 {pct(dec, 50):6.1f} p99 {pct(dec, 99):6.1f} max {max(dec):6.1f} ms  "
+            f"({len(ms)} passes, {sum(p[1] for p in passes)} dispatched)")
 
 
 def main() -> int:
@@ -112,6 +118,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0, help="how long each queued job runs")
     ap.add_argument("--window", type=float, default=20.0, help="seconds the full queue is watched")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds each phase may take")
+    ap.add_argument("--drain-timeout", type=float, default=0,
+                    help="stop watching the drain after this many seconds and report how far it got (0: wait)")
     args = ap.parse_args()
 
     extra = {"TF_BACKEND": "simulated", "TF_SIM_MAX_LEARNERS": str(args.running),
@@ -143,9 +151,14 @@ def main() -> int:
         with ThreadPoolExecutor(args.threads) as pool:
             list(pool.map(lambda j: rpc.call(stub.CancelJob, trainer_pb2.CancelJobRequest(
                 team=jobs.find_one({"_id": j}, {"team": 1})["team"], job_id=j, actor="scale-sim"), 60), holders))
-        drain = wait_count(jobs, {"_id": {"$in": queued}, "state": COMPLETED}, len(queued), args.timeout,
-                           "the queue to drain")
-        drain = time.monotonic() - t_drain if drain else drain
+        completed = {"_id": {"$in": queued}, "state": COMPLETED}
+        if args.drain_timeout:
+            while time.monotonic() - t_drain < args.drain_timeout and jobs.count_documents(completed) < len(queued):
+                time.sleep(1.0)
+        else:
+            wait_count(jobs, completed, len(queued), args.timeout, "the queue to drain")
+        drain = time.monotonic() - t_drain
+        drained = jobs.count_documents(completed)
         s3 = services.sample()
 
         docs = list(jobs.find({"_id": {"$in": queued}}, {"team": 1, "state": 1, "history": 1}))
@@ -153,13 +166,14 @@ def main() -> int:
         with st.log("trainer").open("rb") as f:
             f.seek(log_mark)
             during = f.read().decode(errors="replace")
-        passes = [(int(q), int(d), float(ms)) for q, d, ms in _PASS.findall(during)]
+        passes = [(int(q), int(d), float(ms), float(dec)) for q, d, ms, dec in _PASS.findall(during)]
         full_at = full_mark - log_mark
 
-    twice = [d["_id"] for d in docs if sum(h["to"] == 2 for h in d["history"].values()) > 1]
-    lost = [d["_id"] for d in docs if d["state"] != COMPLETED]
-    deployed = sorted((min(h["ts"] for h in d["history"].values() if h["to"] == 2), d["team"])
-                      for d in docs if any(h["to"] == 2 for h in d["history"].values()))
+    twice = [d["_id"] for d in docs if sum(h["to"] == DEPLOYING for h in d["history"].values()) > 1]
+    lost = [d["_id"] for d in docs if d["state"] != COMPLETED and not args.drain_timeout]
+    failed = [d["_id"] for d in docs if d["state"] in ENDED_BADLY]
+    deployed = sorted((min(h["ts"] for h in d["history"].values() if h["to"] == DEPLOYING), d["team"])
+                      for d in docs if any(h["to"] == DEPLOYING for h in d["history"].values()))
     first = [team for _, team in deployed[:args.running]]
     per_team = [first.count(t) for t in teams]
 
@@ -167,16 +181,17 @@ def main() -> int:
     print(f"{args.queued} queued + {args.running} running jobs, {args.teams} teams in one cohort (quota "
           f"{share} CPUs each), simulated backend ({args.running} learners), submitted through the Trainer's "
           f"gRPC SubmitJob from {args.threads} threads")
-    print(f"outcomes: {len(lost)} queued jobs not completed, {len(twice)} deployed twice")
+    print(f"outcomes: {len(lost)} queued jobs not completed, {len(twice)} deployed twice, {len(failed)} failed "
+          f"or cancelled")
     print(f"holders: {args.running} submitted in {hold_secs:.1f} s, all RUNNING after {fill:.1f} s more")
     print(f"submits/s (queued)        {len(queued) / submit_secs:9.1f}   ({submit_secs:.1f} s for {len(queued)})")
-    print(f"time to drain             {drain:9.1f} s   ({len(queued)} jobs of {args.seconds:g} s, "
-          f"{args.running} at once; {len(queued) / drain:.1f} completions/s)")
-    top = max(q for q, _, _ in passes) if passes else 0
-    print(pass_line(f"queue >= {int(0.9 * args.queued)}", [ms for q, _, ms in passes if q >= 0.9 * args.queued]))
+    print(f"time to drain             {drain:9.1f} s   ({drained} of {len(queued)} jobs of {args.seconds:g} s "
+          f"completed, {args.running} at once; {drained / drain:.1f} completions/s)")
+    top = max(p[0] for p in passes) if passes else 0
+    print(pass_line(f"queue >= {int(0.9 * args.queued)}", [p for p in passes if p[0] >= 0.9 * args.queued]))
     for lo, hi in ((0.5, 0.9), (0.1, 0.5), (0.0, 0.1)):
         print(pass_line(f"queue {int(lo * args.queued)}-{int(hi * args.queued)}",
-                        [ms for q, _, ms in passes if lo * args.queued <= q < hi * args.queued and q > 0]))
+                        [p for p in passes if lo * args.queued <= p[0] < hi * args.queued and p[0] > 0]))
     print(f"  (most queued seen in a pass: {top}; log bytes at full queue: {full_at})")
     print(f"starts over teams among the first {len(first)} queued jobs deployed: min {min(per_team)}, "
           f"max {max(per_team)} (fair: {len(first) / args.teams:.1f} each)")
@@ -185,7 +200,7 @@ def main() -> int:
         cpu = s3[name][0] - s0[name][0]
         print(f"{name:<8} CPU {cpu:8.1f} s = {cpu / n * 1000:6.2f} ms per job   RSS {s0[name][1]:6.0f} -> "
               f"{s1[name][1]:6.0f} (running) -> {s2[name][1]:6.0f} (queued) -> {s3[name][1]:6.0f} MiB (drained)")
-    return 1 if (lost or twice) else 0
+    return 1 if (lost or twice or failed) else 0
 
 
 if __name__ == "__main__":
