@@ -71,7 +71,7 @@ SPACING = 0.2
 MIN_SPACING = 0.05
 # What a pass reads of queued and of active jobs: a pass reads the whole queue, so not the manifests.
 _QUEUE_FIELDS = ("team", "resources", "gpu_type", "priority", "created_at", "attempt", "reason",
-                 "queue_position", "not_before", "cleanup_pending", "restarts")
+                 "queue_position", "not_before", "cleanup_pending", "restarts", "fence")
 _HELD_FIELDS = ("team", "resources", "gpu_type", *_PREEMPT_FIELDS)
 
 
@@ -243,13 +243,14 @@ class Dispatcher(LcmCalls):
             # QUEUED -> DEPLOYING holds the resources; the Deploy rule hands the call to a worker
             fields = cohorts.dispatched(result.borrowed.get(job_id), quotas.get(queued[job_id].team))
             done = self.lifecycle.move(job_id, JobState.DEPLOYING, cohorts.reserved_reason(fields), ACTOR,
-                                       attempt=queued[job_id].attempt, fields=fields, fence=term)
+                                       attempt=queued[job_id].attempt, fields=fields, fence=term,
+                                       seen=queued[job_id])
             self._jobs.moved(job_id, done.job)
         if capacity is not None:  # halt running jobs that waiting ones may displace
             self.preemptor.consider(result, queued, active, quotas, capacity)
         for job_id, reason in result.reject.items():
             self.lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt,
-                                fence=term)
+                                fence=term, seen=queued[job_id])
             self._jobs.moved(job_id, None)
         self._note_waiting(queued, result)
         ADMISSIONS.add("dispatched", "", n=len(result.dispatch))

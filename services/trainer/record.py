@@ -60,6 +60,8 @@ class JobRecord(_Frozen):
     submitted_by: str = ""
     idempotency_key: str = ""
     priority: int = 1
+    # the term of the dispatcher leader that last stamped it (services/trainer/fence.py); 0: none
+    fence: int = 0
     # what the job holds while ACTIVE: all its learners together
     resources: Usage = Usage()
     gpu_type: str = ""

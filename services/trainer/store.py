@@ -242,7 +242,8 @@ class JobStore:
     @mapped
     def apply_transition(self, job_id: str, to: JobState, reason: str, actor: str, *,
                          attempt: int | None = None, set_fields: Mapping | None = None,
-                         only_from: Iterable[JobState] | None = None, fence: int | None = None) -> Transition:
+                         only_from: Iterable[JobState] | None = None, fence: int | None = None,
+                         seen: JobRecord | None = None) -> Transition:
         """`transition`, also telling whether this call made the change (for callers that reserve).
 
         The write is a compare-and-set on the state just observed, which must
@@ -258,6 +259,13 @@ class JobStore:
         leader's term, services/trainer/fence.py) the write also requires the
         job's fence stamp to be no newer and stamps it; a newer stamp raises
         `Deposed`.
+
+        `seen`: the job as the caller last read it (the dispatcher's copy,
+        services/trainer/jobmirror.py). When it is in a legal from-state
+        outside ACTIVE (no usage to account), the first try writes on that
+        state and fence stamp without reading: one round trip instead of
+        two. If the job moved on or was stamped since, that compare-and-set
+        matches nothing and the read-then-write loop below decides.
         """
         allowed = states.allowed_from(to)
         if only_from is not None:
@@ -265,6 +273,12 @@ class JobStore:
         match: dict = {"_id": job_id}
         if attempt is not None:
             match["attempt"] = attempt
+        if seen is not None and seen.state in allowed and seen.state not in states.ACTIVE \
+                and (fence is None or seen.fence <= fence):
+            assumed = {"state": int(seen.state), **({"fence": seen.fence} if seen.fence else {})}
+            doc = self._write(match, assumed, to, reason, actor, set_fields, fence)
+            if doc is not None:
+                return Transition(to_record(doc), True)
         for _ in range(_MAX_RACES):
             current = self._jobs.find_one(match)
             if current is None:
@@ -274,37 +288,44 @@ class JobStore:
                 return Transition(to_record(current), False)
             if frm not in allowed:
                 return Transition(None, False)
-            now = time.time()
-            update = {**to_document(set_fields or {}), "state": int(to), "reason": reason, "updated_at": now,
-                      "changed_at": now,
-                      f"history.{history_key()}": history_event(frm, to, reason, actor, now)}
-            if to != JobState.QUEUED:
-                update["queue_position"] = 0
-            if to == JobState.DEPLOYING:
-                update["active_since"] = now
-            if frm in states.ACTIVE and frm != JobState.RESTARTING and \
-                    (to not in states.ACTIVE or to == JobState.RESTARTING):
-                # learners may still run: the dispatcher removes them (RESTARTING: then queues the
-                # next attempt) and clears this. Leaving RESTARTING leaves it as it is: it was set on
-                # the way in, and only the dispatcher clears it, after KillJob.
-                update["cleanup_pending"] = True
-            changes: dict = {"$set": update}
-            if spent := seconds_spent(current, frm, to, now):
-                changes["$inc"] = spent
-            guard: dict = {**match, "state": int(frm)}
-            if fence is not None:
-                if int(current.get("fence", 0)) > fence:
-                    raise Deposed(f"job {job_id}: term {fence} is older than the job's fence "
-                                  f"{current['fence']}; a newer dispatcher leads")
-                # the stamp just read, compared for equality: nx-27017 applies an `$or` beside `_id` to
-                # other documents
-                guard["fence"] = current["fence"] if "fence" in current else {"$exists": False}
-                update["fence"] = fence
-            doc = self._jobs.find_one_and_update(guard, changes, return_document=ReturnDocument.AFTER)
+            doc = self._write(match, current, to, reason, actor, set_fields, fence)
             if doc is not None:
                 return Transition(to_record(doc), True)
         log.warning("job %s: gave up moving to %s after %d lost races", job_id, to.name, _MAX_RACES)
         return Transition(None, False)
+
+    def _write(self, match: dict, current: Mapping, to: JobState, reason: str, actor: str,
+               set_fields: Mapping | None, fence: int | None) -> Mapping | None:
+        """One compare-and-set of `to` on the state (and fence stamp) `current` holds; the job after it, or None
+        when it no longer holds them."""
+        frm = JobState(current["state"])
+        now = time.time()
+        update = {**to_document(set_fields or {}), "state": int(to), "reason": reason, "updated_at": now,
+                  "changed_at": now,
+                  f"history.{history_key()}": history_event(frm, to, reason, actor, now)}
+        if to != JobState.QUEUED:
+            update["queue_position"] = 0
+        if to == JobState.DEPLOYING:
+            update["active_since"] = now
+        if frm in states.ACTIVE and frm != JobState.RESTARTING and \
+                (to not in states.ACTIVE or to == JobState.RESTARTING):
+            # learners may still run: the dispatcher removes them (RESTARTING: then queues the
+            # next attempt) and clears this. Leaving RESTARTING leaves it as it is: it was set on
+            # the way in, and only the dispatcher clears it, after KillJob.
+            update["cleanup_pending"] = True
+        changes: dict = {"$set": update}
+        if spent := seconds_spent(current, frm, to, now):
+            changes["$inc"] = spent
+        guard: dict = {**match, "state": int(frm)}
+        if fence is not None:
+            if int(current.get("fence", 0)) > fence:
+                raise Deposed(f"job {match['_id']}: term {fence} is older than the job's fence "
+                              f"{current['fence']}; a newer dispatcher leads")
+            # the stamp just read, compared for equality: nx-27017 applies an `$or` beside `_id` to
+            # other documents
+            guard["fence"] = current["fence"] if "fence" in current else {"$exists": False}
+            update["fence"] = fence
+        return self._jobs.find_one_and_update(guard, changes, return_document=ReturnDocument.AFTER)
 
     @mapped
     def stamp_fence(self, term: int) -> int:

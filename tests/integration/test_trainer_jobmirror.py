@@ -11,6 +11,7 @@ import pytest
 
 from tests.integration.test_trainer_store import MANIFEST, queued
 from trainforge_services.common.states import JobState
+from trainforge_services.trainer.fence import Deposed
 from trainforge_services.trainer.jobmirror import JobMirror
 from trainforge_services.trainer.store import JobStore
 
@@ -84,3 +85,23 @@ def test_a_stale_copy_is_read_again_whole(store, mongo_db):
     assert set(mirror.queued) == {"a"}
     clock.now += 30
     assert mirror.refresh() is None and set(mirror.queued) == {"a", "b"}
+
+
+def test_a_reservation_on_the_copy_takes_one_write_and_falls_back_when_it_is_stale(store):
+    a, b = queued(store, "a"), queued(store, "b")
+    done = store.apply_transition("a", JobState.DEPLOYING, "reserved", "trainer", attempt=1, seen=a)
+    assert done.changed and done.job.state == JobState.DEPLOYING
+    assert [(e.from_state, e.to_state) for e in done.job.history][-1] == (JobState.QUEUED, JobState.DEPLOYING)
+    store.transition("b", JobState.CANCELLED, "cancelled", "user")
+    # the copy still says QUEUED: its write matches nothing, and the full path sees the cancellation
+    assert store.apply_transition("b", JobState.DEPLOYING, "reserved", "trainer", attempt=1, seen=b) == (None, False)
+
+
+def test_a_reservation_on_a_copy_from_before_a_newer_leaders_stamp_is_refused(store):
+    c = queued(store, "c")  # the copy: no stamp yet
+    store.stamp_fence(7)
+    with pytest.raises(Deposed):
+        store.apply_transition("c", JobState.DEPLOYING, "reserved", "trainer", attempt=1, fence=5, seen=c)
+    assert store.find("c").state == JobState.QUEUED
+    done = store.apply_transition("c", JobState.DEPLOYING, "reserved", "trainer", attempt=1, fence=7, seen=c)
+    assert done.changed and done.job.fence == 7
