@@ -18,8 +18,11 @@ What this copy may get wrong, and why that is safe:
   records its own moves here at once (`moved`), so the use is never
   under-estimated.
 - A write delayed past `MARGIN` (a writer's clock behind, a stall) is
-  missed until the next full read, at most `RESYNC` seconds later, and at
-  the first pass after this replica became the leader (`refresh(full=True)`).
+  missed until the next full read, at most `RESYNC` seconds later (or
+  `RESYNC_FACTOR` times as long as the last full read took, if longer: on a
+  store so loaded that a full read takes many seconds, passes must not turn
+  into full reads), and at the first pass after this replica became the
+  leader (`refresh(full=True)`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from trainforge_services.trainer.store import JobStore
 
 MARGIN = 5.0
 RESYNC = 30.0
+RESYNC_FACTOR = 20
 
 
 class JobMirror:
@@ -49,16 +53,18 @@ class JobMirror:
         self.active: dict[str, JobRecord] = {}
         self._since: float | None = None  # when the last read started
         self._full_at = 0.0
+        self._full_took = 0.0
 
     def refresh(self, full: bool = False) -> set[str] | None:
         """Bring the copy up to date: only what changed, or everything when `full`, never read, or stale.
 
         The ids of the jobs read again (None: all were)."""
         started = self._clock()
-        if full or self._since is None or started - self._full_at >= self._resync:
+        if full or self._since is None or \
+                started - self._full_at >= max(self._resync, RESYNC_FACTOR * self._full_took):
             jobs = self._store.in_states([JobState.QUEUED, *states.ACTIVE], fields=self._fields)
             self.queued, self.active, self.as_queued = {}, {}, {}
-            self._full_at = started
+            self._full_at, self._full_took = started, self._clock() - started
             changed = None
         else:
             jobs = self._store.changed_since(self._since - self._margin, fields=self._fields)

@@ -63,3 +63,8 @@ def test_scale_sim():
 def test_ffdl_jct():
     out = bench("ffdl_jct.py", "--sizes", "1,2", "--train-samples", "64", "--test-samples", "32", timeout=900)
     assert "K=1 " in out and "K=2 " in out and "mean JCT K=2 / K=1" in out
+
+
+def test_admission_plan():
+    out = bench("admission_plan.py", "--queued", "50", "--running", "10", "--teams", "3")
+    assert "queued     50,  0 learners free: after" in out and "(10 dispatched)" in out
