@@ -56,7 +56,7 @@ def test_a_job_walks_the_main_line_without_a_process(sim_stack, tmp_path):
 def test_capacity_holds_jobs_in_the_queue(sim_stack, tmp_path):
     env, _ = sim_stack
     first = cli_json(env, "submit", manifest(tmp_path, "first", 2))["id"]
-    wait_for(lambda: state_of(env, first) == "running", 60, "the first job to run", interval=0.3)
+    wait_for(lambda: state_of(env, first) == "running", 180, "the first job to run", interval=0.3)
     second = cli_json(env, "submit", manifest(tmp_path, "second", 2))["id"]
     waiting = wait_for(lambda: (j := cli_json(env, "status", second))["state"] == "queued" and j["reason"] and j,
                        30, "the second job to wait with a reason", interval=0.3)
@@ -68,7 +68,7 @@ def test_capacity_holds_jobs_in_the_queue(sim_stack, tmp_path):
 def test_a_cancelled_job_never_completes(sim_stack, tmp_path):
     env, _ = sim_stack
     job_id = cli_json(env, "submit", manifest(tmp_path, "cancelled", 1))["id"]
-    wait_for(lambda: state_of(env, job_id) == "running", 60, "the job to run", interval=0.3)
+    wait_for(lambda: state_of(env, job_id) == "running", 180, "the job to run", interval=0.3)
     assert cli_json(env, "cancel", job_id)["state"] == "cancelled"
     # a job submitted afterwards ran its whole simulated time: the cancelled one's would have ended too
     later = cli_json(env, "submit", manifest(tmp_path, "later", 1))["id"]
