@@ -31,9 +31,12 @@ def sim_stack(tmp_path_factory):
     run_cli(env, "down", timeout=120, check=False)
 
 
-def manifest(tmp_path, name: str, learners: int):
+def manifest(tmp_path, name: str, learners: int, seconds: float | None = None):
+    """A job of `learners`; `seconds`: how long it runs (its own SIM_SECONDS), long enough for a slow poll to
+    see it RUNNING on a loaded machine."""
     path = tmp_path / f"{name}.yaml"
-    path.write_text(f"name: {name}\nframework: custom\nlearners: {learners}\n"
+    own = f"env: {{SIM_SECONDS: '{seconds}'}}\n" if seconds is not None else ""
+    path.write_text(f"name: {name}\nframework: custom\nlearners: {learners}\n{own}"
                     "resources: {cpus: 0.5, memory: 64Mi}\ncommand: python -c 'never run'\n")
     return str(path)
 
@@ -55,23 +58,23 @@ def test_a_job_walks_the_main_line_without_a_process(sim_stack, tmp_path):
 
 def test_capacity_holds_jobs_in_the_queue(sim_stack, tmp_path):
     env, _ = sim_stack
-    first = cli_json(env, "submit", manifest(tmp_path, "first", 2))["id"]
+    first = cli_json(env, "submit", manifest(tmp_path, "first", 2, seconds=40))["id"]
     wait_for(lambda: state_of(env, first) == "running", 180, "the first job to run", interval=0.3)
     second = cli_json(env, "submit", manifest(tmp_path, "second", 2))["id"]
     waiting = wait_for(lambda: (j := cli_json(env, "status", second))["state"] == "queued" and j["reason"] and j,
                        30, "the second job to wait with a reason", interval=0.3)
     assert state_of(env, first) == "running", waiting
-    assert wait_terminal(env, first, 60)["state"] == "completed"
+    assert wait_terminal(env, first, 120)["state"] == "completed"
     assert wait_terminal(env, second, 60)["state"] == "completed"
 
 
 def test_a_cancelled_job_never_completes(sim_stack, tmp_path):
     env, _ = sim_stack
-    job_id = cli_json(env, "submit", manifest(tmp_path, "cancelled", 1))["id"]
+    job_id = cli_json(env, "submit", manifest(tmp_path, "cancelled", 1, seconds=20))["id"]
     wait_for(lambda: state_of(env, job_id) == "running", 180, "the job to run", interval=0.3)
     assert cli_json(env, "cancel", job_id)["state"] == "cancelled"
     # a job submitted afterwards ran its whole simulated time: the cancelled one's would have ended too
-    later = cli_json(env, "submit", manifest(tmp_path, "later", 1))["id"]
-    assert wait_terminal(env, later, 60)["state"] == "completed"
+    later = cli_json(env, "submit", manifest(tmp_path, "later", 1, seconds=25))["id"]
+    assert wait_terminal(env, later, 120)["state"] == "completed"
     job = cli_json(env, "status", job_id)
     assert job["state"] == "cancelled" and "completed" not in [h["to"] for h in job["history"]]
