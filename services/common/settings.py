@@ -117,7 +117,8 @@ class TrainerSettings(StoreSettings):
 
 
 class LcmSettings(StoreSettings):
-    backend: str = Field("local", pattern="^(local|kubernetes|docker)$", description="where learners run")
+    backend: str = Field("local", pattern="^(local|kubernetes|docker|simulated)$",
+                         description="where learners run (simulated: no processes, for scale tests)")
     python: str = Field("", description="interpreter for controllers and monitors (default: this one)")
     local_cpus: float = Field(0, ge=0, description="CPU cores the local backend offers (0: all of the machine's)")
     local_memory: int = Field(0, ge=0, description="bytes the local backend offers (0: the machine's total)")
@@ -125,6 +126,12 @@ class LcmSettings(StoreSettings):
     local_max_learners: int = Field(64, ge=1, description="learners the local backend runs at once")
     fork_server: bool = Field(True, description="the local backend forks controllers and job monitors from a warm "
                               "server that has their imports done (false: a fresh interpreter each)")
+    # -- the simulated backend (scale tests only: services/lcm/backends/simulated.py) --
+    sim_seconds: float = Field(5.0, ge=0, description="how long each simulated job runs before it completes")
+    sim_max_learners: int = Field(1000, ge=1, description="learners the simulated backend runs at once")
+    sim_cpus: float = Field(100000, ge=0, description="CPU cores the simulated backend offers")
+    sim_memory: int = Field(2**50, ge=0, description="bytes the simulated backend offers")
+    sim_gpus: int = Field(0, ge=0, description="GPUs the simulated backend offers")
     lease_ttl: int = Field(10, ge=2, le=300, description="seconds a learner's etcd lease lives without keepalive")
     docker_url: str = Field("", description="the docker backend's engine, e.g. unix:///run/docker.sock (empty: DOCKER_HOST or the default socket)")
     docker_image: str = Field("trainforge/learner:bookworm", description="the docker backend's image for a manifest without `image:`")
@@ -201,4 +208,10 @@ class ControllerSettings(StoreSettings):
 
 class MonitorSettings(StoreSettings):
     report_retry_seconds: float = Field(1.0, gt=0, le=60, description="first wait before retrying a Trainer report; later waits double, up to 8 times it")
+    # -- the simulated backend (scale tests only: services/lcm/backends/simulated.py) --
+    sim_seconds: float = Field(5.0, ge=0, description="how long each simulated job runs before it completes")
+    sim_max_learners: int = Field(1000, ge=1, description="learners the simulated backend runs at once")
+    sim_cpus: float = Field(100000, ge=0, description="CPU cores the simulated backend offers")
+    sim_memory: int = Field(2**50, ge=0, description="bytes the simulated backend offers")
+    sim_gpus: int = Field(0, ge=0, description="GPUs the simulated backend offers")
     lease_ttl: int = Field(10, ge=2, le=300, description="seconds the monitor's claim on its job lives")

@@ -316,59 +316,87 @@ def plan(queue: Sequence[Queued], in_use: Usage, capacity: Capacity, *,
                                held.get(job.team, TeamUse())), Usage())
     result = Plan()
     by_level: dict[int, dict[str, deque[Queued]]] = defaultdict(lambda: defaultdict(deque))
-    for job in queue_order(queue):
-        quota = quotas.get(job.team, NO_QUOTA)
-        if problems := {**too_big(job.need, capacity), **beyond_quota(job.need, job.gpu_type, quota)}:
-            result.reject[job.job_id] = "; ".join(problems.values())
+    ordered = queue_order(queue)
+    never: dict[tuple[str, Usage, str], str] = {}  # why a kind of job can never run here ("": it can)
+    for job in ordered:
+        key = (job.team, job.need, job.gpu_type)
+        if (why := never.get(key)) is None:
+            quota = quotas.get(job.team, NO_QUOTA)
+            why = never[key] = "; ".join({**too_big(job.need, capacity),
+                                          **beyond_quota(job.need, job.gpu_type, quota)}.values())
+        if why:
+            result.reject[job.job_id] = why
         else:
             by_level[job.priority][job.team].append(job)
 
     waiting: list[Queued] = []
     borrowing: list[Queued] = []
+    checks = _Checks(fit, held, capacity.total, in_use)
     for priority in sorted(by_level, reverse=True):
         lines = by_level[priority]
-        turns = [_turn(team, lines[team], held, capacity) for team in lines]
+        turns = [(checks.share(team), lines[team][0].created_at, team) for team in lines]
         heapq.heapify(turns)
         while turns:
             *_, team = heapq.heappop(turns)
             job = lines[team].popleft()
-            use = held.get(team, TeamUse())
-            problem, borrowed = fit(job, held)
-            if problem or shortfall(job.need, capacity.total, in_use):
+            problem, borrowed = checks.of(job)
+            if problem:
                 waiting.append(job)
             elif borrowed != Usage():
                 borrowing.append(job)
             else:
                 result.dispatch.append(job.job_id)
-                in_use = in_use + job.need
-                held[team] = use.add(job.need, job.gpu_type)
+                checks.take(job)
             if lines[team]:
-                heapq.heappush(turns, _turn(team, lines[team], held, capacity))
+                heapq.heappush(turns, (checks.share(team), lines[team][0].created_at, team))
     for job in borrowing:  # in the order they were offered their turn
-        use = held.get(job.team, TeamUse())
-        problem, borrowed = fit(job, held)
-        if problem or shortfall(job.need, capacity.total, in_use):
+        problem, borrowed = checks.of(job)
+        if problem:
             waiting.append(job)
             continue
         result.dispatch.append(job.job_id)
         if borrowed != Usage():
             result.borrowed[job.job_id] = borrowed
-        in_use = in_use + job.need
-        held[job.team] = use.add(job.need, job.gpu_type)
+        checks.take(job)
 
     # use only grows during the walk, so what did not fit then does not fit now
-    for job, position in _positions(queue_order(waiting)):
-        reason = (fit(job, held)[0]
-                  or shortfall(job.need, capacity.total, in_use) or "waiting for room")
-        result.wait[job.job_id] = (reason, position)
+    left = {job.job_id for job in waiting}
+    for job, position in _positions(job for job in ordered if job.job_id in left):
+        result.wait[job.job_id] = (checks.of(job)[0] or "waiting for room", position)
     return result
 
 
-def _turn(team: str, line: deque[Queued], held: Mapping[str, TeamUse],
-          capacity: Capacity) -> tuple[float, float, str]:
-    """Who goes next within a priority level: least dominant share, then the oldest waiting job."""
-    share = dominant_share(held.get(team, TeamUse()).usage, capacity.total)
-    return (share, line[0].created_at, team)
+class _Checks:
+    """Whether a job fits its quota and the capacity now, remembered per (team, need, GPU type) until the
+    next reservation: with a long queue most jobs look alike, and nothing changes between reservations,
+    so a pass asks the quota arithmetic once per kind of job and reservation, not once per job."""
+
+    def __init__(self, fit: QuotaFit, held: dict[str, TeamUse], capacity: Usage, in_use: Usage):
+        self._fit, self._held, self._capacity, self.in_use = fit, held, capacity, in_use
+        self._seen: dict[tuple[str, Usage, str], tuple[str | None, Usage]] = {}
+        self._shares: dict[str, float] = {}
+
+    def share(self, team: str) -> float:
+        """The team's dominant share (its turn's rank): it changes only when the team is given a job."""
+        if (known := self._shares.get(team)) is None:
+            known = self._shares[team] = dominant_share(self._held.get(team, TeamUse()).usage, self._capacity)
+        return known
+
+    def of(self, job: Queued) -> tuple[str | None, Usage]:
+        """(why `job` waits, None if it fits; what it would borrow)."""
+        key = (job.team, job.need, job.gpu_type)
+        if (known := self._seen.get(key)) is None:
+            problem, borrowed = self._fit(job, self._held)
+            problem = problem or shortfall(job.need, self._capacity, self.in_use)
+            known = self._seen[key] = (problem, borrowed)
+        return known
+
+    def take(self, job: Queued) -> None:
+        """Reserve `job`: what every team holds and the total change, so every answer may."""
+        self.in_use = self.in_use + job.need
+        self._held[job.team] = self._held.get(job.team, TeamUse()).add(job.need, job.gpu_type)
+        self._seen.clear()
+        self._shares.pop(job.team, None)
 
 
 def _positions(ordered: Iterable[Queued]) -> Iterable[tuple[Queued, int]]:

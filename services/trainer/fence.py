@@ -85,6 +85,11 @@ class FenceGate:
     def leading(self) -> bool:
         return self._term is not None
 
+    @property
+    def term(self) -> int | None:
+        """The term this replica leads under (None: it follows)."""
+        return self._term
+
     def lead(self, term: int) -> None:
         with self._lock:
             self._term = term

@@ -118,11 +118,14 @@ def _candidates(job: Queued, running: Iterable[Running], book: Book, reclaim: bo
                 now: float) -> list[Running]:
     cohort = book.quota(job.team).cohort
     found = []
+    teams: dict[str, tuple[bool, bool]] = {}  # per team of a running job: (same cohort, borrowing now)
     for r in running:
         if not r.haltable or r.preemptions >= policy.max_preemptions or now - r.started < policy.min_runtime:
             continue
-        same_cohort = bool(cohort) and r.team != job.team and book.quota(r.team).cohort == cohort
-        borrower = same_cohort and book.borrowing(r.team) != Usage()
+        if (known := teams.get(r.team)) is None:
+            same = bool(cohort) and r.team != job.team and book.quota(r.team).cohort == cohort
+            known = teams[r.team] = (same, same and book.borrowing(r.team) != Usage())
+        same_cohort, borrower = known
         if same_cohort and not borrower:
             continue  # what a cohort member holds within its own quota is never taken by another member
         if r.priority < job.priority or (reclaim and borrower):

@@ -62,6 +62,8 @@ class JobRecord(_Frozen):
     submitted_by: str = ""
     idempotency_key: str = ""
     priority: int = 1
+    # the term of the dispatcher leader that last stamped it (services/trainer/fence.py); 0: none
+    fence: int = 0
     # what the job holds while ACTIVE: all its learners together (an elastic job: at its minimum)
     resources: Usage = Usage()
     # an elastic job: its manifest's max learners (0: a fixed size), the learners granted to its current

@@ -22,6 +22,11 @@ adds `(now - active_since) * resources` (and, for an elastic job's grant,
 even when reporters race or repeat themselves. Team totals are sums over the
 team's jobs (`usage_rows`).
 
+Every write a dispatcher's pass decides on (insert, transition, cleanup done,
+fields set) stamps `changed_at`, so the leader's copy of the queue
+(services/trainer/jobmirror.py) reads only what changed (`changed_since`);
+queue notes do not.
+
 Idempotent submits: a job submitted with an idempotency key stores it, and a
 unique index on (team, idempotency_key), partial to the jobs that have one,
 lets exactly one of any number of concurrent inserts with the same key win;
@@ -97,6 +102,7 @@ class JobStore:
         self._jobs.create_index([("team", ASCENDING), ("created_at", DESCENDING)])
         self._jobs.create_index([("state", ASCENDING)])
         self._jobs.create_index([("experiment_id", ASCENDING)])
+        self._jobs.create_index([("changed_at", ASCENDING)])
         # partial: jobs without a key are not indexed, so any number of them may coexist
         self._jobs.create_index([("team", ASCENDING), ("idempotency_key", ASCENDING)], unique=True,
                                 name="team_idempotency_key",
@@ -138,6 +144,7 @@ class JobStore:
             "outputs_uri": "",
             "created_at": now,
             "updated_at": now,
+            "changed_at": now,
             "history": {history_key(): history_event(JobState.JOB_STATE_UNSPECIFIED, JobState.PENDING, "submitted",
                                               submitted_by or "user", now)},
         }
@@ -211,6 +218,12 @@ class JobStore:
         return to_records(self._jobs.find(query, projection))
 
     @mapped
+    def changed_since(self, since: float, fields: Iterable[str]) -> list[JobRecord]:
+        """Every job whose `changed_at` (insert, transition, cleanup, fields set) is at or after `since`, in any
+        state: only `fields` (and the id, state). Queue notes and history notes do not stamp it."""
+        return to_records(self._jobs.find({"changed_at": {"$gte": since}}, fields_projection([*fields, "state"])))
+
+    @mapped
     def usage_rows(self, team: str | None = None) -> list[JobRecord]:
         """What accounting needs of every job (of one team): team, state, resources, times, seconds used."""
         query = {} if team is None else {"team": team}
@@ -233,7 +246,8 @@ class JobStore:
     @mapped
     def apply_transition(self, job_id: str, to: JobState, reason: str, actor: str, *,
                          attempt: int | None = None, set_fields: Mapping | None = None,
-                         only_from: Iterable[JobState] | None = None, fence: int | None = None) -> Transition:
+                         only_from: Iterable[JobState] | None = None, fence: int | None = None,
+                         seen: JobRecord | None = None) -> Transition:
         """`transition`, also telling whether this call made the change (for callers that reserve).
 
         The write is a compare-and-set on the state just observed, which must
@@ -249,6 +263,13 @@ class JobStore:
         leader's term, services/trainer/fence.py) the write also requires the
         job's fence stamp to be no newer and stamps it; a newer stamp raises
         `Deposed`.
+
+        `seen`: the job as the caller last read it (the dispatcher's copy,
+        services/trainer/jobmirror.py). When it is in a legal from-state
+        outside ACTIVE (no usage to account), the first try writes on that
+        state and fence stamp without reading: one round trip instead of
+        two. If the job moved on or was stamped since, that compare-and-set
+        matches nothing and the read-then-write loop below decides.
         """
         allowed = states.allowed_from(to)
         if only_from is not None:
@@ -256,6 +277,12 @@ class JobStore:
         match: dict = {"_id": job_id}
         if attempt is not None:
             match["attempt"] = attempt
+        if seen is not None and seen.state in allowed and seen.state not in states.ACTIVE \
+                and (fence is None or seen.fence <= fence):
+            assumed = {"state": int(seen.state), **({"fence": seen.fence} if seen.fence else {})}
+            doc = self._write(match, assumed, to, reason, actor, set_fields, fence)
+            if doc is not None:
+                return Transition(to_record(doc), True)
         for _ in range(_MAX_RACES):
             current = self._jobs.find_one(match)
             if current is None:
@@ -265,45 +292,54 @@ class JobStore:
                 return Transition(to_record(current), False)
             if frm not in allowed:
                 return Transition(None, False)
-            now = time.time()
-            update = {**to_document(set_fields or {}), "state": int(to), "reason": reason, "updated_at": now,
-                      f"history.{history_key()}": history_event(frm, to, reason, actor, now,
-                                                                (set_fields or {}).get("borrowed"))}
-            if to != JobState.QUEUED:
-                update["queue_position"] = 0
-            if to == JobState.DEPLOYING:
-                # a new attempt starts at its minimum: growth is granted again (services/trainer/growth.py)
-                update.update(active_since=now, grown=Usage().as_doc(), grown_since=None)
-            if frm in states.ACTIVE and frm != JobState.RESTARTING and \
-                    (to not in states.ACTIVE or to == JobState.RESTARTING):
-                # learners may still run: the dispatcher removes them (RESTARTING: then queues the
-                # next attempt) and clears this. Leaving RESTARTING leaves it as it is: it was set on
-                # the way in, and only the dispatcher clears it, after KillJob.
-                update["cleanup_pending"] = True
-            changes: dict = {"$set": update}
-            if spent := seconds_spent(current, frm, to, now):
-                changes["$inc"] = spent
-                update["grown_since"] = None  # the grant's seconds are in `spent`
-            guard: dict = {**match, "state": int(frm)}
-            if fence is not None:
-                if int(current.get("fence", 0)) > fence:
-                    raise Deposed(f"job {job_id}: term {fence} is older than the job's fence "
-                                  f"{current['fence']}; a newer dispatcher leads")
-                # the stamp just read, compared for equality: nx-27017 applies an `$or` beside `_id` to
-                # other documents
-                guard["fence"] = current["fence"] if "fence" in current else {"$exists": False}
-                update["fence"] = fence
-            doc = self._jobs.find_one_and_update(guard, changes, return_document=ReturnDocument.AFTER)
+            doc = self._write(match, current, to, reason, actor, set_fields, fence)
             if doc is not None:
                 return Transition(to_record(doc), True)
         log.warning("job %s: gave up moving to %s after %d lost races", job_id, to.name, _MAX_RACES)
         return Transition(None, False)
 
+    def _write(self, match: dict, current: Mapping, to: JobState, reason: str, actor: str,
+               set_fields: Mapping | None, fence: int | None) -> Mapping | None:
+        """One compare-and-set of `to` on the state (and fence stamp) `current` holds; the job after it, or None
+        when it no longer holds them."""
+        frm = JobState(current["state"])
+        now = time.time()
+        update = {**to_document(set_fields or {}), "state": int(to), "reason": reason, "updated_at": now,
+                  "changed_at": now,
+                  f"history.{history_key()}": history_event(frm, to, reason, actor, now,
+                                                            (set_fields or {}).get("borrowed"))}
+        if to != JobState.QUEUED:
+            update["queue_position"] = 0
+        if to == JobState.DEPLOYING:
+            # a new attempt starts at its minimum: growth is granted again (services/trainer/growth.py)
+            update.update(active_since=now, grown=Usage().as_doc(), grown_since=None)
+        if frm in states.ACTIVE and frm != JobState.RESTARTING and \
+                (to not in states.ACTIVE or to == JobState.RESTARTING):
+            # learners may still run: the dispatcher removes them (RESTARTING: then queues the
+            # next attempt) and clears this. Leaving RESTARTING leaves it as it is: it was set on
+            # the way in, and only the dispatcher clears it, after KillJob.
+            update["cleanup_pending"] = True
+        changes: dict = {"$set": update}
+        if spent := seconds_spent(current, frm, to, now):
+            changes["$inc"] = spent
+            update["grown_since"] = None  # the grant's seconds are in `spent`
+        guard: dict = {**match, "state": int(frm)}
+        if fence is not None:
+            if int(current.get("fence", 0)) > fence:
+                raise Deposed(f"job {match['_id']}: term {fence} is older than the job's fence "
+                              f"{current['fence']}; a newer dispatcher leads")
+            # the stamp just read, compared for equality: nx-27017 applies an `$or` beside `_id` to
+            # other documents
+            guard["fence"] = current["fence"] if "fence" in current else {"$exists": False}
+            update["fence"] = fence
+        return self._jobs.find_one_and_update(guard, changes, return_document=ReturnDocument.AFTER)
+
     @mapped
     def stamp_fence(self, term: int) -> int:
         """Stamp every QUEUED job with a new dispatcher leader's term (services/trainer/fence.py); how many."""
         queued = int(JobState.QUEUED)
-        return sum(self._jobs.update_many({"state": queued, "fence": older}, {"$set": {"fence": term}}).modified_count
+        stamp = {"$set": {"fence": term, "changed_at": time.time()}}  # the leader's copy rereads them
+        return sum(self._jobs.update_many({"state": queued, "fence": older}, stamp).modified_count
                    for older in ({"$exists": False}, {"$lt": term}))
 
     @mapped
@@ -316,7 +352,7 @@ class JobStore:
         if current is None or Usage.from_doc(current.get("grown") or {}) != was:
             return False
         guard = {**match, "grown_since": current.get("grown_since")}
-        changes: dict = {"$set": {"grown": grown.as_doc(), "grown_since": now, "updated_at": now}}
+        changes: dict = {"$set": {"grown": grown.as_doc(), "grown_since": now, "updated_at": now, "changed_at": now}}
         if spent := grown_seconds(current, now):
             changes["$inc"] = spent
         return self._jobs.update_one(guard, changes).modified_count == 1
@@ -329,7 +365,8 @@ class JobStore:
     @mapped
     def cleanup_done(self, job_id: str, attempt: int) -> None:
         """The learners of `attempt` (and any earlier one) are gone."""
-        self._jobs.update_one({"_id": job_id, "attempt": attempt}, {"$set": {"cleanup_pending": False}})
+        self._jobs.update_one({"_id": job_id, "attempt": attempt},
+                              {"$set": {"cleanup_pending": False, "changed_at": time.time()}})
 
     @mapped
     def set_fields(self, job_id: str, fields: Mapping[str, Any], *, state: JobState,
@@ -338,8 +375,10 @@ class JobStore:
         match: dict = {"_id": job_id, "state": int(state)}
         if attempt is not None:
             match["attempt"] = attempt
-        return to_record(self._jobs.find_one_and_update(match, {"$set": {**to_document(fields), "updated_at": time.time()}},
-                                                      return_document=ReturnDocument.AFTER))
+        now = time.time()
+        return to_record(self._jobs.find_one_and_update(
+            match, {"$set": {**to_document(fields), "updated_at": now, "changed_at": now}},
+            return_document=ReturnDocument.AFTER))
 
     @mapped
     def note_event(self, job_id: str, attempt: int, state: JobState, reason: str, actor: str) -> bool:

@@ -50,3 +50,21 @@ def test_train_overhead():
     out = bench("train_overhead.py", "-r", "1", "--epochs", "1", "--train-samples", "200", "--test-samples", "100",
                 timeout=900)
     assert "RUNNING -> COMPLETED / bare" in out and "controller + guard CPU per learner" in out
+
+
+def test_scale_sim():
+    out = bench("scale_sim.py", "--queued", "20", "--running", "5", "--teams", "3", "--window", "1",
+                "--seconds", "1")
+    assert "outcomes: 0 queued jobs not completed, 0 deployed twice" in out
+    assert "submits/s (queued)" in out and "time to drain" in out and "admission pass, queue >=" in out
+    assert "trainer  CPU" in out and "ms per job" in out
+
+
+def test_ffdl_jct():
+    out = bench("ffdl_jct.py", "--sizes", "1,2", "--train-samples", "64", "--test-samples", "32", timeout=900)
+    assert "K=1 " in out and "K=2 " in out and "mean JCT K=2 / K=1" in out
+
+
+def test_admission_plan():
+    out = bench("admission_plan.py", "--queued", "50", "--running", "10", "--teams", "3")
+    assert "queued     50,  0 learners free: after" in out and "(10 dispatched)" in out

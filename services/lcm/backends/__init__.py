@@ -36,5 +36,9 @@ def make_backend(settings: LcmSettings) -> Backend:
         from trainforge_services.lcm.backends.kubernetes.backend import KubernetesBackend
 
         return KubernetesBackend(settings)
+    if settings.backend == "simulated":  # scale tests only: jobs run for a set time, no process
+        from trainforge_services.lcm.backends.simulated import SimulatedBackend
+
+        return SimulatedBackend(settings)
     raise InvalidArgument(f"backend {settings.backend} is not available in this build",
-                          details=[{"field": "backend", "message": "not available in this build; use local, docker or kubernetes"}])
+                          details=[{"field": "backend", "message": "not available in this build; use local, docker, kubernetes or simulated"}])

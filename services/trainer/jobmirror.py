@@ -1,0 +1,92 @@
+"""The dispatcher's copy of the QUEUED and ACTIVE jobs, kept from what changed instead of read whole each pass.
+
+An admission pass needs every queued job and what every active job holds.
+Reading them whole from the store each pass costs a round trip that grows
+with the queue (10,000 queued: most of a pass, and most of the store's CPU).
+So the leader keeps them here and, before each pass, reads only the jobs
+whose `changed_at` moved since its last read (the store stamps it on every
+insert, transition and cleanup; services/trainer/store.py `changed_since`),
+going back `MARGIN` seconds further, so a write whose time was taken before
+the last read but committed after it is still seen. Queue notes (reasons,
+positions) do not stamp it: they change nothing a pass decides on.
+
+What this copy may get wrong, and why that is safe:
+- A job that left QUEUED or ACTIVE after the read is still here: a pass may
+  try to reserve it, and that compare-and-set fails (services/trainer/
+  store.py); an ACTIVE job still counted is an over-estimate of the use.
+- Only a pass moves a job into ACTIVE (QUEUED -> DEPLOYING), and the pass
+  records its own moves here at once (`moved`), so the use is never
+  under-estimated.
+- A write delayed past `MARGIN` (a writer's clock behind, a stall) is
+  missed until the next full read, at most `RESYNC` seconds later (or
+  `RESYNC_FACTOR` times as long as the last full read took, if longer: on a
+  store so loaded that a full read takes many seconds, passes must not turn
+  into full reads), and at the first pass after this replica became the
+  leader (`refresh(full=True)`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from trainforge_services.common import states
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.admission import Queued
+from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.store import JobStore
+
+MARGIN = 5.0
+RESYNC = 30.0
+RESYNC_FACTOR = 20
+
+
+class JobMirror:
+    def __init__(self, store: JobStore, fields: Iterable[str], *, margin: float = MARGIN, resync: float = RESYNC,
+                 clock: Callable[[], float] = time.time):
+        self._store = store
+        self._fields = tuple(fields)
+        self._margin, self._resync, self._clock = margin, resync, clock
+        self.queued: dict[str, JobRecord] = {}
+        # each queued job as admission sees it, made once per change rather than once per pass
+        self.as_queued: dict[str, Queued] = {}
+        self.active: dict[str, JobRecord] = {}
+        self._since: float | None = None  # when the last read started
+        self._full_at = 0.0
+        self._full_took = 0.0
+
+    def refresh(self, full: bool = False) -> set[str] | None:
+        """Bring the copy up to date: only what changed, or everything when `full`, never read, or stale.
+
+        The ids of the jobs read again (None: all were)."""
+        started = self._clock()
+        if full or self._since is None or \
+                started - self._full_at >= max(self._resync, RESYNC_FACTOR * self._full_took):
+            jobs = self._store.in_states([JobState.QUEUED, *states.ACTIVE], fields=self._fields)
+            self.queued, self.active, self.as_queued = {}, {}, {}
+            self._full_at, self._full_took = started, self._clock() - started
+            changed = None
+        else:
+            jobs = self._store.changed_since(self._since - self._margin, fields=self._fields)
+            changed = {job.id for job in jobs}
+        for job in jobs:
+            self._put(job)
+        self._since = started
+        return changed
+
+    def moved(self, job_id: str, job: JobRecord | None) -> None:
+        """A pass's own transition of `job_id`: `job` as it is now (None: it is not where the pass thought)."""
+        self.queued.pop(job_id, None)
+        self.as_queued.pop(job_id, None)
+        if job is not None:
+            self._put(job)
+
+    def _put(self, job: JobRecord) -> None:
+        self.queued.pop(job.id, None)
+        self.as_queued.pop(job.id, None)
+        self.active.pop(job.id, None)
+        if job.state == JobState.QUEUED:
+            self.queued[job.id] = job
+            self.as_queued[job.id] = job.queued()
+        elif job.state in states.ACTIVE:
+            self.active[job.id] = job

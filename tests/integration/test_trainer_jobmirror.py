@@ -1,0 +1,107 @@
+"""The dispatcher's copy of the queue (services/trainer/jobmirror.py) against the real Mongo-wire store.
+
+It must follow every change a pass decides on (submits, transitions, a
+cleanup done) by reading only what changed, and fall back to a full read
+when asked or when its copy is older than RESYNC.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.test_trainer_store import MANIFEST, queued
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.fence import Deposed
+from trainforge_services.trainer.jobmirror import JobMirror
+from trainforge_services.trainer.store import JobStore
+
+FIELDS = ("team", "resources", "attempt", "reason", "cleanup_pending")
+
+
+@pytest.fixture
+def store(mongo_db, unique) -> JobStore:
+    s = JobStore(mongo_db, collection=f"jobs_{unique}")
+    s.ensure_indexes()
+    return s
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_copy_follows_submits_transitions_and_cleanups(store):
+    mirror = JobMirror(store, FIELDS, resync=3600)
+    queued(store, "a")
+    assert mirror.refresh() is None  # the first read is a full one
+    assert set(mirror.queued) == {"a"} and mirror.as_queued["a"].team == "t"
+    queued(store, "b")
+    store.transition("a", JobState.DEPLOYING, "reserved", "trainer")
+    changed = mirror.refresh()
+    assert changed == {"a", "b"}  # only what changed was read
+    assert set(mirror.queued) == {"b"} and set(mirror.active) == {"a"}
+    store.transition("a", JobState.CANCELLED, "cancelled", "user")
+    store.transition("b", JobState.CANCELLED, "cancelled", "user")
+    mirror.refresh()
+    assert not mirror.queued and not mirror.active and not mirror.as_queued
+    assert store.find("a").cleanup_pending
+    store.cleanup_done("a", 1)
+    assert "a" in mirror.refresh()
+
+
+def test_queue_notes_are_not_changes(store):
+    mirror = JobMirror(store, FIELDS, margin=0, resync=3600)
+    queued(store, "a")
+    mirror.refresh()
+    store.note_queued([("a", 1, "waiting for room", 3)])
+    assert mirror.refresh() == set()
+
+
+def test_a_pass_records_its_own_moves_at_once(store):
+    mirror = JobMirror(store, FIELDS, resync=3600)
+    queued(store, "a")
+    queued(store, "b")
+    mirror.refresh()
+    done = store.apply_transition("a", JobState.DEPLOYING, "reserved", "trainer")
+    mirror.moved("a", done.job)
+    mirror.moved("b", None)  # a reservation that lost: not where the pass thought
+    assert set(mirror.active) == {"a"} and not mirror.queued
+
+
+def test_a_stale_copy_is_read_again_whole(store, mongo_db):
+    clock = Clock()
+    mirror = JobMirror(store, FIELDS, resync=30, clock=clock)
+    queued(store, "a")
+    mirror.refresh()
+    # a write the stamps cannot show (as from a writer whose clock is far behind): only a full read sees it
+    store.insert("b", "t", MANIFEST)
+    store.transition("b", JobState.QUEUED, "admitted", "trainer")
+    mongo_db[store._jobs.name].update_one({"_id": "b"}, {"$set": {"changed_at": 0.0}})
+    clock.now += 1
+    mirror.refresh()
+    assert set(mirror.queued) == {"a"}
+    clock.now += 30
+    assert mirror.refresh() is None and set(mirror.queued) == {"a", "b"}
+
+
+def test_a_reservation_on_the_copy_takes_one_write_and_falls_back_when_it_is_stale(store):
+    a, b = queued(store, "a"), queued(store, "b")
+    done = store.apply_transition("a", JobState.DEPLOYING, "reserved", "trainer", attempt=1, seen=a)
+    assert done.changed and done.job.state == JobState.DEPLOYING
+    assert [(e.from_state, e.to_state) for e in done.job.history][-1] == (JobState.QUEUED, JobState.DEPLOYING)
+    store.transition("b", JobState.CANCELLED, "cancelled", "user")
+    # the copy still says QUEUED: its write matches nothing, and the full path sees the cancellation
+    assert store.apply_transition("b", JobState.DEPLOYING, "reserved", "trainer", attempt=1, seen=b) == (None, False)
+
+
+def test_a_reservation_on_a_copy_from_before_a_newer_leaders_stamp_is_refused(store):
+    c = queued(store, "c")  # the copy: no stamp yet
+    store.stamp_fence(7)
+    with pytest.raises(Deposed):
+        store.apply_transition("c", JobState.DEPLOYING, "reserved", "trainer", attempt=1, fence=5, seen=c)
+    assert store.find("c").state == JobState.QUEUED
+    done = store.apply_transition("c", JobState.DEPLOYING, "reserved", "trainer", attempt=1, fence=7, seen=c)
+    assert done.changed and done.job.fence == 7
