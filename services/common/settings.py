@@ -208,10 +208,4 @@ class ControllerSettings(StoreSettings):
 
 class MonitorSettings(StoreSettings):
     report_retry_seconds: float = Field(1.0, gt=0, le=60, description="first wait before retrying a Trainer report; later waits double, up to 8 times it")
-    # -- the simulated backend (scale tests only: services/lcm/backends/simulated.py) --
-    sim_seconds: float = Field(5.0, ge=0, description="how long each simulated job runs before it completes")
-    sim_max_learners: int = Field(1000, ge=1, description="learners the simulated backend runs at once")
-    sim_cpus: float = Field(100000, ge=0, description="CPU cores the simulated backend offers")
-    sim_memory: int = Field(2**50, ge=0, description="bytes the simulated backend offers")
-    sim_gpus: int = Field(0, ge=0, description="GPUs the simulated backend offers")
     lease_ttl: int = Field(10, ge=2, le=300, description="seconds the monitor's claim on its job lives")

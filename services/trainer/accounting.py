@@ -67,13 +67,11 @@ def reports(jobs: Iterable[JobRecord], quotas: Mapping[str, Quota], now: float) 
         elif job.state in states.ACTIVE:
             tally.held = tally.held.add(job.holds, job.gpu_type)
             tally.borrowed = tally.borrowed + job.borrowed
-            if job.active_since is not None:
-                stint = max(0.0, now - job.active_since)
-                tally.gpu_seconds += stint * job.resources.gpus
-                tally.cpu_seconds += stint * job.resources.cpus
-            if job.grown_since is not None:  # an elastic job's grant beyond its minimum
-                stint = max(0.0, now - job.grown_since)
-                tally.gpu_seconds += stint * job.grown.gpus
-                tally.cpu_seconds += stint * job.grown.cpus
+            # its minimum since it was reserved, and an elastic job's grant beyond it since the grant
+            for since, usage in ((job.active_since, job.resources), (job.grown_since, job.grown)):
+                if since is not None:
+                    stint = max(0.0, now - since)
+                    tally.gpu_seconds += stint * usage.gpus
+                    tally.cpu_seconds += stint * usage.cpus
     return [TeamReport(team, quotas.get(team, Quota()), t.held, t.queued, t.gpu_seconds, t.cpu_seconds, t.borrowed)
             for team, t in sorted(tallies.items())]

@@ -78,30 +78,29 @@ def fields_projection(fields: Iterable[str]) -> dict:
     return {doc_key(f): 1 for f in fields}
 
 
+def _held_seconds(usage: Mapping | None, since: float | None, now: float) -> dict[str, float]:
+    """GPU- and CPU-seconds of `usage` (a stored {gpus, cpus, ...}) held from `since` to `now`; {} without a start."""
+    if since is None:
+        return {}
+    held = max(0.0, now - float(since))
+    usage = usage or {}
+    return {"gpu_seconds": held * float(usage.get("gpus", 0)), "cpu_seconds": held * float(usage.get("cpus", 0.0))}
 
 
 def seconds_spent(current: Mapping, frm: JobState, to: JobState, now: float) -> dict[str, float]:
-    """GPU- and CPU-seconds of the stint that ends when a job leaves the ACTIVE states; {} otherwise."""
+    """GPU- and CPU-seconds of the stint that ends when a job leaves the ACTIVE states (its minimum since
+    `active_since`, an elastic job's grant since `grown_since`); {} otherwise."""
     if frm not in states.ACTIVE or to in states.ACTIVE or current.get("active_since") is None:
         return {}
-    held = max(0.0, now - float(current["active_since"]))
-    resources = current.get("resources") or {}
-    spent = {"gpu_seconds": held * float(resources.get("gpus", 0)),
-             "cpu_seconds": held * float(resources.get("cpus", 0.0))}
-    return add_seconds(spent, grown_seconds(current, now))
+    spent = _held_seconds(current.get("resources"), current["active_since"], now)
+    for key, value in grown_seconds(current, now).items():
+        spent[key] += value
+    return spent
 
 
 def grown_seconds(current: Mapping, now: float) -> dict[str, float]:
     """GPU- and CPU-seconds of what an elastic job was granted beyond its minimum, since the grant."""
-    grown, since = current.get("grown") or {}, current.get("grown_since")
-    if since is None:
-        return {}
-    held = max(0.0, now - float(since))
-    return {"gpu_seconds": held * float(grown.get("gpus", 0)), "cpu_seconds": held * float(grown.get("cpus", 0.0))}
-
-
-def add_seconds(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
-    return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in {*a, *b}}
+    return _held_seconds(current.get("grown"), current.get("grown_since"), now)
 
 
 def history_event(frm: JobState, to: JobState, reason: str, actor: str, ts: float,

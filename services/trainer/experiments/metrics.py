@@ -12,8 +12,8 @@ The read that follows a trial's end (`settled`: read once, never again)
 takes the records from rank 0's metrics archives in the object store, which
 hold every record the trial reported: the index may lag behind them (a
 controller's shipper that did not catch up within its drain window on a
-loaded machine, a log-store outage). Without an archive (a trial that never
-started its learner) the index is read, refreshed first, since the log store
+loaded machine, a log-store outage). Without archived records (a trial that
+never started its learner) the index is read, refreshed first, since the log store
 makes new documents searchable only on its refresh interval (1 s by default).
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from trainforge_services.common import archives
@@ -51,13 +51,15 @@ def _ordered(docs: Iterable[dict]) -> list[dict]:
     return [r for _, _, r in sorted(out, key=lambda t: (t[0], t[1]))]
 
 
-def _archived_docs(objects: ObjectStore, found: list[archives.Archive]) -> Iterator[dict]:
-    for archive in found:
-        for raw in archives.raw_lines(objects, archive):
-            try:
-                yield json.loads(raw)
-            except ValueError:
-                continue
+def _archived_docs(objects: ObjectStore, job_id: str) -> list[dict]:
+    """Rank 0's metrics documents from its archives (every attempt); [] when it has none."""
+    docs = []
+    for raw in archives.merged_raw(objects, job_id, 0, kind="metrics"):
+        try:
+            docs.append(json.loads(raw))
+        except ValueError:
+            continue
+    return docs
 
 
 class LogStoreMetrics:
@@ -71,11 +73,8 @@ class LogStoreMetrics:
         self._objects = objects
 
     def records(self, job_id: str, team: str, *, settled: bool = False) -> list[dict]:
-        if settled and self._objects is not None:
-            objects = self._objects()
-            found = archives.archives(objects, job_id, 0, kind="metrics")
-            if found:
-                return _ordered(_archived_docs(objects, found))
+        if settled and self._objects is not None and (docs := _archived_docs(self._objects(), job_id)):
+            return _ordered(docs)
         if settled:
             self._store.ensure_index()
             self._store.refresh()
