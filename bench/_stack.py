@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -42,6 +43,16 @@ def machine_line() -> str:
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+# The Trainer's timing line for a pass with a queue (services/trainer/dispatcher.py `run_once`)
+_PASS = re.compile(r"admission pass: (\d+) queued, (\d+) dispatched in (\d+(?:\.\d+)?) ms"
+                   r"(?: \(decided in (\d+(?:\.\d+)?) ms\))?")
+
+
+def admission_passes(log_text: str) -> list[tuple[int, int, float, float]]:
+    """(queued, dispatched, ms, decided ms) of every admission pass the Trainer's log text records."""
+    return [(int(q), int(d), float(ms), float(dec or ms)) for q, d, ms, dec in _PASS.findall(log_text)]
 
 
 def spread(values: list[float]) -> str:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import re
 import statistics
 import subprocess
 import sys
@@ -34,12 +33,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
-from _stack import TERMINAL, machine_line, pct, pids, platform_procs, stack
+from _stack import TERMINAL, admission_passes, machine_line, pct, pids, platform_procs, stack
 
 from trainforge.sdk import Client
 
 COMMAND = "python -c \"print('hello from a burst job')\""
-_PASS = re.compile(r"admission pass: (\d+) queued, (\d+) dispatched in (\d+(?:\.\d+)?) ms")
 
 
 class MemorySampler(threading.Thread):
@@ -132,7 +130,7 @@ def main() -> int:
         sampler.join()
         for c in clients:
             c.close()
-        passes = [(int(q), int(d), float(ms)) for q, d, ms in _PASS.findall(st.log("trainer").read_text())]
+        passes = [p[:3] for p in admission_passes(st.log("trainer").read_text())]
 
     running_at, lost, twice = [], [], []
     ended_at = []

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import threading
 import time
@@ -36,14 +35,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pymongo
-from _stack import machine_line, pct, pids, stack
+from _stack import admission_passes, machine_line, pct, pids, stack
 
 from trainforge_protos import trainer_pb2, trainer_pb2_grpc
 from trainforge_services.common import rpc
 from trainforge_services.common.states import JobState
 
-_PASS = re.compile(r"admission pass: (\d+) queued, (\d+) dispatched in (\d+(?:\.\d+)?) ms "
-                   r"\(decided in (\d+(?:\.\d+)?) ms\)")
 SERVICES = ("trainer", "lcm", "api", "mongo", "etcd")
 HOLDER, QUEUED = "scale-sim-holder", "scale-sim-queued"  # submitted_by of the two kinds of job
 RUNNING, COMPLETED, DEPLOYING = int(JobState.RUNNING), int(JobState.COMPLETED), int(JobState.DEPLOYING)
@@ -168,7 +165,7 @@ def main() -> int:
         with st.log("trainer").open("rb") as f:
             f.seek(log_mark)
             during = f.read().decode(errors="replace")
-        passes = [(int(q), int(d), float(ms), float(dec)) for q, d, ms, dec in _PASS.findall(during)]
+        passes = admission_passes(during)
         full_at = full_mark - log_mark
 
     twice = [d["_id"] for d in docs if sum(h["to"] == DEPLOYING for h in d["history"].values()) > 1]

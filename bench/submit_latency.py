@@ -25,18 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from _stack import bench_python, machine_line
+from _stack import bench_python, machine_line, pct
 
 from trainforge.sdk import Client
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_PYTHON = bench_python()
 COMMAND = "python -c \"print('hello from a trivial job')\""
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
 
 
 def cli(env: dict, *args: str) -> None:

@@ -264,8 +264,9 @@ class Controller:
             return Outcome(LearnerState.LEARNER_FAILED, message=f"starting the learner failed: {text(e)}")
         log.info("learner started (pid %d): %s", learner.pid, learner.command)
         self._halt.publish_unless_halting(LearnerState.LEARNER_RUNNING)  # a halt published meanwhile stands
-        # In a sandbox the memory cgroup enforces the limit (not in userns mode: no cgroups without root), behind a launcher the container's; the watchdog is
-        # the fallback without either (behind a launcher it would measure only the launcher's own memory).
+        # In a root sandbox the memory cgroup enforces the limit, behind a launcher the container's; the watchdog
+        # is the fallback without either (userns mode has no cgroups; behind a launcher it would measure only
+        # the launcher's own memory).
         watched = (sandbox is None or not sandbox.limits_memory) and not spec.launcher
         watchdog = MemoryWatchdog(learner, spec.manifest.resources.memory)
         if watched:

@@ -77,8 +77,6 @@ class DockerBackend(LocalBackend):
         if name not in self._engine.networks(net_labels):
             self._engine.create_network(name, str(containers.subnet_of(plan.master_addr)), net_labels)
         plan.attempt_dir.mkdir(parents=True, exist_ok=True)
-        # where the controllers build a manifest's `requirements:` (ControllerSettings.env_cache, which they
-        # read from the same environment): the learner runs that environment's interpreter in its container
         return super().launch(self._in_containers(plan, image, [spec.rank for spec in plan.learners]))
 
     def launch_learners(self, plan: AttemptPlan, ranks: list[int]) -> list[Handle]:
