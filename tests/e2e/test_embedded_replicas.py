@@ -9,7 +9,10 @@ etcd, the LCM's records or the process table.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -77,3 +80,67 @@ def test_each_leader_sigkilled_mid_burst_every_job_completes_once(tmp_path_facto
             check_history(job)
         assert_everything_agrees(chaos, set(ids.values()))
         print(f"both leaders replaced within {took:.1f}s of the last submit")
+
+
+BURST = 200
+SIM_SETTINGS = {**SETTINGS, "TF_BACKEND": "simulated", "TF_SIM_SECONDS": "2", "TF_SIM_MAX_LEARNERS": "60"}
+
+
+def test_a_200_job_burst_survives_each_leader_sigkilled_on_the_simulated_backend(tmp_path_factory):
+    """The same at the issue's scale: 200 jobs submitted at once from 8 threads through the real API,
+    Trainers, LCMs, store and etcd; the simulated backend (no process per job) lets one machine hold them.
+    The Trainer leader is SIGKILLed after a third of the submits, the LCM leader after two thirds. Every job
+    completes with one deployment, and every attempt was launched once across both LCMs (the backend's
+    launch log); the attempts the dead LCM had launched were adopted and played to their end."""
+    state = tmp_path_factory.mktemp("tf-replicas-sim")
+    with ChaosStack.running(state, SIM_SETTINGS, replicas=2) as chaos:
+        first_trainer = wait_for(lambda: leader(chaos, "trainer"), 30, "a Trainer leader")
+        first_lcm = wait_for(lambda: leader(chaos, "lcm"), 30, "an LCM leader")
+        submitted: dict[int, str] = {}
+        lock = threading.Lock()
+        clients = [chaos.new_client() for _ in range(8)]
+
+        def submit(i: int) -> None:
+            job = chaos.call(clients[i % len(clients)].submit, manifest(i), idempotency_key=f"burst-{i}")
+            with lock:
+                submitted[i] = job["id"]
+                done = len(submitted)
+            if done == BURST // 3:
+                chaos.sigkill(first_trainer)
+            elif done == 2 * BURST // 3:
+                chaos.sigkill(first_lcm)
+
+        try:
+            with ThreadPoolExecutor(len(clients)) as pool:
+                list(pool.map(submit, range(BURST)))
+        finally:
+            for client in clients:
+                client.close()
+        assert {name for _, name, _ in chaos.kills} == {first_trainer, first_lcm}
+        wait_for(lambda: leader(chaos, "lcm") not in ("", first_lcm), 30, "another LCM leader")
+        wait_for(lambda: leader(chaos, "trainer") not in ("", first_trainer), 30, "another Trainer leader")
+        ids = set(submitted.values())
+        assert len(ids) == BURST
+
+        def ended() -> dict[str, dict] | None:
+            jobs = chaos.jobs()
+            mine = {jid: jobs[jid] for jid in ids if jid in jobs}
+            done = len(mine) == BURST and all(j["state"] in ("completed", "failed", "cancelled") for j in mine.values())
+            return mine if done else None
+
+        try:
+            jobs = wait_for(ended, 240, f"{BURST} jobs to end", interval=1.0)
+        except TimeoutError:
+            late = [jid for jid, j in chaos.jobs().items() if jid in ids and j["state"] != "completed"]
+            raise AssertionError(diagnose(chaos.state, late[:5])) from None
+        for job in jobs.values():
+            assert job["state"] == "completed", (job["id"], job["reason"])
+            check_history(job)
+        launches = Counter(tuple(line.split()) for line in
+                           (state / "work" / "simulated-launches.log").read_text().splitlines())
+        assert {job_id for job_id, _ in launches} == ids
+        twice = {k: n for k, n in launches.items() if n > 1}
+        assert not twice, f"attempts launched more than once: {twice}"
+        assert "adopted the simulated attempt" in chaos.log(leader(chaos, "lcm")), \
+            "the new LCM leader adopted none of the dead one's attempts (killed too early or too late?)"
+        assert_everything_agrees(chaos, ids)
