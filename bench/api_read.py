@@ -4,8 +4,9 @@ Starts a private embedded stack with the API's rate limit lifted, runs one
 trivial job to completion, then alternates R rounds of D seconds each between
 the real API (authentication on every request, the Trainer's GetJob behind it)
 and `bench/_bare_api.py` (the same JSON from a bare FastAPI route under the
-same uvicorn settings), with `wrk` when it is installed (`--tool wrk`) or an
-asyncio + httpx load generator in this process (`--tool python`). Prints the
+same uvicorn settings), with `wrk` when it is installed (`--tool wrk`; `make wrk`
+unpacks Debian's into .cache/wrk/, or $TF_WRK_CACHE, which is looked at before
+PATH) or an asyncio + httpx load generator in this process (`--tool python`). Prints the
 rate and mean latency of each, median and spread over the rounds, and the
 ratio real / bare. Usage:
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import shutil
 import socket
@@ -66,8 +68,14 @@ async def _load(url: str, headers: dict, conns: int, seconds: float) -> tuple[fl
     return done / elapsed, (lat / total if total else float("nan")), errors
 
 
+def wrk_path() -> str | None:
+    """The wrk `make wrk` unpacked (tools/wrk/setup.sh), else one on PATH, else None."""
+    cached = Path(os.environ.get("TF_WRK_CACHE") or ROOT / ".cache" / "wrk") / "bin" / "wrk"
+    return str(cached) if os.access(cached, os.X_OK) else shutil.which("wrk")
+
+
 def _wrk(url: str, headers: dict, conns: int, seconds: float) -> tuple[float, float, int]:
-    args = ["wrk", "-t", "2", "-c", str(conns), "-d", f"{max(1, round(seconds))}s", "--latency"]
+    args = [wrk_path() or "wrk", "-t", "2", "-c", str(conns), "-d", f"{max(1, round(seconds))}s", "--latency"]
     for k, v in headers.items():
         args += ["-H", f"{k}: {v}"]
     out = subprocess.run([*args, url], capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
@@ -91,7 +99,7 @@ def main() -> int:
     ap.add_argument("-r", type=int, default=3, help="rounds (each: real API, then bare; order flipped each round)")
     ap.add_argument("--tool", choices=("auto", "wrk", "python"), default="auto")
     args = ap.parse_args()
-    tool = args.tool if args.tool != "auto" else ("wrk" if shutil.which("wrk") else "python")
+    tool = args.tool if args.tool != "auto" else ("wrk" if wrk_path() else "python")
 
     with stack({"TF_RATE_LIMIT_PER_SECOND": "0"}) as st:
         client = Client(st.api_url, st.api_key)
