@@ -1,9 +1,10 @@
 """A short-lived per-process cache of job reads, so a hot GET /v1/jobs/{id} does not cross two more processes.
 
 Without it every GET is a gRPC call to the Trainer and a `find_one` in the
-store behind it. `CachingTrainer` wraps the API's `TrainerApi`: `get_job`
-answers from an entry fetched at most `ttl` seconds ago (≤ 1 s, the same
-bound and rules as the authentication cache, services/api/authcache.py):
+store behind it. `CachingTrainer` wraps the API's `TrainerApi`: `get_job_json`
+(the body of GET /v1/jobs/{id}, and nothing else) answers from an entry
+fetched at most `ttl` seconds ago (≤ 1 s, the same bound and rules as the
+authentication cache, services/api/authcache.py):
 
 - Entries are keyed by (team, job id), the pair the Trainer is asked with,
   so a hit is exactly the answer the Trainer gave that team; another team
@@ -73,7 +74,9 @@ class CachingTrainer:
         return self._store(key, job, fetched_at)
 
     def get_job(self, team: str, job_id: str) -> dict:
-        return self._entry(team, job_id).job
+        """Straight from the Trainer: only GET /v1/jobs/{id} (`get_job_json`) reads through the cache, so the
+        routes that decide on a job's state (logs from the index or the archives, outputs) see it fresh."""
+        return self.inner.get_job(team, job_id)
 
     def get_job_json(self, team: str, job_id: str) -> bytes:
         """The job as the route's response body (rendered with `render`, once per entry)."""

@@ -74,6 +74,18 @@ def test_a_write_through_this_replica_is_read_back_at_once(p):
     assert body["history"][-1]["to"] == "cancelled"
 
 
+def test_other_routes_read_the_job_fresh(p, monkeypatch):
+    job = submit(p.a, p.h["alpha"])
+    url = f"/v1/jobs/{job['id']}"
+    assert p.a.http.get(url, headers=p.h["alpha"]).json()["state"] != "cancelled"  # cached on a now
+    assert p.b.http.post(f"{url}/cancel", headers=p.h["alpha"]).status_code == 200
+    asked = counting(p.a, monkeypatch)
+    logs = p.a.http.get(f"{url}/logs", headers=p.h["alpha"])
+    assert logs.status_code == 200, logs.text
+    assert asked == [job["id"]]  # the logs route asked the Trainer, whatever the cache holds
+    assert logs.json()["job_state"] == "cancelled"
+
+
 def test_another_team_gets_404_while_the_job_is_cached(p):
     job = submit(p.a, p.h["alpha"])
     url = f"/v1/jobs/{job['id']}"
