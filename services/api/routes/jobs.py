@@ -170,7 +170,9 @@ def render_job(job: dict) -> bytes:
 
 @router.get("/{job_id}", response_model=Job, responses=_NOT_FOUND, summary="One job")
 def get_job(tenant: TenantDep, trainer: TrainerDep, job_id: JobId) -> dict | Response:
-    """State, reason, queue position, learners and the status history of one job."""
+    """State, reason, queue position, learners and the status history of one job. Each API server may
+    answer from its own read of the job made at most `TF_JOB_CACHE_SECONDS` ago (default 0.5 s, at most 1 s);
+    a submit, cancel, halt or resume through the same server is read back at once."""
     if isinstance(trainer, CachingTrainer):  # the body rendered once per cached read (services/api/jobcache.py)
         return Response(trainer.get_job_json(tenant.team, job_id), media_type="application/json")
     return trainer.get_job(tenant.team, job_id)
