@@ -7,7 +7,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 TORCH := torch==2.13.0
 STAMP := $(VENV)/.stamp-installed
 
-.PHONY: demo test check unit integration e2e protos protos-check lock bench clean down engine browser kube kube-clients bench-venv
+.PHONY: demo test check unit integration e2e protos protos-check lock bench clean down engine browser kube kube-clients bench-venv wrk
 
 $(STAMP): requirements/runtime.lock requirements/dev.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -71,7 +71,7 @@ lock: $(STAMP)
 	$(VENV)/bin/uv pip compile --python-version 3.11 requirements/runtime.in -o requirements/runtime.lock
 	cd requirements && ../$(VENV)/bin/uv pip compile --python-version 3.11 dev.in -o dev.lock
 
-bench: $(STAMP)
+bench: $(STAMP) wrk
 	$(PY) bench/submit_latency.py
 	$(PY) bench/halt_resume.py
 	$(PY) bench/checkpoint_upload.py
@@ -90,6 +90,11 @@ $(BENCH_VENV)/.stamp-ray-tune:
 	touch $@
 
 bench-venv: $(BENCH_VENV)/.stamp-ray-tune
+
+# Debian's wrk for bench/api_read.py, unpacked (not installed) into .cache/wrk/ (TF_WRK_CACHE elsewhere; export it
+# for the script too): a load generator in C leaves the 2 cores to the servers it measures. Not part of `make test`.
+wrk:
+	tools/wrk/setup.sh >/dev/null
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -4,12 +4,13 @@ Starts a private embedded stack with the API's rate limit lifted, runs one
 trivial job to completion, then alternates R rounds of D seconds each between
 the real API (authentication on every request, the Trainer's GetJob behind it)
 and `bench/_bare_api.py` (the same JSON from a bare FastAPI route under the
-same uvicorn settings), with `wrk` when it is installed (`--tool wrk`) or an
-asyncio + httpx load generator in this process (`--tool python`). Prints the
+same uvicorn settings), with `wrk` when it is installed (`--tool wrk`; `make wrk`
+unpacks Debian's into .cache/wrk/, or $TF_WRK_CACHE, which is looked at before
+PATH) or an asyncio + httpx load generator in this process (`--tool python`). Prints the
 rate and mean latency of each, median and spread over the rounds, and the
 ratio real / bare. Usage:
 
-    PYTHONPATH=$PWD .venv/bin/python bench/api_read.py [-c 16] [-d 10] [-r 3] [--tool auto|wrk|python]
+    PYTHONPATH=$PWD .venv/bin/python bench/api_read.py [-c 16] [-d 10] [-r 3] [--tool auto|wrk|python] [-e TF_X=V]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import shutil
 import socket
@@ -66,8 +68,14 @@ async def _load(url: str, headers: dict, conns: int, seconds: float) -> tuple[fl
     return done / elapsed, (lat / total if total else float("nan")), errors
 
 
+def wrk_path() -> str | None:
+    """The wrk `make wrk` unpacked (tools/wrk/setup.sh), else one on PATH, else None."""
+    cached = Path(os.environ.get("TF_WRK_CACHE") or ROOT / ".cache" / "wrk") / "bin" / "wrk"
+    return str(cached) if os.access(cached, os.X_OK) else shutil.which("wrk")
+
+
 def _wrk(url: str, headers: dict, conns: int, seconds: float) -> tuple[float, float, int]:
-    args = ["wrk", "-t", "2", "-c", str(conns), "-d", f"{max(1, round(seconds))}s", "--latency"]
+    args = [wrk_path() or "wrk", "-t", "2", "-c", str(conns), "-d", f"{max(1, round(seconds))}s", "--latency"]
     for k, v in headers.items():
         args += ["-H", f"{k}: {v}"]
     out = subprocess.run([*args, url], capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
@@ -90,10 +98,20 @@ def main() -> int:
     ap.add_argument("-d", type=float, default=10.0, help="seconds per round")
     ap.add_argument("-r", type=int, default=3, help="rounds (each: real API, then bare; order flipped each round)")
     ap.add_argument("--tool", choices=("auto", "wrk", "python"), default="auto")
+    ap.add_argument("-e", action="append", default=[], metavar="TF_NAME=VALUE",
+                    help="a setting for the stack's services (repeatable), e.g. -e TF_JOB_CACHE_SECONDS=0; "
+                         "default TF_RATE_LIMIT_PER_SECOND=0")
     args = ap.parse_args()
-    tool = args.tool if args.tool != "auto" else ("wrk" if shutil.which("wrk") else "python")
+    tool = args.tool if args.tool != "auto" else ("wrk" if wrk_path() else "python")
 
-    with stack({"TF_RATE_LIMIT_PER_SECOND": "0"}) as st:
+    settings = {"TF_RATE_LIMIT_PER_SECOND": "0"}
+    for item in args.e:
+        name, sep, value = item.partition("=")
+        if not sep or not name.startswith("TF_"):
+            ap.error(f"-e {item!r}: expected TF_NAME=VALUE")
+        settings[name] = value
+
+    with stack(settings) as st:
         client = Client(st.api_url, st.api_key)
         job = client.submit({"name": "read", "framework": "custom", "resources": {"cpus": 0.5, "memory": "64Mi"},
                              "command": COMMAND})
@@ -124,7 +142,8 @@ def main() -> int:
     bare_rates = [r for r, _, _ in rounds["bare"]]
     ratios = [a / b for a, b in zip(real_rates, bare_rates, strict=True)]
     print(machine_line())
-    print(f"GET /v1/jobs/{{id}}, {args.c} connections, {args.r} rounds of {args.d:g} s, load generator: {tool}")
+    print(f"GET /v1/jobs/{{id}}, {args.c} connections, {args.r} rounds of {args.d:g} s, load generator: {tool}; "
+          f"{' '.join(f'{k}={v}' for k, v in settings.items())}")
     for name, vals in rounds.items():
         print(f"{name:5} req/s {spread([r for r, _, _ in vals])}  mean latency ms "
               f"{spread([m * 1000 for _, m, _ in vals])}  non-200: {sum(e for _, _, e in vals)}")

@@ -29,6 +29,7 @@ from trainforge_services.api.audit import AuditLog, AuditMiddleware
 from trainforge_services.api.deps import REQUIRED_ROLE
 from trainforge_services.api.experiments import ExperimentCalls
 from trainforge_services.api.identity import IdentityStore, Role
+from trainforge_services.api.jobcache import CachingTrainer
 from trainforge_services.api.ratelimit import RateLimiter
 from trainforge_services.api.ratelimit_shared import SharedRateLimiter
 from trainforge_services.api.routes import admin as admin_routes
@@ -222,6 +223,9 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
     if trainer is None:
         trainer = TrainerClient(settings.trainer_address)
         owned.append(trainer.close)
+        # a Trainer handed in (a test's twin, a dashboard developer's fake) is used as it is
+        if settings.job_cache_seconds > 0:
+            trainer = CachingTrainer(trainer, settings.job_cache_seconds, render=job_routes.render_job)
     if experiments is None:
         experiments = ExperimentCalls(settings.trainer_address)  # a channel connects on its first call
         owned.append(experiments.close)

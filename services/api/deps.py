@@ -15,15 +15,17 @@ spec as `x-required-role` (and refuses to build a /v1 route that takes none).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from trainforge_services.api.audit import AuditLog
 from trainforge_services.api.identity import KEY_PREFIX, IdentityStore, Role, Tenant
 from trainforge_services.api.ratelimit import RateLimiter
-from trainforge_services.api.tokens import TokenCodec
+from trainforge_services.api.tokens import Claims, TokenCodec
 from trainforge_services.api.trainer_client import TrainerApi
 from trainforge_services.api.ui import session as ui_session
 from trainforge_services.common.adapters.logstore import LogStore
@@ -31,40 +33,42 @@ from trainforge_services.common.adapters.objectstore import ObjectStore
 from trainforge_services.common.errors import PermissionDenied, Unauthenticated
 from trainforge_services.common.settings import ApiSettings
 
+# The collaborators' getters are `async def` although they only read app.state: FastAPI runs a plain `def`
+# dependency in the thread pool, a hop per getter per request (the largest cost of a cached GET).
 _bearer = HTTPBearer(auto_error=False, scheme_name="Bearer",
                      description="An API key (`tf_<id>_<secret>`) or a token from POST /v1/auth/token: "
                                  "`Authorization: Bearer <key or token>`")
 
 
-def _settings(request: Request) -> ApiSettings:
+async def _settings(request: Request) -> ApiSettings:
     return request.app.state.settings
 
 
-def _trainer(request: Request) -> TrainerApi:
+async def _trainer(request: Request) -> TrainerApi:
     return request.app.state.trainer
 
 
-def _identity(request: Request) -> IdentityStore:
+async def _identity(request: Request) -> IdentityStore:
     return request.app.state.identity
 
 
-def _logs(request: Request) -> LogStore:
+async def _logs(request: Request) -> LogStore:
     return request.app.state.logs
 
 
-def _objects(request: Request) -> ObjectStore:
+async def _objects(request: Request) -> ObjectStore:
     return request.app.state.objects
 
 
-def _tokens(request: Request) -> TokenCodec:
+async def _tokens(request: Request) -> TokenCodec:
     return request.app.state.tokens
 
 
-def _limiter(request: Request) -> RateLimiter:
+async def _limiter(request: Request) -> RateLimiter:
     return request.app.state.limiter
 
 
-def _audit(request: Request) -> AuditLog:
+async def _audit(request: Request) -> AuditLog:
     return request.app.state.audit
 
 
@@ -82,41 +86,70 @@ def authenticate(credential: str, identity: IdentityStore, tokens: TokenCodec) -
     if credential.startswith(KEY_PREFIX):
         return identity.authenticate(credential)
     claims = tokens.verify(credential)
-    tenant = identity.tenant_of(claims.key_id, via="jwt")
+    return _matching(identity.tenant_of(claims.key_id, via="jwt"), claims)
+
+
+def authenticate_cached(credential: str, identity: IdentityStore, tokens: TokenCodec) -> Tenant | None:
+    """`authenticate` without touching the store: its answer when the identity store's cache holds the key's
+    last full check, None when only the store can tell. A token's signature and claims are verified either way."""
+    if credential.startswith(KEY_PREFIX):
+        return identity.cached(credential)
+    claims = tokens.verify(credential)
+    tenant = identity.cached_tenant_of(claims.key_id, via="jwt")
+    return None if tenant is None else _matching(tenant, claims)
+
+
+def _matching(tenant: Tenant, claims: Claims) -> Tenant:
     if (tenant.team, tenant.role) != (claims.team, claims.role):
         raise Unauthenticated("invalid token: it does not match its API key")
     return tenant
 
 
-def _tenant(request: Request, identity: IdentityDep, tokens: TokensDep,
-            limiter: Annotated[RateLimiter, Depends(_limiter)],
-            creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Tenant:
+def _caller(request: Request, identity: IdentityStore, tokens: TokenCodec,
+            creds: HTTPAuthorizationCredentials | None, check: Callable[..., Tenant | None]) -> Tenant | None:
+    """Who sends the request, by `check` (`authenticate`, or `authenticate_cached`: None when it cannot tell)."""
     if creds is not None and creds.credentials:
-        tenant = authenticate(creds.credentials, identity, tokens)
+        tenant = check(creds.credentials, identity, tokens)
     elif session := request.cookies.get(ui_session.SESSION_COOKIE):
         # the dashboard's session cookie: a JWT; a state-changing request must prove it came from our page
-        tenant = authenticate(session, identity, tokens)
+        tenant = check(session, identity, tokens)
+        if tenant is None:
+            return None
         request.state.tenant = tenant
         if request.method not in ui_session.SAFE_METHODS:
             ui_session.check_csrf(request.app.state.settings.jwt_secret, session,
                                   request.headers.get(ui_session.CSRF_HEADER))
     else:
         raise Unauthenticated("missing credentials; send `Authorization: Bearer <API key or token>`")
+    return tenant
+
+
+async def _tenant(request: Request, identity: IdentityDep, tokens: TokensDep,
+                  limiter: Annotated[RateLimiter, Depends(_limiter)],
+                  creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Tenant:
+    # On the event loop when the answer is in the auth cache (hashing, a dict read, a token's signature);
+    # in the thread pool when the store must be read. Both are the same check (`_caller`).
+    tenant = _caller(request, identity, tokens, creds, authenticate_cached)
+    if tenant is None:
+        tenant = await run_in_threadpool(_caller, request, identity, tokens, creds, authenticate)
     request.state.tenant = tenant
-    limiter.check(tenant.key_id)
+    if limiter.blocking:  # the shared limiter reads and writes the store
+        await run_in_threadpool(limiter.check, tenant.key_id)
+    else:
+        limiter.check(tenant.key_id)
     return tenant
 
 
 TenantDep = Annotated[Tenant, Depends(_tenant)]
 
 
-def _team_admin(tenant: TenantDep) -> Tenant:
+async def _team_admin(tenant: TenantDep) -> Tenant:
     if not tenant.role.at_least(Role.TEAM_ADMIN):
         raise PermissionDenied("this needs a team_admin or platform_admin key")
     return tenant
 
 
-def _platform_admin(tenant: TenantDep) -> Tenant:
+async def _platform_admin(tenant: TenantDep) -> Tenant:
     if not tenant.role.at_least(Role.PLATFORM_ADMIN):
         raise PermissionDenied("this needs a platform_admin key")
     return tenant

@@ -247,6 +247,13 @@ class IdentityStore:
 
     # -- authentication -----------------------------------------------------------
 
+    def cached(self, key: str) -> Tenant | None:
+        """`authenticate`'s answer when the cache holds one (a full check ≤ the cache's bound ago, key not
+        expired since), without touching the store; None when only the store can tell."""
+        if not _KEY.match(key or ""):
+            raise Unauthenticated("malformed API key; expected tf_<id>_<secret>")
+        return self._cache.get(_hash(key))
+
     def authenticate(self, key: str) -> Tenant:
         """The caller a plaintext key belongs to; Unauthenticated for anything but a live key."""
         m = _KEY.match(key or "")
@@ -265,6 +272,10 @@ class IdentityStore:
         tenant = self._live(doc, via="key")
         self._cache.put(hashed, tenant, _opt_float(doc.get("expires_at")), checked_at)
         return tenant
+
+    def cached_tenant_of(self, key_id: str, *, via: str) -> Tenant | None:
+        """`tenant_of`'s answer when the cache holds one, without touching the store; else None."""
+        return self._cache.get(f"{via}:{key_id}")
 
     def tenant_of(self, key_id: str, *, via: str) -> Tenant:
         """The caller behind a verified token's key id; Unauthenticated unless that key is still live."""

@@ -33,6 +33,8 @@ class RateLimited(ResourceExhausted):
 class RateLimiter:
     """`check(key)` spends one token of key's bucket or raises RateLimited. rate 0 turns it off."""
 
+    blocking = False  # whether `check` does I/O (then the API calls it from its thread pool)
+
     def __init__(self, rate: float, burst: int, *, clock: Callable[[], float] = time.monotonic,
                  max_keys: int = 100_000):
         self.rate = rate

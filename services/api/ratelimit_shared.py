@@ -32,6 +32,8 @@ _MAX_RACES = 8
 class SharedRateLimiter(RateLimiter):
     """`RateLimiter` whose buckets live in MongoDB (one document per key)."""
 
+    blocking = True
+
     def __init__(self, db: Database, rate: float, burst: int, *, collection: str = COLLECTION,
                  clock: Callable[[], float] = time.time):
         super().__init__(rate, burst, clock=clock)

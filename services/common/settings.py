@@ -88,6 +88,9 @@ class ApiSettings(StoreSettings):
     auth_cache_seconds: float = Field(1.0, ge=0, le=1.0, description="longest a successful key check is reused "
                                       "(a revoked key or disabled team is refused within it; 0: every request "
                                       "reads the store)")
+    job_cache_seconds: float = Field(0.5, ge=0, le=1.0, description="longest a job read from the Trainer is "
+                                     "reused by GET /v1/jobs/{id} in this process (a change is seen within it; "
+                                     "0: every GET asks the Trainer)")
     secrets_key: str = Field("", description="Fernet key encrypting team secrets at rest; required outside dev "
                                           "mode (dev mode: generated into <state_dir>/secrets.key)")
 

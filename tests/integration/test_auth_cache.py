@@ -1,13 +1,17 @@
 """The API's authentication cache against the real MongoDB-wire server: a revoked key, a disabled team
-and an expired key stop working within the cache's bound (≤ 1 s), whichever replica changed them."""
+and an expired key stop working within the cache's bound (≤ 1 s), whichever replica changed them; also over
+HTTP, where a cached GET is authenticated on the event loop and its job comes from the job read cache."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
+import httpx
 import pytest
 from pydantic import ValidationError
 
+from tests.integration import api_replicas
 from trainforge_services.api.authcache import AuthCache
 from trainforge_services.api.identity import IdentityStore, Role, Tenant, key_id_of
 from trainforge_services.common.errors import InvalidArgument, Unauthenticated
@@ -135,3 +139,94 @@ def test_entries_are_bounded(monkeypatch):
     for i in range(4):
         cache.put(str(i), Tenant(team="t", key_id=f"{i:08x}", role=Role.MEMBER), None, time.monotonic())
     assert cache.get("3") is not None and cache.get("0") is None
+
+
+# -- over HTTP: a cached GET (auth cache hit answered on the event loop, the job from the job read cache)
+# still refuses a revoked, expired or disabled caller within the bound ---------------------------------
+
+
+@pytest.fixture
+def api(mongo_server, mongo_db, logstore, tmp_path, unique):
+    # polling every 10 ms is over the default per-key limit; the limit's own test is in test_api_job_cache.py
+    with api_replicas.replicas(mongo_server, mongo_db, logstore, tmp_path, unique, rate_limit_per_second=1000,
+                               rate_limit_burst=1000) as p:
+        p.job = api_replicas.submit(p.a, p.h["alpha"])
+        yield p
+
+
+def http_refused_within(get, deadline: float) -> float:
+    """Seconds until `get()` answers 401, polling; fails past `deadline` seconds or on anything but 200/401."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline:
+        status = get().status_code
+        if status == 401:
+            return time.monotonic() - t0
+        assert status == 200, status
+        time.sleep(0.01)
+    pytest.fail(f"still accepted {deadline}s after the change")
+
+
+def warm(api, headers: dict) -> Callable[[], httpx.Response]:
+    """A GET of the job on replica a, made twice so the key and the job are in a's caches."""
+    url = f"/v1/jobs/{api.job['id']}"
+    for _ in range(2):
+        assert api.a.http.get(url, headers=headers).status_code == 200
+    return lambda: api.a.http.get(url, headers=headers)
+
+
+def test_a_cached_get_skips_the_store_and_the_thread_pool(api, monkeypatch):
+    get = warm(api, api.h["alpha"])
+    reads = []
+    real = api.a.identity._find_key
+    monkeypatch.setattr(api.a.identity, "_find_key", lambda key_id: reads.append(key_id) or real(key_id))
+    t0 = time.monotonic()
+    for _ in range(10):
+        assert get().status_code == 200
+    assert len(reads) <= 1 + (time.monotonic() - t0) / TTL
+
+
+def test_a_key_revoked_on_another_replica_is_refused_over_http_within_the_ttl(api):
+    get = warm(api, api.h["alpha"])
+    api.seed.revoke_key(key_id_of(api.keys["alpha"]))
+    assert http_refused_within(get, TTL + SLACK) <= TTL + SLACK
+    assert get().json()["error"]["code"] == "unauthenticated"
+
+
+def test_a_key_revoked_through_the_same_replica_is_refused_at_once(api):
+    get = warm(api, api.h["alpha"])
+    key_id = key_id_of(api.keys["alpha"])
+    resp = api.a.http.delete(f"/v1/admin/keys/{key_id}", headers=api.h["ops"])
+    assert resp.status_code == 200, resp.text
+    assert get().status_code == 401
+
+
+def test_a_team_disabled_on_another_replica_is_refused_over_http_within_the_ttl(api):
+    get = warm(api, api.h["alpha"])
+    api.seed.set_team_disabled("alpha", True)
+    assert http_refused_within(get, TTL + SLACK) <= TTL + SLACK
+
+
+def test_a_key_expiring_while_cached_is_refused_over_http_at_its_expiry(api):
+    expires = time.time() + 1.5
+    key = api.seed.issue_key("alpha", "short", expires_at=expires)
+    get = warm(api, {"Authorization": f"Bearer {key}"})
+    while time.time() <= expires:
+        time.sleep(0.01)
+    assert get().status_code == 401
+
+
+def test_a_token_whose_key_is_revoked_elsewhere_is_refused_over_http_within_the_ttl(api):
+    resp = api.a.http.post("/v1/auth/token", headers=api.h["alpha"])
+    assert resp.status_code == 200, resp.text
+    token = resp.json()["token"]
+    get = warm(api, {"Authorization": f"Bearer {token}"})
+    api.seed.revoke_key(key_id_of(api.keys["alpha"]))
+    assert http_refused_within(get, TTL + SLACK) <= TTL + SLACK
+
+
+def test_a_forged_secret_is_refused_while_the_key_is_cached_over_http(api):
+    warm(api, api.h["alpha"])
+    key = api.keys["alpha"]
+    forged = key[:-1] + ("A" if key[-1] != "A" else "B")
+    resp = api.a.http.get(f"/v1/jobs/{api.job['id']}", headers={"Authorization": f"Bearer {forged}"})
+    assert resp.status_code == 401

@@ -13,12 +13,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Header, Path, Query, Request, Response, UploadFile
 from fastapi.responses import StreamingResponse
-from pydantic import StringConstraints, WithJsonSchema
+from pydantic import StringConstraints, TypeAdapter, WithJsonSchema
 
 from trainforge_services.api import paging
 from trainforge_services.api.access import unix
 from trainforge_services.api.audit import note_target
 from trainforge_services.api.deps import LogsDep, ObjectsDep, SettingsDep, TenantDep, TrainerDep
+from trainforge_services.api.jobcache import CachingTrainer
 from trainforge_services.api.logs import raw_archive, read_job_logs, stream_job_logs
 from trainforge_services.api.schemas import ErrorResponse, Job, JobList, LogPage, error_responses
 from trainforge_services.api.submit import submit_job
@@ -159,9 +160,21 @@ def list_page(trainer: TrainerApi, team: str, *, limit: int, states: list[JobSta
     return {"jobs": jobs, "next_cursor": next_cursor}
 
 
+_JOB = TypeAdapter(Job)
+
+
+def render_job(job: dict) -> bytes:
+    """A job as GET /v1/jobs/{id}'s body: what FastAPI makes of the route's `response_model`."""
+    return _JOB.dump_json(_JOB.validate_python(job), by_alias=True)
+
+
 @router.get("/{job_id}", response_model=Job, responses=_NOT_FOUND, summary="One job")
-def get_job(tenant: TenantDep, trainer: TrainerDep, job_id: JobId) -> dict:
-    """State, reason, queue position, learners and the status history of one job."""
+def get_job(tenant: TenantDep, trainer: TrainerDep, job_id: JobId) -> dict | Response:
+    """State, reason, queue position, learners and the status history of one job. Each API server may
+    answer from its own read of the job made at most `TF_JOB_CACHE_SECONDS` ago (default 0.5 s, at most 1 s);
+    a submit, cancel, halt or resume through the same server is read back at once."""
+    if isinstance(trainer, CachingTrainer):  # the body rendered once per cached read (services/api/jobcache.py)
+        return Response(trainer.get_job_json(tenant.team, job_id), media_type="application/json")
     return trainer.get_job(tenant.team, job_id)
 
 
