@@ -11,6 +11,7 @@ here and answered with a bare 500.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -50,7 +51,7 @@ from trainforge_services.api.trainer_client import TrainerApi, TrainerClient
 from trainforge_services.common.adapters import mongo
 from trainforge_services.common.adapters.logstore import LogStore
 from trainforge_services.common.adapters.objectstore import ObjectStore, store_from_settings
-from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.errors import TrainforgeError, Unavailable
 from trainforge_services.common.secrets import SecretStore, load_key
 from trainforge_services.common.settings import ApiSettings
 
@@ -207,6 +208,18 @@ def _publish_roles(router: APIRouter) -> APIRouter:
     return router
 
 
+def _create_log_index(logs: LogStore) -> None:
+    """Create the log index at start, off the request path (idempotent; best effort).
+
+    Otherwise the first learner's log shipper creates it, and its job waits for that before it completes:
+    0.8 s on the embedded log store (the first job of a fresh stack in bench/submit_latency.py).
+    """
+    try:
+        logs.ensure_index()
+    except Unavailable as e:
+        log.info("the log index was not created at start (the first learner's log shipper will): %s", e.message)
+
+
 def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, identity: IdentityStore | None = None,
                logs: LogStore | None = None, objects: ObjectStore | None = None, audit: AuditLog | None = None,
                limiter: RateLimiter | None = None, secrets: SecretStore | None = None,
@@ -233,6 +246,7 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
         identity = IdentityStore(mongo.connect(settings.mongo_url, settings.mongo_db),
                                  cache_seconds=settings.auth_cache_seconds)
         owned.append(identity.close)
+    own_logs = logs is None
     if logs is None:
         logs = LogStore(settings.logstore_url, settings.logstore_index)
         owned.append(logs.close)
@@ -250,6 +264,8 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
         # 0: no sweeper (an API built for a test may have no identity store to read policies from)
         sweeper = (retention.start_sweeper(settings, trainer, objects, logs, audit, identity.db)
                    if settings.retention_interval else None)
+        if own_logs:
+            threading.Thread(target=_create_log_index, args=(logs,), name="log-index", daemon=True).start()
         yield
         if sweeper is not None:
             sweeper.stop()

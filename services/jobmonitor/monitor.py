@@ -33,7 +33,7 @@ from typing import Protocol
 
 from trainforge_protos import common_pb2, trainer_pb2, trainer_pb2_grpc
 from trainforge_services.common import rpc, states
-from trainforge_services.common.adapters.etcd import Coordinator, Event
+from trainforge_services.common.adapters.etcd import Coordinator, Event, StopEvent
 from trainforge_services.common.contracts.etcd import LearnerStatus
 from trainforge_services.common.contracts.specs import MonitorSpec
 from trainforge_services.common.contracts.storekeys import outputs_root, uri_for_prefix
@@ -106,7 +106,8 @@ class JobMonitor:
         self._report_backoff = self._backoff()
         self._clock = clock
         self._keys = coordinator.keys
-        self._stop = threading.Event()
+        # a stop wakes the watch thread at once (it is joined on the way out, and KillJob waits for this exit)
+        self._stop = StopEvent()
         self._events: queue.Queue[Event] = queue.Queue()
         self._claim = JobClaim(coordinator, spec.job_id, spec.attempt, lease_ttl=lease_ttl, retry=retry_seconds,
                                stop=self._stop, clock=clock)

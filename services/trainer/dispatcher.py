@@ -241,7 +241,10 @@ class Dispatcher(LcmCalls):
             active = list(self._jobs.active.values())
             held = [(j.team, j.holds, j.gpu_type) for j in active]
             # a team's quota with what borrowing in its cohort allows (services/trainer/cohorts.py)
-            result = admission.plan(queue, admission.total(need for _, need, _ in held), capacity,
+            # learners of ended jobs still count until KillJob removed them: the LCM counts them too
+            in_use = admission.total([*(need for _, need, _ in held),
+                                      *(j.holds for j in self._jobs.releasing.values())])
+            result = admission.plan(queue, in_use, capacity,
                                     quotas=cohorts.ceilings(quotas), teams=admission.team_use(held),
                                     fit=cohorts.Book(quotas, {}).fit)
         self._decided = time.perf_counter()

@@ -17,6 +17,13 @@ What this copy may get wrong, and why that is safe:
 - Only a pass moves a job into ACTIVE (QUEUED -> DEPLOYING), and the pass
   records its own moves here at once (`moved`), so the use is never
   under-estimated.
+- A job that left ACTIVE with `cleanup_pending` (its learners not removed
+  yet: KillJob has not answered) is kept in `releasing` until a read shows
+  the flag cleared: the LCM counts those learners until they are gone, so
+  the pass counts them against the backend's capacity too (not against the
+  team's quota, which is free at once). A stale entry only delays a
+  dispatch until the next read; without it the pass would dispatch into a
+  slot the LCM still holds, and the deploy would wait out a retry backoff.
 - A write delayed past `MARGIN` (a writer's clock behind, a stall) is
   missed until the next full read, at most `RESYNC` seconds later (or
   `RESYNC_FACTOR` times as long as the last full read took, if longer: on a
@@ -51,6 +58,8 @@ class JobMirror:
         # each queued job as admission sees it, made once per change rather than once per pass
         self.as_queued: dict[str, Queued] = {}
         self.active: dict[str, JobRecord] = {}
+        # jobs out of ACTIVE whose learners KillJob has not removed yet (what they hold is still in use)
+        self.releasing: dict[str, JobRecord] = {}
         self._since: float | None = None  # when the last read started
         self._full_at = 0.0
         self._full_took = 0.0
@@ -63,7 +72,8 @@ class JobMirror:
         if full or self._since is None or \
                 started - self._full_at >= max(self._resync, RESYNC_FACTOR * self._full_took):
             jobs = self._store.in_states([JobState.QUEUED, *states.ACTIVE], fields=self._fields)
-            self.queued, self.active, self.as_queued = {}, {}, {}
+            jobs += self._store.pending_cleanups(fields=self._fields)  # an ACTIVE one twice: the same record
+            self.queued, self.active, self.as_queued, self.releasing = {}, {}, {}, {}
             self._full_at, self._full_took = started, self._clock() - started
             changed = None
         else:
@@ -85,6 +95,9 @@ class JobMirror:
         self.queued.pop(job.id, None)
         self.as_queued.pop(job.id, None)
         self.active.pop(job.id, None)
+        self.releasing.pop(job.id, None)
+        if job.cleanup_pending and job.state not in states.ACTIVE:
+            self.releasing[job.id] = job
         if job.state == JobState.QUEUED:
             self.queued[job.id] = job
             self.as_queued[job.id] = job.queued()

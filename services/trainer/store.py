@@ -358,9 +358,9 @@ class JobStore:
         return self._jobs.update_one(guard, changes).modified_count == 1
 
     @mapped
-    def pending_cleanups(self) -> list[JobRecord]:
-        """Jobs that left the ACTIVE states and whose learners may not be removed yet (id, state, attempt)."""
-        return to_records(self._jobs.find({"cleanup_pending": True}, {"state": 1, "attempt": 1}))
+    def pending_cleanups(self, fields: Iterable[str] = ("attempt",)) -> list[JobRecord]:
+        """Jobs that left the ACTIVE states and whose learners may not be removed yet (id, state, `fields`)."""
+        return to_records(self._jobs.find({"cleanup_pending": True}, fields_projection([*fields, "state"])))
 
     @mapped
     def cleanup_done(self, job_id: str, attempt: int) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from tests.servers import wait_for
+from trainforge_services.common.adapters.etcd import StopEvent
 from trainforge_services.common.adapters.logstore import LogLine
 from trainforge_services.common.adapters.objectstore import LocalStore, get_dir, put_dir
 
@@ -53,6 +55,32 @@ def test_etcd_watch_survives_restart(etcd_server, coordinator):
              "event written after the restart")
     stop.set()
     t.join(5)
+
+
+def test_a_stop_event_ends_a_quiet_watch_at_once(coordinator):
+    """A watch with nothing to report notices a StopEvent without waiting out its poll (a job monitor's exit,
+    which KillJob waits for, joins its watch)."""
+    prefix = coordinator.keys.learners("j4")
+    stop = StopEvent()
+    seen: list = []
+    done = threading.Event()
+
+    def watch():
+        for ev in coordinator.watch_prefix(prefix, stop=stop, poll=30.0):
+            seen.append(ev)
+        done.set()
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    wait_for(lambda: seen and seen[0].kind == "resync", 10, "initial resync")
+    coordinator.put(coordinator.keys.learner_status("j4", 0), {"state": 2})
+    wait_for(lambda: any(e.kind == "put" for e in seen), 10, "the put event")
+    started = time.monotonic()
+    stop.set()
+    assert done.wait(10), "the watch did not end"
+    assert time.monotonic() - started < 5.0  # not the 30 s poll
+    t.join(5)
+    assert not t.is_alive()
 
 
 def test_mongo_history_as_keyed_subdocuments(mongo_db):

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import grpc
@@ -141,6 +142,33 @@ def test_a_forked_child_runs_like_python_m_in_its_own_session(server, tmp_path, 
     assert "hello on stdout" in log
     os.kill(pid, signal.SIGTERM)
     wait_for(lambda: not psutil.pid_exists(pid), 10, "SIGTERM to end the child and the server to reap it")
+
+
+def test_a_child_slow_to_set_up_does_not_hold_back_the_next_request(server, tmp_path, probe_env):
+    """Requests are served concurrently: while one child is still setting up (here: opening a log that is a FIFO
+    nobody reads yet), the next request is forked and answered; the first is answered once its child reported."""
+
+    slow_dir = tmp_path / "slow"
+    slow_dir.mkdir()
+    fifo = tmp_path / "slow.log"
+    os.mkfifo(fifo)
+    argv = [sys.executable, "-m", "fsprobe", str(slow_dir / "report.json")]
+    slow: list = []
+    t = threading.Thread(target=lambda: slow.append(server.spawn(argv, slow_dir, fifo, probe_env)), daemon=True)
+    t.start()
+    try:
+        assert fork(server, tmp_path, probe_env) is not None  # answered while the first child waits on its log
+        assert report(tmp_path)["pid"] > 0
+        assert t.is_alive() and not slow, "the first request was answered before its child reported"
+    finally:
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # lets the first child open its log
+    try:
+        t.join(30)
+        assert slow and slow[0] is not None, (tmp_path / "state" / "lcm" / "forkserver.log").read_text()
+        server.started.append(slow[0][0])
+        assert psutil.Process(slow[0][0]).cmdline() == argv
+    finally:
+        os.close(reader)
 
 
 def test_a_child_exits_with_the_modules_code_after_the_interpreters_exit_steps(tmp_path, probe_env):

@@ -96,10 +96,11 @@ def test_a_killed_monitor_is_started_again_and_reports_the_end_once(make_backend
     wait_for(lambda: JobState.RUNNING in states(trainer, job), 60, "the job to run")
     first = monitor_of(backend, job)
     os.kill(first, signal.SIGKILL)
+    # read while the job runs: a monitor exits as soon as it delivered the end, and with it the handle goes
+    second = wait_for(lambda: (m := monitor_of(backend, job)) not in (None, first) and m, 60,
+                      "supervision to start a new monitor")
 
     wait_for(lambda: JobState.COMPLETED in states(trainer, job), 60, "the restarted monitor to report the end")
-    second = monitor_of(backend, job)
-    assert second not in (None, first)
     attempt_dir = Path(store_settings.state_dir).resolve() / "work" / job / "1"
     wait_for(lambda: (attempt_dir / "monitor.done").exists(), 20, "the new monitor to leave monitor.done")
     wait_for(lambda: gone(second), 20, "the new monitor to exit")

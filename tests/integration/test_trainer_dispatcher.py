@@ -140,6 +140,26 @@ def test_a_cleanup_that_ran_out_of_tries_is_picked_up_by_a_later_pass(store):
     assert len(lcm.kill_tries) == 4
 
 
+def test_an_ended_job_holds_its_learners_until_killjob_removed_them(store):
+    """The LCM counts a finished job's learners until its KillJob ran; the pass counts them too, so it never
+    dispatches into a slot the LCM would refuse (that deploy would wait out a retry backoff)."""
+    lcm = ScriptedLcm(Capacity(Usage(cpus=4, memory=8 * GI, learners=1)), kill_failures=1000)
+    dispatcher = Dispatcher(store, lcm, kill_attempts=1, kill_backoff=0.01)
+    running(store, "old")
+    store.transition("old", JobState.STORING, "storing outputs", "monitor")
+    assert store.transition("old", JobState.COMPLETED, "all learners completed", "monitor").cleanup_pending
+    queue(store, "next", cpus=1)
+    try:
+        assert dispatcher.run_once().dispatch == []  # KillJob of "old" fails: its learner may still run
+        assert store.find("next").state == JobState.QUEUED
+        store.cleanup_done("old", 1)  # what a KillJob that answered records
+        assert dispatcher.run_once().dispatch == ["next"]
+        wait_for(lambda: lcm.deploys == [("next", 1)], 10, "the deploy")
+    finally:
+        dispatcher.stop()
+    assert lcm.deploy_tries == 1  # never refused
+
+
 def test_capacity_is_asked_for_at_start_and_never_by_a_caller(store):
     answer = threading.Event()
 

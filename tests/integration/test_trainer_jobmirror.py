@@ -48,8 +48,14 @@ def test_the_copy_follows_submits_transitions_and_cleanups(store):
     mirror.refresh()
     assert not mirror.queued and not mirror.active and not mirror.as_queued
     assert store.find("a").cleanup_pending
+    # "a" left ACTIVE but its learners are not removed yet: what it holds is still in use
+    assert set(mirror.releasing) == {"a"} and mirror.releasing["a"].holds.cpus == 4
+    assert set(JobMirror(store, FIELDS).releasing) == set()  # (not read yet)
+    fresh = JobMirror(store, FIELDS, resync=3600)
+    assert fresh.refresh() is None and set(fresh.releasing) == {"a"}  # a full read finds it too
     store.cleanup_done("a", 1)
     assert "a" in mirror.refresh()
+    assert not mirror.releasing
 
 
 def test_queue_notes_are_not_changes(store):

@@ -10,6 +10,7 @@ caller through a `resync` event so no state change is missed.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import queue
@@ -44,6 +45,43 @@ class Event:
     value: dict | None = None
     revision: int = 0
     snapshot: dict[str, dict] | None = None
+
+
+class StopEvent(threading.Event):
+    """A stop flag whose `set()` also wakes the watches given it (`Coordinator.watch_prefix(stop=...)`).
+
+    A watch waits on its event queue; with a plain `threading.Event` it notices
+    a stop only at its next poll (up to `poll`, 0.5 s). A job monitor joins its
+    watch thread on the way out, and the LCM's KillJob waits for the monitor to
+    exit, so that poll held every finished job's learner slot for up to 0.5 s.
+    `set()` is safe from a signal handler: it only puts a marker on each queue.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._wakers: list[Callable[[], None]] = []
+        self._wakers_lock = threading.Lock()
+
+    def add_waker(self, fn: Callable[[], None]) -> None:
+        with self._wakers_lock:
+            self._wakers.append(fn)
+        if self.is_set():
+            fn()
+
+    def remove_waker(self, fn: Callable[[], None]) -> None:
+        with self._wakers_lock:
+            if fn in self._wakers:
+                self._wakers.remove(fn)
+
+    def set(self) -> None:
+        super().set()
+        with self._wakers_lock:
+            wakers = list(self._wakers)
+        for fn in wakers:
+            fn()
+
+
+_WAKE = object()  # what a StopEvent puts on a watch's queue
 
 
 class FenceRefused(Unavailable):
@@ -195,11 +233,16 @@ class Coordinator:
                 self._reset_watcher()
                 stop.wait(backoff.next())
                 continue
+            wake = functools.partial(q.put, _WAKE)
+            if isinstance(stop, StopEvent):
+                stop.add_waker(wake)
             try:
                 while not stop.is_set():
                     try:
                         item = q.get(timeout=poll)
                     except queue.Empty:
+                        continue
+                    if item is _WAKE:
                         continue
                     if isinstance(item, etcd_exc.RevisionCompactedError):
                         next_rev = None
@@ -218,6 +261,8 @@ class Coordinator:
                     if item.header.revision:
                         next_rev = max(next_rev or 0, item.header.revision + 1)
             finally:
+                if isinstance(stop, StopEvent):
+                    stop.remove_waker(wake)
                 try:
                     self._client.cancel_watch(watch_id)
                 except Exception:  # noqa: BLE001 - the watch may already be gone
