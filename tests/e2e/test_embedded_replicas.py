@@ -83,7 +83,7 @@ def test_each_leader_sigkilled_mid_burst_every_job_completes_once(tmp_path_facto
 
 
 BURST = 200
-SIM_SETTINGS = {**SETTINGS, "TF_BACKEND": "simulated", "TF_SIM_SECONDS": "2", "TF_SIM_MAX_LEARNERS": "60"}
+SIM_SETTINGS = {**SETTINGS, "TF_BACKEND": "simulated", "TF_SIM_SECONDS": "8", "TF_SIM_MAX_LEARNERS": "60"}
 
 
 def test_a_200_job_burst_survives_each_leader_sigkilled_on_the_simulated_backend(tmp_path_factory):
