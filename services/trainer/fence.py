@@ -15,7 +15,8 @@ term, and MongoDB, not etcd, decides:
    `fences` term is still its own (else the pass stops: `Deposed`).
 3. Each QUEUED -> DEPLOYING (or -> FAILED) of the pass is a compare-and-set
    that also requires the job's stamp to be no newer than the pass's term
-   (`JobStore.apply_transition(fence=...)`), and stamps it.
+   (`JobStore.apply_transition(fence=...)`), and stamps it. So is each grant
+   to an elastic job (`JobStore.grant(fence=...)`).
 
 Why that is enough: every job a pass read was inserted before its step 2.
 If the new leader took the fence before that step, the pass stops there;
