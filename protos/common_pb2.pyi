@@ -64,20 +64,22 @@ class Resources(_message.Message):
     def __init__(self, gpus: _Optional[int] = ..., cpus: _Optional[float] = ..., memory: _Optional[int] = ...) -> None: ...
 
 class StatusEvent(_message.Message):
-    __slots__ = ("from_state", "to_state", "reason", "actor", "timestamp", "borrowed")
+    __slots__ = ("from_state", "to_state", "reason", "actor", "timestamp", "borrowed", "grown")
     FROM_STATE_FIELD_NUMBER: _ClassVar[int]
     TO_STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     BORROWED_FIELD_NUMBER: _ClassVar[int]
+    GROWN_FIELD_NUMBER: _ClassVar[int]
     from_state: JobState
     to_state: JobState
     reason: str
     actor: str
     timestamp: float
     borrowed: Resources
-    def __init__(self, from_state: _Optional[_Union[JobState, str]] = ..., to_state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., timestamp: _Optional[float] = ..., borrowed: _Optional[_Union[Resources, _Mapping]] = ...) -> None: ...
+    grown: Resources
+    def __init__(self, from_state: _Optional[_Union[JobState, str]] = ..., to_state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., timestamp: _Optional[float] = ..., borrowed: _Optional[_Union[Resources, _Mapping]] = ..., grown: _Optional[_Union[Resources, _Mapping]] = ...) -> None: ...
 
 class LearnerStatus(_message.Message):
     __slots__ = ("rank", "state", "exit_code", "attempt", "message", "isolation", "timed_out")

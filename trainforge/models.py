@@ -56,6 +56,8 @@ class HistoryEvent(_Model):
     timestamp: float
     # on the entry that reserved the job's resources: what that stint borrowed ({gpus, cpus, memory}); None: none
     borrowed: dict[str, Any] | None = None
+    # on a grant to an elastic job: all it holds beyond its minimum from then on ({gpus, cpus, memory}); else None
+    grown: dict[str, Any] | None = None
 
 
 class WorldSize(_Model):

@@ -65,6 +65,8 @@ class HistoryEvent(BaseModel):
     timestamp: float = Field(description="unix time, seconds")
     borrowed: Borrowed | None = Field(None, description="on the entry that reserved the job's resources: what "
                                       "that stint holds on quota borrowed in its team's cohort; null: nothing")
+    grown: Borrowed | None = Field(None, description="on a grant to an elastic job (running to running): "
+                                   "everything its attempt holds beyond its minimum from then on; null otherwise")
 
 
 class JobBorrowed(BaseModel):

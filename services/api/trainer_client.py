@@ -84,7 +84,8 @@ def job_to_json(job: common_pb2.Job) -> dict:
         "learners": [learner_to_json(ls) for ls in sorted(job.learners, key=lambda x: x.rank)],
         "history": [{"from": job_state_name(ev.from_state), "to": job_state_name(ev.to_state),
                      "reason": ev.reason, "actor": ev.actor, "timestamp": ev.timestamp,
-                     "borrowed": resources_json(ev.borrowed) if ev.HasField("borrowed") else None}
+                     "borrowed": resources_json(ev.borrowed) if ev.HasField("borrowed") else None,
+                     "grown": resources_json(ev.grown) if ev.HasField("grown") else None}
                     for ev in job.history],
         "manifest": json.loads(job.manifest_json) if job.manifest_json else {},
         "outputs_uri": job.outputs_uri,

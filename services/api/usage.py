@@ -15,7 +15,12 @@ that held resources that day and the jobs submitted that day, and of the GPU-
 and CPU-seconds those held on quota borrowed in the team's cohort: the
 history entry that reserved a stint's resources says what that stint
 borrowed (services/trainer/cohorts.py), so a job that ran on its own quota
-once and on borrowed quota after a requeue is counted right for each. `rows` is pure;
+once and on borrowed quota after a requeue is counted right for each. An
+elastic job holds its minimum from the reserving entry and, from each grant's
+entry on (the Trainer writes one per grant, services/trainer/store.py `grant`),
+what that entry's `grown` says beyond it, so it is charged what it held over
+time; a grant is never borrowed (growth stays within the team's own quota),
+and histories without grant entries count as before. `rows` is pure;
 `collect` pages every team's jobs out of the Trainer; `to_csv` is RFC 4180.
 """
 
@@ -125,22 +130,28 @@ def day_name(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d")
 
 
-def stints(job: dict, until: float) -> Iterator[tuple[float, float, dict]]:
-    """The [start, end) spans in which the job held its resources, from its history, each with what it
-    borrowed ({gpus, cpus, memory}; empty: nothing); a job still holding them has an open span, which
-    ends at `until`."""
+def stints(job: dict, until: float) -> Iterator[tuple[float, float, dict, dict]]:
+    """The [start, end) spans in which the job held the same resources, from its history, each with what it
+    borrowed and what it held beyond its minimum ({gpus, cpus, memory}; empty: nothing). A stint starts at
+    the entry that entered the ACTIVE states and ends at the one that left them; a grant's entry (one with
+    `grown`) splits it, the part after holding the grant too. A job still holding them has an open span,
+    which ends at `until`."""
     started: float | None = None
     borrowed: dict = {}
+    grown: dict = {}
     for event in sorted(job.get("history") or (), key=lambda e: e["timestamp"]):
         ts = float(event["timestamp"])
         if event["to"] in ACTIVE:
             if started is None:
-                started, borrowed = ts, event.get("borrowed") or {}
+                started, borrowed, grown = ts, event.get("borrowed") or {}, {}
+            elif event.get("grown") is not None:
+                yield started, ts, borrowed, grown
+                started, grown = ts, event["grown"]
         elif started is not None:
-            yield started, ts, borrowed
+            yield started, ts, borrowed, grown
             started = None
     if started is not None and job.get("state") in ACTIVE:
-        yield started, until, borrowed
+        yield started, until, borrowed, grown
 
 
 def _demand(job: dict) -> tuple[str, float, float, float]:
@@ -148,7 +159,7 @@ def _demand(job: dict) -> tuple[str, float, float, float]:
     manifest = job.get("manifest") or {}
     resources = manifest.get("resources") or {}
     learners = manifest.get("learners", 1)
-    # an elastic job ({min, max}) is counted at its minimum, what admission holds for it
+    # an elastic job ({min, max}) holds its minimum; what it was granted beyond is in its history (`stints`)
     n = int(learners["min"] if isinstance(learners, dict) else learners)
     gpu_type = resources.get("gpu_type") or UNSPECIFIED_GPU
     return (gpu_type, float(resources.get("gpus", 0)) * n, float(resources.get("cpus", 1.0)) * n,
@@ -166,17 +177,20 @@ def rows(jobs: Iterable[dict], since: float, until: float, now: float) -> list[U
         if since <= created < until:
             tallies.setdefault((_day_start(created), team), _Tally()).submitted += 1
         gpu_type, gpus, cpus, gib = _demand(job)
-        for start, end, borrowed in stints(job, open_end):
+        for start, end, borrowed, grown in stints(job, open_end):
             start, end = max(start, since), min(end, until)
+            held_gpus = gpus + float(grown.get("gpus", 0))
+            held_cpus = cpus + float(grown.get("cpus", 0.0))
+            held_gib = gib + float(grown.get("memory", 0)) / 2**30
             while start < end:
                 day = _day_start(start)
                 piece_end = min(end, day + DAY)
                 seconds = piece_end - start
                 tally = tallies.setdefault((day, team), _Tally())
-                if gpus:
-                    tally.gpu[gpu_type] = tally.gpu.get(gpu_type, 0.0) + seconds * gpus
-                tally.cpu += seconds * cpus
-                tally.mem += seconds * gib
+                if held_gpus:
+                    tally.gpu[gpu_type] = tally.gpu.get(gpu_type, 0.0) + seconds * held_gpus
+                tally.cpu += seconds * held_cpus
+                tally.mem += seconds * held_gib
                 tally.borrowed_gpu += seconds * float(borrowed.get("gpus", 0))
                 tally.borrowed_cpu += seconds * float(borrowed.get("cpus", 0.0))
                 tally.active.add(job["id"])

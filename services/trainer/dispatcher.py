@@ -258,7 +258,7 @@ class Dispatcher(LcmCalls):
         if capacity is not None:  # halt running jobs that waiting ones may displace
             self.preemptor.consider(result, queued, active, quotas, capacity)
             if not held_back:
-                self._grower.run(active, capacity, quotas,
+                self._grower.run(active, capacity, quotas, fence=term,
                                  waiting=[(queued[j].team, admission.reason_kind(r)) for j, (r, _) in result.wait.items()],
                                  extra=[(queued[j].team, queued[j].resources, queued[j].gpu_type)
                                         for j in result.dispatch])
@@ -278,11 +278,10 @@ class Dispatcher(LcmCalls):
         active = list(self._jobs.active.values())  # the leader's copy, refreshed at the start of the pass
         if not any(j.max_learners for j in active):
             return
-        if self._gate is not None:
-            self._gate.confirm()
+        term = self._gate.confirm() if self._gate is not None else None
         capacity = self._capacity.current()
         if capacity is not None:
-            self._grower.run(active, capacity, self._quotas.all() if self._quotas is not None else {})
+            self._grower.run(active, capacity, self._quotas.all() if self._quotas is not None else {}, fence=term)
 
     def _held_back(self, queued: dict[str, JobRecord], now: float) -> dict[str, JobRecord]:
         """Queued jobs that may not be dispatched yet (restart backoff, previous learners not removed)."""

@@ -9,12 +9,14 @@ term, and MongoDB, not etcd, decides:
 
 1. `Fence.take(term)` on election raises the `fences` document's term by
    compare-and-set (only upwards; a newer leader's term is never lowered);
-   then `JobStore.stamp_fence(term)` stamps every QUEUED job with it.
+   then `JobStore.stamp_fence(term)` stamps every QUEUED job, and every
+   ACTIVE elastic job, with it.
 2. A pass reads the queue, then `FenceGate.confirm()` checks that the
    `fences` term is still its own (else the pass stops: `Deposed`).
 3. Each QUEUED -> DEPLOYING (or -> FAILED) of the pass is a compare-and-set
    that also requires the job's stamp to be no newer than the pass's term
-   (`JobStore.apply_transition(fence=...)`), and stamps it.
+   (`JobStore.apply_transition(fence=...)`), and stamps it. So is each grant
+   to an elastic job (`JobStore.grant(fence=...)`).
 
 Why that is enough: every job a pass read was inserted before its step 2.
 If the new leader took the fence before that step, the pass stops there;
@@ -22,7 +24,9 @@ if after, the new leader's stamp (step 1) reaches every one of those jobs
 still QUEUED, so the old pass's later reservations all fail, and those it
 made before the stamp are committed before the new leader's first pass
 reads what ACTIVE jobs hold. Either way no two passes reserve from the same
-capacity.
+capacity. The same holds for grants: a job a pass grants to was RUNNING
+when the pass read it, before its step 2, so the new leader's stamp reaches
+it if the pass got past that step.
 """
 
 from __future__ import annotations

@@ -14,12 +14,16 @@ admission pass makes grants (`Grower.run`) only
   will want room soon. With an empty queue, jobs grow up to their max.
 
 A grant is written to the job first (`JobStore.grant`, a compare-and-set on
-the attempt, state RUNNING and the previous grant), so the next pass counts
+the attempt, state RUNNING, the previous grant and the leader's fence stamp,
+with a history entry of its time and size), so the next pass counts
 it, and then sent to the LCM, again each pass until the LCM acknowledged it
 (so a lost call or an LCM failover loses no grant). Oldest running job first.
 A grown job keeps its learners until its attempt ends; its next attempt
 (a resume, a restart) starts at the minimum again (dispatch clears `grown`).
-Accounting charges the grant from when it was made (`grown_since`).
+Accounting charges the grant from when it was made (`grown_since`; per-day
+usage from the grant's history entry). The Trainer never shrinks a grant: a
+lost learner's slot is started again by the LCM within the grant, so what the
+job holds (and is charged) stays the grant until its attempt ends.
 """
 
 from __future__ import annotations
@@ -107,10 +111,13 @@ class Grower:
         self._acked: dict[str, tuple[int, int]] = {}  # job -> (attempt, learners) the LCM answered
         self._sending: set[tuple[str, int, int]] = set()
 
-    def run(self, active: Sequence[JobRecord], capacity: Capacity, quotas: Mapping[str, Quota], **kw) -> None:
+    def run(self, active: Sequence[JobRecord], capacity: Capacity, quotas: Mapping[str, Quota], *,
+            fence: int | None = None, **kw) -> None:
+        """`fence`: the pass's term (services/trainer/fence.py); a grant under an older one raises `Deposed`."""
         granted = {}
         for grant in grants(active, capacity, quotas, **kw):
-            if self._store.grant(grant.job_id, grant.attempt, grant.was, grant.grown):
+            if self._store.grant(grant.job_id, grant.attempt, grant.was, grant.grown, fence=fence,
+                                 reason=f"granted {grant.learners} learner(s) in all"):
                 log.info("job %s attempt %d: granted %d learner(s) (room no queued job waits for)", grant.job_id,
                          grant.attempt, grant.learners)
                 granted[grant.job_id] = (grant.attempt, grant.learners)

@@ -36,6 +36,9 @@ class StatusEvent(_Frozen):
     ts: float = 0.0
     # the entry that reserved the job's resources: what that stint holds on borrowed quota
     borrowed: Usage = Usage()
+    # a grant to an elastic attempt (services/trainer/growth.py): all it holds beyond its minimum from this
+    # entry on (None: not a grant's entry)
+    grown: Usage | None = None
 
 
 class LearnerReport(_Frozen):

@@ -38,7 +38,9 @@ def job_to_proto(job: JobRecord) -> common_pb2.Job:
                                actor=e.actor, timestamp=e.ts,
                                borrowed=common_pb2.Resources(gpus=e.borrowed.gpus, cpus=e.borrowed.cpus,
                                                              memory=e.borrowed.memory)
-                               if e.borrowed != Usage() else None)
+                               if e.borrowed != Usage() else None,
+                               grown=common_pb2.Resources(gpus=e.grown.gpus, cpus=e.grown.cpus, memory=e.grown.memory)
+                               if e.grown is not None else None)
         for e in job.history
     ]
     learners = [

@@ -336,23 +336,40 @@ class JobStore:
 
     @mapped
     def stamp_fence(self, term: int) -> int:
-        """Stamp every QUEUED job with a new dispatcher leader's term (services/trainer/fence.py); how many."""
-        queued = int(JobState.QUEUED)
+        """Stamp every QUEUED job, and every ACTIVE elastic one (a grant is fenced too), with a new dispatcher
+        leader's term (services/trainer/fence.py); how many."""
         stamp = {"$set": {"fence": term, "changed_at": time.time()}}  # the leader's copy rereads them
-        return sum(self._jobs.update_many({"state": queued, "fence": older}, stamp).modified_count
-                   for older in ({"$exists": False}, {"$lt": term}))
+        which = [{"state": int(JobState.QUEUED)}] + [{"state": int(s), "max_learners": {"$gt": 0}}
+                                                     for s in sorted(states.ACTIVE)]
+        return sum(self._jobs.update_many({**w, "fence": older}, stamp).modified_count
+                   for w in which for older in ({"$exists": False}, {"$lt": term}))
 
     @mapped
-    def grant(self, job_id: str, attempt: int, was: Usage, grown: Usage) -> bool:
+    def grant(self, job_id: str, attempt: int, was: Usage, grown: Usage, *, fence: int | None = None,
+              reason: str = "", actor: str = "trainer") -> bool:
         """Raise a RUNNING elastic attempt's grant from `was` to `grown` (compare-and-set on both); the
-        seconds of the grant so far are added to its totals, and the new grant counts from now."""
+        seconds of the grant so far are added to its totals, and the new grant counts from now. A history
+        entry (RUNNING to RUNNING, with `grown`) records the grant's time and size in the same write, so
+        per-day usage (services/api/usage.py) integrates what the job held. With `fence` (the dispatcher
+        leader's term, services/trainer/fence.py) the write also requires the job's fence stamp to be the one
+        read and no newer, and stamps it; a newer stamp raises `Deposed`."""
         now = time.time()
         match = {"_id": job_id, "attempt": attempt, "state": int(JobState.RUNNING)}
-        current = self._jobs.find_one(match, {"grown": 1, "grown_since": 1})
+        current = self._jobs.find_one(match, {"grown": 1, "grown_since": 1, "fence": 1})
         if current is None or Usage.from_doc(current.get("grown") or {}) != was:
             return False
         guard = {**match, "grown_since": current.get("grown_since")}
-        changes: dict = {"$set": {"grown": grown.as_doc(), "grown_since": now, "updated_at": now, "changed_at": now}}
+        update = {"grown": grown.as_doc(), "grown_since": now, "updated_at": now, "changed_at": now,
+                  f"history.{history_key()}": history_event(
+                      JobState.RUNNING, JobState.RUNNING,
+                      reason or f"granted {grown.learners} learner(s) beyond the minimum", actor, now, grown=grown)}
+        if fence is not None:
+            if int(current.get("fence", 0)) > fence:
+                raise Deposed(f"job {job_id}: term {fence} is older than the job's fence {current['fence']}; "
+                              "a newer dispatcher leads")
+            guard["fence"] = current["fence"] if "fence" in current else {"$exists": False}
+            update["fence"] = fence
+        changes: dict = {"$set": update}
         if spent := grown_seconds(current, now):
             changes["$inc"] = spent
         return self._jobs.update_one(guard, changes).modified_count == 1

@@ -57,7 +57,8 @@ def to_record(doc: Mapping | None) -> JobRecord | None:
     history = doc.get("history") or {}
     events = tuple(StatusEvent(from_state=JobState(e["from"]), to_state=JobState(e["to"]),
                                reason=e.get("reason", ""), actor=e.get("actor", ""), ts=float(e.get("ts", 0.0)),
-                               borrowed=Usage.from_doc(e.get("borrowed") or {}))
+                               borrowed=Usage.from_doc(e.get("borrowed") or {}),
+                               grown=Usage.from_doc(e["grown"]) if e.get("grown") is not None else None)
                    for e in (history[k] for k in sorted(history)))
     learners = {str(rank): LearnerReport(**{"rank": int(rank), **s})
                 for rank, s in (doc.get("learners") or {}).items()}
@@ -104,9 +105,12 @@ def grown_seconds(current: Mapping, now: float) -> dict[str, float]:
 
 
 def history_event(frm: JobState, to: JobState, reason: str, actor: str, ts: float,
-                  borrowed: Usage | None = None) -> dict:
-    """A history entry; `borrowed`, on the entry that reserves resources, is what that stint borrows."""
+                  borrowed: Usage | None = None, grown: Usage | None = None) -> dict:
+    """A history entry; `borrowed`, on the entry that reserves resources, is what that stint borrows;
+    `grown`, on a grant's entry (RUNNING to RUNNING), what the attempt holds beyond its minimum from then on."""
     event = {"from": int(frm), "to": int(to), "reason": reason, "actor": actor, "ts": ts}
     if borrowed is not None and borrowed != Usage():
         event["borrowed"] = borrowed.as_doc()
+    if grown is not None:
+        event["grown"] = grown.as_doc()
     return event

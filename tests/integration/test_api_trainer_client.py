@@ -84,9 +84,9 @@ def test_jobs_come_back_in_the_rest_shape(served):
                      {"rank": 1, "state": "failed", "exit_code": 3, "attempt": 1, "message": "exit code 3",
                       "isolation": ""}],
         "history": [{"from": "unspecified", "to": "pending", "reason": "submitted", "actor": "user:abcd1234",
-                     "timestamp": 100.0, "borrowed": None},
+                     "timestamp": 100.0, "borrowed": None, "grown": None},
                     {"from": "pending", "to": "queued", "reason": "fits", "actor": "trainer", "timestamp": 101.0,
-                     "borrowed": None}],
+                     "borrowed": None, "grown": None}],
     }
 
 

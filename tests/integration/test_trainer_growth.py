@@ -83,3 +83,50 @@ def test_a_stale_grant_is_refused_by_the_store(store):
     assert not store.grant("el", 1, Usage(), Usage(2, 2.0, 2 * GI, 2)), "granted over a grant it did not see"
     assert not store.grant("el", 2, Usage(1, 1.0, GI, 1), Usage(2, 2.0, 2 * GI, 2)), "granted another attempt"
     assert store.find("el").grown == Usage(1, 1.0, GI, 1)
+
+
+def test_per_day_usage_charges_what_the_job_held_before_and_after_its_grant(store):
+    """The grant's history entry, as the store writes it, through the wire shape to per-day usage."""
+    from trainforge_services.api import usage
+    from trainforge_services.api.trainer_client import job_to_json
+    from trainforge_services.trainer.servicer import job_to_proto
+
+    submit(store, "el", {"min": 1, "max": 3})
+    for to in (JobState.DEPLOYING, JobState.RUNNING):
+        store.transition("el", to, "test", "trainer")
+    assert store.grant("el", 1, Usage(), Usage(2, 2.0, 2 * GI, 2))
+    job = store.find("el")
+    [entry] = [e for e in job.history if e.grown is not None]
+    assert (entry.from_state, entry.to_state, entry.grown) == (JobState.RUNNING, JobState.RUNNING,
+                                                                Usage(2, 2.0, 2 * GI, 2))
+    reserved = next(e.ts for e in job.history if e.to_state == JobState.DEPLOYING)
+    rest = job_to_json(job_to_proto(job))
+    now = entry.ts + 100.0
+    [row] = [r for r in usage.rows([rest], reserved - 1, now + 1, now) if r.team == "team-a"]
+    # 1 learner (1 GPU, 1 CPU, 1 GiB) from the reservation to the grant, 3 after it
+    before, after = entry.ts - reserved, 100.0
+    assert row.gpu_seconds == pytest.approx(before + 3 * after, abs=0.01)
+    assert row.cpu_seconds == pytest.approx(before + 3 * after, abs=0.01)
+    assert row.memory_gib_seconds == pytest.approx(before + 3 * after, abs=0.01)
+
+
+def test_a_deposed_leaders_grant_is_refused_while_the_new_leaders_succeeds(store, mongo_db, unique):
+    from trainforge_services.trainer.fence import Deposed, Fence
+
+    submit(store, "el", {"min": 1, "max": 4})
+    fence = Fence(mongo_db, "dispatcher", f"fences_{unique}")
+    assert fence.take(5, "old")
+    assert store.apply_transition("el", JobState.DEPLOYING, "reserved", "trainer", fence=5).changed
+    store.transition("el", JobState.RUNNING, "running", "monitor")
+    assert store.grant("el", 1, Usage(), Usage(1, 1.0, GI, 1), fence=5)
+
+    # a newer leader takes the fence: its stamp reaches the running elastic job
+    assert fence.take(9, "new")
+    assert store.stamp_fence(9) == 1
+    with pytest.raises(Deposed, match="older than the job's fence 9"):
+        store.grant("el", 1, Usage(1, 1.0, GI, 1), Usage(2, 2.0, 2 * GI, 2), fence=5)
+    assert store.find("el").grown == Usage(1, 1.0, GI, 1)
+    assert store.grant("el", 1, Usage(1, 1.0, GI, 1), Usage(3, 3.0, 3 * GI, 3), fence=9)
+    job = store.find("el")
+    assert (job.grown, job.fence) == (Usage(3, 3.0, 3 * GI, 3), 9)
+    assert [e.grown.learners for e in job.history if e.grown is not None] == [1, 3]

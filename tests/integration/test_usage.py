@@ -76,14 +76,16 @@ def submit(p, who: str, name: str, learners: int = 1, **resources) -> str:
 def seed(p, job_id: str, created: float, steps: list[tuple]) -> None:
     """Give the job this history (from PENDING at `created`) and the last step's state, in the real store.
 
-    A step is (state, time) or (state, time, borrowed): what the stint it starts borrowed in the cohort."""
+    A step is (state, time) or (state, time, extra): extra is {"borrowed": ...} (what the stint it starts
+    borrowed in the cohort) and/or {"grown": ...} (a grant's entry: all held beyond the minimum from then on)."""
     # the dispatcher must be done with the job before its record is rewritten under it
     wait_for(lambda: p.jobs.find_one({"_id": job_id})["state"] == int(S.DEPLOYING), 20, f"{job_id} deploying")
     history, frm = {}, S.PENDING
-    for i, (to, ts, *borrowed) in enumerate([(S.QUEUED, created), *steps]):
+    for i, (to, ts, *extra) in enumerate([(S.QUEUED, created), *steps]):
+        more = extra[0] if extra else {}
+        more = more if "grown" in more or "borrowed" in more else {"borrowed": more} if more else {}
         history[f"{int(ts * 1e9):020d}{i:04x}"] = {"from": int(frm), "to": int(to), "reason": "seeded",
-                                                   "actor": "test", "ts": ts, **({"borrowed": borrowed[0]}
-                                                                                 if borrowed else {})}
+                                                   "actor": "test", "ts": ts, **more}
         frm = to
     p.jobs.update_one({"_id": job_id}, {"$set": {"history": history, "state": int(frm), "created_at": created,
                                                  "updated_at": steps[-1][1] if steps else created}})
@@ -159,6 +161,36 @@ def test_usage_per_team_per_day_matches_seeded_histories_to_the_second(mongo_ser
         assert before - (T0 + 2 * DAY) - 1 <= today["beta"]["gpu_seconds"] <= after - (T0 + 2 * DAY) + 1
         assert abs(today["beta"]["memory_gib_seconds"] - today["beta"]["gpu_seconds"] * 4) < 0.01  # one job
         assert before - 1 <= live["accounting"]["until"] <= after + 1
+
+
+def test_an_elastic_jobs_grants_are_charged_per_day_and_split_at_midnight(mongo_server, mongo_db, logstore,
+                                                                          tmp_path, unique):
+    with platform(mongo_server, mongo_db, logstore, tmp_path, unique) as p:
+        manifest = {"name": "elastic", "framework": "torch", "command": "python train.py",
+                    "learners": {"min": 1, "max": 3}, "resources": {"gpus": 1, "cpus": 2, "memory": "1Gi"}}
+        resp = p.http.post("/v1/jobs", data={"manifest": json.dumps(manifest)}, headers=p.h["alpha"])
+        assert resp.status_code == 201, resp.text
+        d1, d2 = T0, T0 + DAY
+        two = {"grown": {"gpus": 2, "cpus": 4.0, "memory": 2 * 2**30}}  # 2 learners beyond the minimum
+        # 1 learner from 10:00, 3 from 12:00 (mid-day) until requeued at 23:03:20 (restarting still holds them);
+        # reserved again at 23:30 at its minimum,
+        # granted 2 more at 23:50, across midnight until 00:20 on day 2
+        seed(p, resp.json()["id"], d1 + 35000, [(S.DEPLOYING, d1 + 36000), (S.RUNNING, d1 + 36010),
+                                                (S.RUNNING, d1 + 43200, two), (S.RESTARTING, d1 + 82800),
+                                                (S.QUEUED, d1 + 83000), (S.DEPLOYING, d1 + 84600),
+                                                (S.RUNNING, d1 + 84610), (S.RUNNING, d1 + 85800, two),
+                                                (S.COMPLETED, d2 + 1200)])
+        report = p.http.get("/v1/admin/usage", params={"since": d1, "until": d1 + 2 * DAY},
+                            headers=p.h["platform"]).json()["accounting"]
+        rows = {r["day"]: r for r in report["days"] if r["team"] == "alpha"}
+        first = (43200 - 36000) + 3 * (83000 - 43200) + (85800 - 84600) + 3 * (DAY - 85800)
+        assert rows[day(d1)]["gpu_seconds"] == first and rows[day(d1)]["cpu_seconds"] == 2 * first
+        assert rows[day(d1)]["memory_gib_seconds"] == first
+        assert rows[day(d2)]["gpu_seconds"] == 3 * 1200 and rows[day(d2)]["cpu_seconds"] == 6 * 1200
+        assert rows[day(d1)]["borrowed_gpu_seconds"] == rows[day(d2)]["borrowed_gpu_seconds"] == 0
+        # the REST history shows the grants
+        job = p.http.get(f"/v1/jobs/{resp.json()['id']}", headers=p.h["alpha"]).json()
+        assert [e["grown"]["gpus"] for e in job["history"] if e.get("grown")] == [2, 2]
 
 
 def test_usage_csv_sdk_and_cli_give_the_same_figures(mongo_server, mongo_db, logstore, tmp_path, unique):

@@ -71,3 +71,19 @@ def test_bad_windows_name_their_field(since, until, group_by, field):
 def test_dates_and_times_parse_as_utc():
     assert usage.window("1970-01-02", "1970-01-03T00:00:00Z", "day", now=0) == (DAY, 2 * DAY)
     assert usage.window("86400", None, "day", now=2 * DAY) == (DAY, 2 * DAY)
+
+
+def test_an_elastic_jobs_grants_are_charged_from_their_entries_and_split_at_midnight():
+    j = job("el", "a", "running", [("pending", 0), ("queued", 0), ("deploying", DAY - 7200), ("running", DAY - 7190)],
+            learners={"min": 1, "max": 4}, cpus=2, memory=2**30)
+    # two more learners granted an hour before midnight (the entry the Trainer writes: all held beyond min)
+    j["history"].append({"to": "running", "timestamp": DAY - 3600, "grown": {"gpus": 0, "cpus": 4.0,
+                                                                           "memory": 2 * 2**30}})
+    first, second = usage.rows([j], 0, 2 * DAY, now=DAY + 1000)
+    assert first.cpu_seconds == 3600 * 2 + 3600 * 6 and first.memory_gib_seconds == 3600 + 3600 * 3
+    assert second.cpu_seconds == 1000 * 6 and second.memory_gib_seconds == 1000 * 3
+    assert first.borrowed_cpu_seconds == second.borrowed_cpu_seconds == 0
+    # without the grant's entry: its minimum all along, as before
+    j["history"].pop()
+    first, second = usage.rows([j], 0, 2 * DAY, now=DAY + 1000)
+    assert (first.cpu_seconds, second.cpu_seconds) == (7200 * 2, 1000 * 2)
