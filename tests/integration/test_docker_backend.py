@@ -272,4 +272,8 @@ def test_an_elastic_job_grows_shrinks_when_a_container_is_killed_and_grows_back(
     assert any(ln.startswith("world 3: rank 0 done at step 400") for ln in lines), lines
     models = sorted((state / "objects" / "jobs" / job_id / "outputs").glob("*/model.pt"))
     assert len(models) == 1, models
+    # the LCM deployed the minimum, then started slot 2 on the grant and again after the kill
+    lcm_log = "".join(p.read_text(errors="replace") for p in (state / "logs").glob("lcm*.log"))
+    assert f"job {job_id} attempt 1: granted 3 learner(s)" in lcm_log
+    assert lcm_log.count(f"job {job_id} attempt 1: starting learner(s) 2 (2 running, at most 3)") >= 2, lcm_log[-3000:]
     wait_for(lambda: ours(daemon.engine, job_id) == [], 60, "the job's containers to be removed")
