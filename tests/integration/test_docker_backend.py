@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
 from pathlib import Path
 
 import psutil
 import pytest
 
+from tests.e2e.test_elastic import elastic_job, world_lines
 from tests.e2e.test_embedded_stack import cli_json, run_cli, stack_processes, wait_terminal
 from tests.e2e.test_halt_resume import assert_bitwise_equal, example, log_text, model_of
 from tests.engine import NUMPY_IMAGE, Daemon, start_engine
@@ -224,3 +226,54 @@ def test_capacity_is_the_engines_and_a_job_beyond_what_is_free_is_refused(docker
     with pytest.raises(ResourceExhausted, match=r"needs 400 CPU\(s\)"):
         lcm.deploy(mnist_deployment(f"k-{unique}", cpus=200))
     assert daemon.engine.networks({"tf.job": f"j-{unique}"}) == []
+
+
+
+def elastic_manifest(tmp_path: Path) -> Path:
+    """examples/elastic at `learners: {min: 2, max: 3}`, half a CPU each (three fit the engine's two CPUs)."""
+    path = elastic_job(tmp_path)
+    text = path.read_text().replace("learners: {min: 1, max: 2}", "learners: {min: 2, max: 3}")
+    path.write_text(text.replace("resources: {cpus: 1, memory: 1Gi}", "resources: {cpus: 0.5, memory: 1Gi}"))
+    return path
+
+
+def started(env, job_id: str, world: int) -> list[int]:
+    """The steps rank 0 of a group of `world` started at, in log order."""
+    return [int(m.group(1)) for ln in world_lines(env, job_id)
+            if (m := re.match(rf"world {world}: rank 0 starts at step (\d+)", ln))]
+
+
+@pytest.mark.timeout(600)
+def test_an_elastic_job_grows_shrinks_when_a_container_is_killed_and_grows_back(docker_stack, daemon, tmp_path):
+    """An elastic job in containers, torchrun's c10d rendezvous across the job's network: it starts at its
+    minimum (slots 0 and 1), the Trainer's grant adds slot 2, `docker kill` of slot 2's container shrinks the
+    group to 2 instead of failing the job, the LCM starts slot 2 again and the job completes at 3."""
+    env, state, _ = docker_stack
+    job_id = cli_json(env, "submit", str(elastic_manifest(tmp_path)))["id"]
+    first = wait_for(lambda: len(c := ours(daemon.engine, job_id)) >= 2 and c, 120, "the job's first containers")
+    assert {c.labels["tf.rank"] for c in first} >= {"0", "1"}
+    wait_for(lambda: {c.labels["tf.rank"] for c in ours(daemon.engine, job_id)} == {"0", "1", "2"}, 120,
+             "the granted third container")
+    wait_for(lambda: any(ln.startswith("world 3: rank 0 saved") for ln in world_lines(env, job_id)), 300,
+             "the job to train with 3 learners", interval=1.0)
+    shrunk_before = len(started(env, job_id, 2))
+    victim = next(c for c in ours(daemon.engine, job_id) if c.labels["tf.rank"] == "2")
+    assert daemon.engine.signal(victim.id, "SIGKILL")
+    wait_for(lambda: len(started(env, job_id, 2)) > shrunk_before, 180, "the job to run on with 2 learners",
+             interval=1.0)
+    grown_before = len(started(env, job_id, 3))
+    wait_for(lambda: len(s := started(env, job_id, 3)) > grown_before and s[-1] > 0, 240,
+             "the job to grow back to 3 learners from its checkpoint", interval=1.0)
+    job = wait_terminal(env, job_id, 300)
+    assert job["state"] == "completed", job["reason"]
+    assert job["world_size"] == {"current": 3, "target": 3, "min": 2, "max": 3}
+    lines = world_lines(env, job_id)
+    assert not any(re.match(r"world 1:", ln) for ln in lines), "never below the minimum"
+    assert any(ln.startswith("world 3: rank 0 done at step 400") for ln in lines), lines
+    models = sorted((state / "objects" / "jobs" / job_id / "outputs").glob("*/model.pt"))
+    assert len(models) == 1, models
+    # the LCM deployed the minimum, then started slot 2 on the grant and again after the kill
+    lcm_log = "".join(p.read_text(errors="replace") for p in (state / "logs").glob("lcm*.log"))
+    assert f"job {job_id} attempt 1: granted 3 learner(s)" in lcm_log
+    assert lcm_log.count(f"job {job_id} attempt 1: starting learner(s) 2 (2 running, at most 3)") >= 2, lcm_log[-3000:]
+    wait_for(lambda: ours(daemon.engine, job_id) == [], 60, "the job's containers to be removed")

@@ -244,3 +244,43 @@ def test_helm_install_of_the_chart_succeeds(kube_cluster, unique):
         subprocess.run([*base, "uninstall", f"tf{unique[:6]}"], capture_output=True, timeout=120)
         subprocess.run([str(ROOT / ".cache/kube/clients/kubectl"), "--kubeconfig", str(kube_cluster.kubeconfig),
                         "delete", "namespace", ns, "--wait=false"], capture_output=True, timeout=60)
+
+
+def test_an_elastic_attempt_starts_its_minimum_as_torchrun_pods_and_a_grant_adds_the_next_slot(backend, lifecycle):
+    """`learners: {min: 2, max: 3}`: two pods (slots 0 and 1) whose env is torchrun's PET_* (c10d store in
+    slot 0, the job's rendezvous endpoint, nodes 2:3), not env://; the Trainer's grant of 3 adds slot 2's pod
+    with the same rendezvous on the next supervision pass."""
+    manifest = Manifest(name="j-el", learners={"min": 2, "max": 3}, framework="torch", command="python train.py",
+                        resources={"cpus": 0.5, "memory": "256Mi"})
+    lifecycle.deploy(JobDeployment(job_id="j-el", team="alpha", attempt=1, manifest=manifest,
+                                   code_uri="store://jobs/j-el/code.tar.gz"))
+    ns = naming.namespace(backend.opts, "alpha")
+    selector = naming.job_selector(backend.opts, "j-el")
+    port = backend.site("j-el", 1).master_port
+
+    def learner_envs() -> dict[int, dict]:
+        out = {}
+        for pod in backend.kube.list("Pod", ns, selector):
+            rank = pod["metadata"]["labels"].get(naming.RANK)
+            if rank is not None:
+                out[int(rank)] = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        return out
+
+    envs = learner_envs()
+    assert sorted(envs) == [0, 1], "an elastic job starts at its minimum"
+    for rank, env in envs.items():
+        assert env["PET_NNODES"] == "2:3" and env["PET_NPROC_PER_NODE"] == "1", env
+        assert env["PET_RDZV_BACKEND"] == "c10d" and env["PET_RDZV_ID"] == "j-el-1", env
+        assert env["PET_RDZV_ENDPOINT"] == f"127.0.0.1:{port}", env
+        assert f"is_host={int(rank == 0)}" in env["PET_RDZV_CONF"], "the c10d store lives in slot 0"
+        assert "RANK" not in env and "WORLD_SIZE" not in env, "torchrun numbers an elastic group, not the pod"
+        assert env["TF_JOB_ID"] == "j-el"
+    assert backend.kube.get("Service", ns, "tf-j-el-a1")["spec"]["ports"][0]["port"] == port
+    assert lifecycle.grow("j-el", 1, 3)
+    lifecycle.supervise_once()
+    grown = wait_for(lambda: (e := learner_envs()) and len(e) == 3 and e, 30, "slot 2's pod")
+    assert grown[2]["PET_NNODES"] == "2:3" and grown[2]["PET_RDZV_ENDPOINT"] == f"127.0.0.1:{port}"
+    assert "is_host=0" in grown[2]["PET_RDZV_CONF"]
+    assert lifecycle.grow("j-el", 1, 9)  # never beyond the maximum
+    lifecycle.supervise_once()
+    assert sorted(learner_envs()) == [0, 1, 2]
