@@ -14,7 +14,7 @@ alternating runs (order flipped each round), medians and spreads (min-max):
            spool and archive without a shipper or log store, which tells
            the pipe path's cost from the CPU the log store's ingest takes;
            "offloaded" is the controller with TF_PLACE_CPUS=output
-           (services/controller/priority.py; off by default): the pipe readers, splitters,
+           (services/controller/priority.py; the default): the pipe readers, splitters,
            shipper and, for that run, the log store's threads kept off the
            last CPU; "placed" (TF_PLACE_CPUS=all) pins the learner to the
            last CPU too; the other variants run unplaced. Each learner run
@@ -262,9 +262,9 @@ def main() -> int:
             c = statistics.median(cpus[v]) / statistics.median(cpus["null"]) - 1
             per = ", ".join(f"{x / d - 1:+.0%}" for x, d in zip(walls[v], walls["null"], strict=True))
             print(f"  {names[v]:<24} {w:+7.1%} ({c:+.1%})  per round: {per}")
-        print("  offloaded (TF_PLACE_CPUS=output): the output threads and, here, the "
+        print("  offloaded (TF_PLACE_CPUS=output, the default): the output threads and, here, the "
               "log store's threads kept off the last CPU, the learner unpinned; placed (TF_PLACE_CPUS=all): the "
-              "learner pinned to the last CPU too; unplaced: TF_PLACE_CPUS=off, the default")
+              "learner pinned to the last CPU too; unplaced: TF_PLACE_CPUS=off")
     if read:
         print(summary("read API+CLI", read, "lines/s"))
     return 0

@@ -14,14 +14,12 @@ shipper) the rest, each thread pinned by its native id
 (`os.sched_setaffinity`), so the work a flood of output causes does not
 queue on the learner's CPU. A job that asked for as many CPUs as there are
 (or more) is not placed at all. `TF_PLACE_CPUS` (ControllerSettings):
-`output` pins only the output threads; `all` pins the learner to its CPUs
-too, which suits a host running one job: every controller on a host picks
-the same last CPUs, so with several jobs their learners would share them;
-`off`, the default, places nothing. Off by default because on the 2-vCPU
-host it was measured on, a reader on the other CPU made each of an
-unbuffered learner's pipe writes dearer (learner CPU +38-53 % over
-/dev/null against +17-20 % unplaced; docs/BENCHMARKS.md, "Learner slowdown
-(2026-11-27)"); a buffered learner gained (+8 % against +18 %).
+`output`, the default, pins only the output threads; `all` pins the
+learner to its CPUs too, which suits a host running one job: every
+controller on a host picks the same last CPUs, so with several jobs their
+learners would share them; `off` places nothing. Measured on a 2-vCPU host
+only, where the gain is within the noise (docs/BENCHMARKS.md, "Learner
+slowdown (2026-11-27)").
 """
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ def test_a_job_that_asked_for_every_cpu_is_not_placed(cpus):
     assert plan_placement(1, {7}) is None
 
 
-def test_placement_is_off_by_default_and_can_be_chosen(monkeypatch):
-    assert ControllerSettings().place_cpus == "off"
-    for value in ("output", "all"):
+def test_placement_moves_the_output_threads_by_default_and_can_be_turned_off(monkeypatch):
+    assert ControllerSettings().place_cpus == "output"
+    for value in ("off", "all"):
         monkeypatch.setenv("TF_PLACE_CPUS", value)
         assert ControllerSettings().place_cpus == value
     monkeypatch.setenv("TF_PLACE_CPUS", "learner")
