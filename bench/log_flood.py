@@ -12,7 +12,16 @@ alternating runs (order flipped each round), medians and spreads (min-max):
            `LogArchive`, shipper running) against the same script with its
            output to /dev/null; and "pipes only": the controller's pipes,
            spool and archive without a shipper or log store, which tells
-           the pipe path's cost from the CPU the log store's ingest takes
+           the pipe path's cost from the CPU the log store's ingest takes;
+           "offloaded" is the controller with TF_PLACE_CPUS=output
+           (services/controller/priority.py; the default): the pipe readers, splitters,
+           shipper and, for that run, the log store's threads kept off the
+           last CPU; "placed" (TF_PLACE_CPUS=all) pins the learner to the
+           last CPU too; the other variants run unplaced. Each learner run
+           reports wall seconds and the CPU seconds of the learner's own
+           processes (user + system, from the reaped children's rusage):
+           the CPU figure moves little with other load on the machine and
+           shows what the sink costs the learner's writes
   read   : a finished job's log of N lines through the API (archive
            streaming, real HTTP server) and the CLI (`trainforge logs`,
            output discarded), lines/s
@@ -28,6 +37,7 @@ import json
 import logging
 import os
 import platform
+import resource
 import shlex
 import statistics
 import sys
@@ -56,6 +66,7 @@ from trainforge_services.common.states import JobState  # noqa: E402
 from trainforge_services.controller.controller import ARCHIVE_FLUSH_SECONDS  # noqa: E402
 from trainforge_services.controller.learner import LearnerProcess  # noqa: E402
 from trainforge_services.controller.logship import LogArchive, LogShipper  # noqa: E402
+from trainforge_services.controller.priority import plan_placement, set_output_cpus  # noqa: E402
 
 FLOOD = ("import sys\nw = sys.stdout.write\npad = 'x' * 76\n"
          "for i in range({n}):\n    w(f'line {{i:07d}} {{pad}}\\n')\n")
@@ -104,9 +115,39 @@ def run_bulk(url: str, archive: Path, n: int, batch: int, index: str) -> float:
     return rate
 
 
+def pin_threads(pid: int, cpus: set[int] | frozenset[int]) -> None:
+    """Every thread of process pid on cpus (affinity is per thread)."""
+    for t in psutil.Process(pid).threads():
+        try:
+            os.sched_setaffinity(t.id, cpus)
+        except OSError:
+            pass
+
+
 def run_learner(n: int, tmp: Path, url: str | None, index: str, *, devnull: bool = True,
-                buffered: bool = False) -> float:
-    """Seconds from start to exit; url None and devnull False: the controller's pipes and archive, no shipper."""
+                buffered: bool = False, placed: str = "", store_pid: int | None = None) -> tuple[float, float]:
+    """Wall seconds from start to exit and the CPU seconds of the learner's processes (user + system);
+    url None and devnull False: the controller's pipes and archive, no shipper. placed "both": the learner
+    and the output threads placed; "output": only the output threads (and the store) moved off the learner's
+    CPU, the learner left to the scheduler."""
+    plan = plan_placement(1) if placed else None
+    if placed and plan is None:
+        raise RuntimeError("no CPU to spare for placement on this host")
+    set_output_cpus(plan.output if plan else None)
+    if store_pid is not None:
+        pin_threads(store_pid, plan.output if plan else os.sched_getaffinity(0))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        wall = _run_learner(n, tmp, url, index, devnull=devnull, buffered=buffered,
+                            cpus=plan.learner if plan and placed == "both" else None)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    finally:
+        set_output_cpus(None)
+
+
+def _run_learner(n: int, tmp: Path, url: str | None, index: str, *, devnull: bool, buffered: bool,
+                 cpus: frozenset[int] | None) -> float:
     script = FLOOD.format(n=n)
     if url is None and devnull:
         cmd = f"python -c {shlex.quote(script)} > /dev/null"
@@ -125,7 +166,7 @@ def run_learner(n: int, tmp: Path, url: str | None, index: str, *, devnull: bool
     # `env: {PYTHONUNBUFFERED: ""}` turns that off. The /dev/null baseline runs the same way.
     env["PYTHONUNBUFFERED"] = "" if buffered else "1"
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    proc = LearnerProcess(cmd, tmp, env, archive)
+    proc = LearnerProcess(cmd, tmp, env, archive, cpus=cpus)
     start = time.perf_counter()
     proc.start()
     proc.wait(600)
@@ -154,7 +195,7 @@ def run_read(api_url: str, key: str, state: Path, job: str, n: int) -> float:
 
 
 def summary(name: str, values: list[float], unit: str, digits: int = 1) -> str:
-    return (f"{name:<22} median {statistics.median(values):>10,.{digits}f} {unit}  "
+    return (f"{name:<30} median {statistics.median(values):>10,.{digits}f} {unit}  "
             f"spread {min(values):,.{digits}f}-{max(values):,.{digits}f}  "
             f"runs {', '.join(f'{v:,.{digits}f}' for v in values)}")
 
@@ -172,7 +213,10 @@ def main() -> int:
     logging.getLogger("trainforge_services").setLevel(logging.ERROR)
     print(machine())
     osmem = start_osmem()
-    ship, bulk, flooded, devnull, archived, read = [], [], [], [], [], []
+    ship, bulk, read = [], [], []
+    variants = ("flood", "null", "placed", "offload", "archive")
+    walls: dict[str, list[float]] = {v: [] for v in variants}
+    cpus: dict[str, list[float]] = {v: [] for v in variants}
     try:
         with tempfile.TemporaryDirectory(prefix="tf-bench-logs-") as tmpname:
             tmp = Path(tmpname)
@@ -186,13 +230,15 @@ def main() -> int:
                         (ship if which == "ship" else bulk).append(rate)
                         print(f"round {r} {which:<5} {rate:,.0f} lines/s", flush=True)
                 if args.only in (None, "learner"):
-                    order = ("flood", "null", "archive") if r % 2 == 0 else ("archive", "null", "flood")
-                    for which in order:
-                        url = osmem.url if which == "flood" else None
-                        secs = run_learner(args.n, tmp, url, f"bench-learner-{r}", devnull=which == "null",
-                                           buffered=args.buffered)
-                        {"flood": flooded, "null": devnull, "archive": archived}[which].append(secs)
-                        print(f"round {r} learner {which:<5} {secs:.3f} s", flush=True)
+                    for which in (variants if r % 2 == 0 else variants[::-1]):
+                        url = osmem.url if which in ("flood", "placed", "offload") else None
+                        secs, cpu = run_learner(args.n, tmp, url, f"bench-learner-{r}", devnull=which == "null",
+                                                buffered=args.buffered,
+                                                placed={"placed": "both", "offload": "output"}.get(which, ""),
+                                                store_pid=osmem.proc.pid)
+                        walls[which].append(secs)
+                        cpus[which].append(cpu)
+                        print(f"round {r} learner {which:<7} {secs:.3f} s wall, {cpu:.3f} s CPU", flush=True)
             if args.only in (None, "read"):
                 read.extend(bench_read(tmp, archive, args.n, args.rounds))
     finally:
@@ -201,14 +247,24 @@ def main() -> int:
         print(summary("raw _bulk", bulk, "lines/s"))
         print(summary("shipper", ship, "lines/s"))
         print(f"shipping / raw bulk     {statistics.median(ship) / statistics.median(bulk):.3f}")
-    if flooded:
-        print(summary("learner, /dev/null", devnull, "s", 3))
-        print(summary("learner, controller", flooded, "s", 3))
-        print(summary("learner, pipes only", archived, "s", 3))
-        print(f"learner slowdown        {statistics.median(flooded) / statistics.median(devnull) - 1:+.1%}")
-        print(f"  pipes+archive only    {statistics.median(archived) / statistics.median(devnull) - 1:+.1%}")
-        print("  per round (flood, pipes only): "
-              + ", ".join(f"{f / d - 1:+.0%}/{a / d - 1:+.0%}" for f, d, a in zip(flooded, devnull, archived, strict=True)))
+    if walls["null"]:
+        print(f"learner: {args.n:,} lines of ~90 bytes, {'buffered' if args.buffered else 'unbuffered (PYTHONUNBUFFERED=1)'}, "
+              f"{args.rounds} alternating rounds; wall = start to exit, CPU = user+system of the learner's "
+              "processes; load now {:.2f} {:.2f} {:.2f}".format(*psutil.getloadavg()))
+        names = {"null": "/dev/null (baseline)", "flood": "controller, unplaced", "placed": "controller, placed",
+                 "offload": "controller, offloaded", "archive": "pipes only, unplaced"}
+        for v in ("null", "flood", "placed", "offload", "archive"):
+            print(summary(f"{names[v]} wall", walls[v], "s", 3))
+            print(summary(f"{names[v]} CPU", cpus[v], "s", 3))
+        print("slowdown against /dev/null, wall (CPU) medians; the goal is <= +5 % wall:")
+        for v in ("flood", "placed", "offload", "archive"):
+            w = statistics.median(walls[v]) / statistics.median(walls["null"]) - 1
+            c = statistics.median(cpus[v]) / statistics.median(cpus["null"]) - 1
+            per = ", ".join(f"{x / d - 1:+.0%}" for x, d in zip(walls[v], walls["null"], strict=True))
+            print(f"  {names[v]:<24} {w:+7.1%} ({c:+.1%})  per round: {per}")
+        print("  offloaded (TF_PLACE_CPUS=output, the default): the output threads and, here, the "
+              "log store's threads kept off the last CPU, the learner unpinned; placed (TF_PLACE_CPUS=all): the "
+              "learner pinned to the last CPU too; unplaced: TF_PLACE_CPUS=off")
     if read:
         print(summary("read API+CLI", read, "lines/s"))
     return 0

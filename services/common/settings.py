@@ -188,6 +188,11 @@ class ControllerSettings(StoreSettings):
                                      "store to take the rest of the log (the archive keeps every line regardless)")
     log_batch_seconds: float = Field(0.5, gt=0, le=30, description="longest a line waits before it is shipped")
     kill_grace: float = Field(10.0, ge=0, le=600, description="seconds between SIGTERM and SIGKILL")
+    place_cpus: str = Field("output", pattern="^(off|output|all)$",
+                            description="where the controller may use more CPUs than the job's resources.cpus: "
+                                        "output (the default: the pipe readers, log splitter and shipper kept "
+                                        "off the last ceil(cpus) CPUs, which are left to the learner), all (the "
+                                        "learner pinned to those CPUs too; for hosts that run one job), or off")
     env_cache_dir: Path | None = Field(None, description="where per-job environments (manifest requirements:) "
                                                          "are built and cached (default <state_dir>/envs)")
     env_build_timeout: float = Field(1800.0, gt=0, le=86400,

@@ -64,6 +64,7 @@ from .learner import (
 from .logship import LogArchive, LogShipper, LogSink, upload_earlier_archives
 from .metricstail import MetricsChannel
 from .outcome import FINAL_STATUS_SECONDS, Outcome, system_line, text
+from .priority import Placement, plan_placement, set_output_cpus
 from .pyenv import BuildStopped, EnvCache, requirements_of
 from .sandbox import Sandbox, choose
 from .status import StatusPublisher
@@ -100,6 +101,7 @@ class Controller:
         self._stop = StopRequest()
         self._done = threading.Event()
         self._learner: LearnerProcess | None = None
+        self._placement: Placement | None = None
         self._checkpoints = CheckpointSync(self._object_store, self._coord, job_id=spec.job_id, rank=spec.rank,
                                            attempt=spec.attempt, directory=spec.checkpoint_dir,
                                            scratch=spec.workdir.parent, interval=checkpoint_poll,
@@ -137,6 +139,10 @@ class Controller:
         if sink is None:
             sink = LogStore(self.settings.logstore_url, self.settings.logstore_index)
             self._owned.append(sink)
+        # the learner's CPUs and the output threads' (priority.py); set before the shipper starts
+        place = self.settings.place_cpus
+        self._placement = plan_placement(spec.manifest.resources.cpus) if place != "off" else None
+        set_output_cpus(self._placement.output if self._placement else None)
         shipper = LogShipper(spec.archive_path, sink, max_lines=self.settings.log_batch_lines,
                              max_seconds=self.settings.log_batch_seconds)
         try:
@@ -257,7 +263,9 @@ class Controller:
         elif spec.launcher:
             program = [*spec.launcher, "/bin/sh", "-c", command]
         learner = self._learner = LearnerProcess(command, spec.workdir, env, archive,
-                                                 python=self.python, program=program)
+                                                 python=self.python, program=program,
+                                                 cpus=self._placement.learner
+                                                 if self._placement and self.settings.place_cpus == "all" else None)
         try:
             learner.start()
         except OSError as e:

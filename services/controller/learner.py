@@ -163,9 +163,11 @@ class LearnerProcess:
     """
 
     def __init__(self, command: str, cwd: Path, env: dict[str, str], archive: LogArchive, *,
-                 python: str = sys.executable, program: list[str] | None = None):
+                 python: str = sys.executable, program: list[str] | None = None,
+                 cpus: frozenset[int] | None = None):
         self.command, self.cwd, self.env, self.archive = command, Path(cwd), env, archive
         self.python, self.program = python, program
+        self.cpus = cpus  # the learner's CPUs (priority.plan_placement); None: the controller's own
         self.proc: subprocess.Popen | None = None
         self._readers: list[SpooledStream] = []
         self._lifeline: int | None = None  # the write end the guard watches; closed only when we are done
@@ -180,6 +182,7 @@ class LearnerProcess:
         read_end, write_end = os.pipe()  # both close-on-exec: only the guard gets the read end
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        own = self._pin_self(self.cpus)  # the child inherits the forking thread's affinity
         try:
             self.proc = subprocess.Popen(
                 guarded_argv(self.command, read_end, self.python, self.program), cwd=self.cwd, env=self.env,
@@ -190,12 +193,26 @@ class LearnerProcess:
                 os.close(fd)
             raise
         finally:
+            self._pin_self(own)
             for fd in (read_end, out_w, err_w):
                 os.close(fd)
         self._lifeline = write_end
         for stream, fd in (("stdout", out_r), ("stderr", err_r)):
             spool = self.archive.path.with_name(f"{self.archive.path.name}.{stream}.spool")
             self._readers.append(SpooledStream(stream, fd, self.archive, spool, MAX_LINE_BYTES).start())
+
+    @staticmethod
+    def _pin_self(cpus: frozenset[int] | set[int] | None) -> set[int] | None:
+        """Pin the calling thread to cpus (None: leave it); its affinity before, to restore."""
+        if not cpus:
+            return None
+        try:
+            before = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, cpus)
+            return before
+        except OSError as e:
+            log.warning("cannot place the learner on CPUs %s: %s", sorted(cpus), e)
+            return None
 
     def poll(self) -> int | None:
         return self.proc.poll() if self.proc else None

@@ -33,7 +33,7 @@ from trainforge_services.common.contracts import storekeys
 from trainforge_services.common.contracts.specs import LearnerSpec
 from trainforge_services.common.retry import Backoff
 
-from .priority import background_priority
+from .priority import background_priority, output_thread, output_thread_done
 
 log = logging.getLogger(__name__)
 
@@ -229,10 +229,13 @@ class LogShipper:
 
     def _run(self) -> None:
         background_priority()
+        output_thread()
         try:
             self._ship_until_closed()
         except Exception:  # noqa: BLE001 - the shipper must not take the controller down
             log.exception("log shipper stopped unexpectedly")
+        finally:
+            output_thread_done()
 
     def _open(self) -> BinaryIO | None:
         while True:

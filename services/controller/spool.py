@@ -7,7 +7,8 @@ allows) into a spool file on disk next to the archive and goes back to the
 pipe. A second thread tails the spool, splits it into lines (a line longer
 than `max_line` bytes is split, a last line without newline is kept) and
 appends them to the `LogArchive`, which numbers them, at the lowest CPU
-priority (services/controller/priority.py). Memory stays at one
+priority; both threads run off the learner's CPUs where the host has spare
+ones (services/controller/priority.py). Memory stays at one
 chunk per thread whatever the learner writes; disk holds what the archive
 has not numbered yet, and the spool is deleted once drained.
 """
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 
 from .logship import LogArchive
-from .priority import background_priority
+from .priority import background_priority, output_thread, output_thread_done
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class SpooledStream:
 
     def _copy(self) -> None:
         warned = False
+        output_thread()
         try:
             while chunk := os.read(self._fd, self.chunk_bytes):
                 try:
@@ -116,6 +118,7 @@ class SpooledStream:
                 if len(chunk) < self.chunk_bytes and self.pace:
                     time.sleep(self.pace)
         finally:
+            output_thread_done()
             os.close(self._fd)
             os.close(self._wfd)
             self._eof = True
@@ -123,6 +126,7 @@ class SpooledStream:
 
     def _split(self) -> None:
         background_priority()  # the reader keeps its priority: a starved reader would fill the pipe
+        output_thread()
         warned = False
         pending = b""
         try:
@@ -148,6 +152,7 @@ class SpooledStream:
                 if not chunk:
                     return
         finally:
+            output_thread_done()
             os.close(self._rfd)
 
     def join(self, timeout: float | None) -> bool:

@@ -310,3 +310,15 @@ def test_a_controller_error_still_ends_in_a_failed_status(coordinator, store_set
     assert doc["state"] == LearnerState.LEARNER_FAILED
     assert doc["message"] == "controller error: RuntimeError: disk on fire"
     assert [(ln.stream, ln.line) for ln in sink.lines] == [("system", "controller error: RuntimeError: disk on fire")]
+
+
+def test_cpu_placement_all_starts_the_learner_on_its_share(launch, coordinator):
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.fail(f"placement needs 2 CPUs to test, this process may use {allowed}")
+    run = launch({"command": "grep Cpus_allowed_list /proc/self/status", "resources": {"cpus": 1}},
+                 place_cpus="all")
+    assert run.wait() == 0, controller_log(run)
+    doc = status(coordinator, run)
+    assert doc["state"] == LearnerState.LEARNER_COMPLETED, doc
+    assert doc["tail"] == [f"Cpus_allowed_list:\t{allowed[-1]}"]
