@@ -249,6 +249,10 @@ def test_an_elastic_job_grows_shrinks_when_a_container_is_killed_and_grows_back(
     minimum (slots 0 and 1), the Trainer's grant adds slot 2, `docker kill` of slot 2's container shrinks the
     group to 2 instead of failing the job, the LCM starts slot 2 again and the job completes at 3."""
     env, state, _ = docker_stack
+    # growth is granted only while no job waits: let what earlier tests of this module left (a job restarting
+    # after its LCM was killed, say) end first
+    wait_for(lambda: all(j["state"] in ("completed", "failed", "cancelled", "halted") for j in cli_json(env, "status")), 300,
+             "the earlier tests' jobs to end", interval=1.0)
     job_id = cli_json(env, "submit", str(elastic_manifest(tmp_path)))["id"]
     first = wait_for(lambda: len(c := ours(daemon.engine, job_id)) >= 2 and c, 120, "the job's first containers")
     assert {c.labels["tf.rank"] for c in first} >= {"0", "1"}
