@@ -207,7 +207,10 @@ print("wrote the workdir and /tmp", flush=True)
     # a target below /tmp (a checkout or venv there, as in a CI clone) lies on the learner's private /tmp in
     # the view, where a write is its own (docs/THREAT_MODEL.md); the host never sees it, checked below
     private = [p for p in targets if Path(p).is_relative_to("/tmp")]
-    assert len(targets) - len(private) <= len(sandboxed(doc, platform.isolation)) <= len(targets)
+    assert doc["isolation"] == platform.isolation, doc
+    blocked, escaped = outcome_lines(doc)
+    assert all(any(f"write {p}:" in line for p in private) for line in escaped), doc["tail"]
+    assert len(targets) - len(private) <= len(blocked) <= len(targets)
     assert "wrote the workdir and /tmp" in doc["tail"]
     assert not any(Path(p).exists() for p in targets)
     assert (workdir / "mine.txt").read_text() == "ok"
