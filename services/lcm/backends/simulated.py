@@ -310,11 +310,11 @@ class SimulatedBackend(Backend):
     def _finish(self, sim: _Attempt) -> None:
         with self._lock:
             sim.done = True
-        if self._current_or_done(sim):
+        if self._is_current(sim):
             self._save(sim)
 
-    def _current_or_done(self, sim: _Attempt) -> bool:
-        """Whether `sim` is still this backend's attempt of its job (not stopped or replaced meanwhile)."""
+    def _is_current(self, sim: _Attempt) -> bool:
+        """Whether `sim` is still this backend's attempt of its job (not stopped or replaced meanwhile): only then is its record saved."""
         with self._lock:
             return self._jobs.get(sim.plan.job_id) is sim
 
@@ -335,5 +335,5 @@ class SimulatedBackend(Backend):
         sim.sent.append(state)
         if state == JobState.RUNNING:
             sim.running_at = time.time()
-        if self._current_or_done(sim):
+        if self._is_current(sim):
             self._save(sim)
