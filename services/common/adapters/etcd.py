@@ -54,7 +54,7 @@ class StopEvent(threading.Event):
     a stop only at its next poll (up to `poll`, 0.5 s). A job monitor joins its
     watch thread on the way out, and the LCM's KillJob waits for the monitor to
     exit, so that poll held every finished job's learner slot for up to 0.5 s.
-    `set()` is safe from a signal handler: it only puts a marker on each queue.
+    `set()` takes only a short lock of its own and puts a marker on each queue.
     """
 
     def __init__(self) -> None:
