@@ -1,8 +1,8 @@
 """The Ray Jobs peer of bench/submit_latency.py; runs under the bench venv's Python (`make bench-venv`).
 
-Starts a private single-node Ray cluster (head only, no dashboard UI build needed), submits N jobs whose
-entrypoint is the given command one after another through the Jobs SDK, polls each until it ends, and
-prints one JSON line {"running": [...], "completed": [...]} of seconds from submit, then stops the
+Starts a private single-node Ray cluster (head only, no dashboard UI build needed), runs one untimed
+warm-up job (the job agent starts after the dashboard), submits N jobs whose entrypoint is the given
+command one after another through the Jobs SDK, polls each until it ends, and prints one JSON line {"running": [...], "completed": [...]} of seconds from submit, then stops the
 cluster. Usage: .cache/bench-venv/bin/python bench/_ray_peer.py N COMMAND
 """
 
@@ -21,6 +21,9 @@ def main() -> int:
     n, command = int(sys.argv[1]), sys.argv[2]
     ray = str(Path(sys.executable).parent / "ray")
     tmp = tempfile.mkdtemp(prefix="tf-ray-")
+    # A token left in ~/.ray/auth_token by an earlier Ray turns token authentication on for the cluster
+    # while the Jobs client sends none; this private loopback cluster runs without it.
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     port = _free_port()
     subprocess.run([ray, "start", "--head", "--num-cpus", "2", "--temp-dir", tmp, "--include-dashboard", "true",
@@ -30,6 +33,7 @@ def main() -> int:
         from ray.job_submission import JobStatus, JobSubmissionClient
 
         client = _client(JobSubmissionClient, f"http://127.0.0.1:{port}")
+        _ready(client, JobStatus)
         running, completed = [], []
         for _ in range(n):
             t0 = time.time()
@@ -74,6 +78,24 @@ def _client(cls, address: str):  # noqa: ANN001, ANN202
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def _ready(client, status) -> None:  # noqa: ANN001
+    """Wait (untimed) until the cluster's job agent takes a job: the dashboard answers before its agent is up
+    ("No available agent to submit job"), so one warm-up job runs to its end before the measured ones."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            job = client.submit_job(entrypoint="true")
+            break
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    while not client.get_job_status(job).is_terminal():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the warm-up ray job {job} did not end within 120 s")
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":
