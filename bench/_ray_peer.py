@@ -2,14 +2,17 @@
 
 Starts a private single-node Ray cluster (head only, no dashboard UI build needed), runs one untimed
 warm-up job (the job agent starts after the dashboard), submits N jobs whose entrypoint is the given
-command one after another through the Jobs SDK, polls each until it ends, and prints one JSON line {"running": [...], "completed": [...]} of seconds from submit, then stops the
-cluster. Usage: .cache/bench-venv/bin/python bench/_ray_peer.py N COMMAND
+command one after another through the Jobs SDK, polls each until it ends, and prints one JSON line
+{"running": [...], "completed": [...]} of seconds from submit, then stops the cluster (its own
+processes only). Usage: .cache/bench-venv/bin/python bench/_ray_peer.py N COMMAND
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +31,7 @@ def main() -> int:
     port = _free_port()
     subprocess.run([ray, "start", "--head", "--num-cpus", "2", "--temp-dir", tmp, "--include-dashboard", "true",
                     "--dashboard-host", "127.0.0.1", "--dashboard-port", str(port)], check=True, env=env,
-                   stdout=subprocess.DEVNULL, timeout=300)
+                   stdout=subprocess.DEVNULL, timeout=300, start_new_session=True)
     try:
         from ray.job_submission import JobStatus, JobSubmissionClient
 
@@ -56,8 +59,40 @@ def main() -> int:
         print(json.dumps({"running": running, "completed": completed}))
         return 0
     finally:
-        subprocess.run([ray, "stop", "--force"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=120, check=False)
+        _stop(tmp)
+
+
+def _stop(tmp: str) -> None:
+    """Stop this cluster only: `ray stop` would stop every Ray on the machine (another bench's too).
+
+    Its daemons all carry the session's temp dir in their command line and share a process group
+    (`ray start` ran in a session of its own); that group is ended, SIGKILL after 15 s."""
+    groups = set()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if tmp.encode() in cmdline.read_bytes():
+                groups.add(os.getpgid(int(cmdline.parent.name)))
+        except (OSError, ValueError):
+            continue
+    groups.discard(os.getpgid(0))
+    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, sig)
+        deadline = time.monotonic() + wait
+        while groups and time.monotonic() < deadline:
+            groups = {g for g in groups if _group_alive(g)}
+            time.sleep(0.2)
+        if not groups:
+            return
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def _free_port() -> int:
