@@ -4,7 +4,9 @@ The example has to run anywhere the platform runs, without downloads, so
 the data set is generated: ten 5x7 bitmap digits, scaled up, shifted and
 dimmed at random and covered in noise, the same on every rank for a given
 seed. Each learner trains on its DistributedSampler shard; gradients are
-averaged over gloo.
+averaged over gloo, or NCCL when the learner was given a GPU (it then trains
+on that GPU, with cuDNN's deterministic algorithms so a resumed run still
+matches an uninterrupted one).
 
 It uses the platform's learner helper for everything the platform
 provides: the rendezvous (`init_distributed`), where results and
@@ -39,6 +41,7 @@ from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
 from trainforge_frameworks.torch.helper import (  # noqa: E402
     checkpoint_due,
+    device,
     init_distributed,
     install_halt_handler,
     load_checkpoint,
@@ -103,8 +106,12 @@ class Net(nn.Module):
         return self.head(self.features(x))
 
 
+# Where the collectives' tensors live: the training device (NCCL takes only CUDA tensors; gloo takes both).
+DEVICE = torch.device("cpu")
+
+
 def all_sum(values: list[float], distributed: bool) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=DEVICE)
     if distributed:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.tolist()
@@ -124,7 +131,7 @@ def same_step_everywhere(step: int, distributed: bool) -> None:
     """Every rank must continue from the same step, or the ranks would wait in different all-reduces."""
     if not distributed:
         return
-    t = torch.tensor([step, -step])
+    t = torch.tensor([step, -step], device=DEVICE)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     highest, lowest = int(t[0]), -int(t[1])
     if highest != lowest:
@@ -138,7 +145,7 @@ def agree(distributed: bool) -> tuple[bool, bool]:
     Every rank must stop (or save) at the same batch, or one would wait in an
     all-reduce alone; one all-reduce per batch answers both questions.
     """
-    flags = torch.tensor([int(should_halt()), int(checkpoint_due())])
+    flags = torch.tensor([int(should_halt()), int(checkpoint_due())], device=DEVICE)
     if distributed:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     return bool(flags[0]), bool(flags[1])
@@ -158,7 +165,7 @@ def evaluate(model: nn.Module, data: TensorDataset, me: int, world: int, distrib
     images, labels = data.tensors
     with torch.no_grad():
         mine = slice(me, None, world)
-        correct = (model(images[mine]).argmax(1) == labels[mine]).sum().item()
+        correct = (model(images[mine].to(DEVICE)).argmax(1) == labels[mine].to(DEVICE)).sum().item()
     correct, total = all_sum([correct, len(labels[mine])], distributed)
     return correct / total
 
@@ -173,18 +180,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-samples", type=int, default=1000)
     args = parser.parse_args(argv)
 
+    global DEVICE
     started = time.monotonic()
     torch.set_num_threads(1)
     install_halt_handler()
-    distributed = init_distributed("gloo")
+    DEVICE = device()
+    if DEVICE.type == "cuda":
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    distributed = init_distributed()
     me, world = rank(), world_size()
-    print(f"rank {me}/{world}: generating {args.train_samples}+{args.test_samples} digits (seed {args.seed})",
+    print(f"rank {me}/{world} on {DEVICE}: generating {args.train_samples}+{args.test_samples} digits (seed {args.seed})",
           flush=True)
     train_set = make_digits(args.train_samples, args.seed)
     test_set = make_digits(args.test_samples, args.seed + 1)
 
     torch.manual_seed(args.seed)
-    model = Net()
+    model = Net().to(DEVICE)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     # The order of every epoch depends only on (seed, epoch), also with one learner, so a run that
     # resumes at (epoch, batch) sees exactly the batches an uninterrupted run would have.
@@ -202,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.load_state_dict(state["optimizer"])
         partial, metrics["epochs"] = state["partial"], state["epochs"]
         print(f"rank {me}: resuming from step {step} (epoch {first_epoch + 1}, batch {first_batch})", flush=True)
-    ddp_model = DistributedDataParallel(model) if distributed else model
+    ddp_model = model
+    if distributed:
+        ddp_model = DistributedDataParallel(model, device_ids=[0] if DEVICE.type == "cuda" else None)
     loss_fn = nn.CrossEntropyLoss()
 
     def save(epoch: int, batch: int, sums: list) -> None:
@@ -231,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
                 leave(distributed)
                 return 0
+            images, labels = images.to(DEVICE), labels.to(DEVICE)
             optimizer.zero_grad()
             logits = ddp_model(images)
             loss = loss_fn(logits, labels)
@@ -253,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"final test accuracy: {test_acc:.4f}", flush=True)
     if me == 0:
         out = output_dir(OUTPUTS)
-        torch.save(model.state_dict(), out / "model.pt")
+        torch.save({k: v.cpu() for k, v in model.state_dict().items()}, out / "model.pt")  # loads anywhere
         metrics.update(test_accuracy=round(test_acc, 4), seconds=round(time.monotonic() - started, 2))
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         print(f"saved {out / 'model.pt'} and {out / 'metrics.json'}", flush=True)

@@ -75,16 +75,40 @@ def world_size() -> int:
     return _int_env("WORLD_SIZE", 1)
 
 
-def init_distributed(backend: str = "gloo") -> bool:
+def device() -> Any:
+    """The torch device this learner trains on: `cuda:0` when the platform gave it a GPU, else the CPU.
+
+    The controller sets CUDA_VISIBLE_DEVICES to the learner's own GPUs (empty when it has none), so a
+    learner's first GPU is always index 0, whatever its rank.
+    """
+    import torch
+
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def distributed_backend() -> str:
+    """"nccl" when this learner trains on a GPU and torch was built with NCCL, else "gloo".
+
+    Collectives on "nccl" take CUDA tensors: put the tensors you all-reduce on `device()`.
+    """
+    import torch
+    import torch.distributed as dist
+
+    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+
+
+def init_distributed(backend: str | None = None) -> bool:
     """Join the job's process group when there is more than one learner.
 
     Returns True when a process group is (now) initialised. The rendezvous
-    comes from MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE (env://).
+    comes from MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE (env://). `backend`
+    defaults to `distributed_backend()`.
     """
     if world_size() <= 1:
         return False
     import torch.distributed as dist
 
+    backend = backend or distributed_backend()
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, init_method="env://", rank=rank(), world_size=world_size())
     return True

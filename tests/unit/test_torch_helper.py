@@ -43,6 +43,31 @@ def test_not_distributed_without_world_size(learner_env):
     assert helper.init_distributed() is False
 
 
+def test_device_and_backend_follow_what_torch_sees(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert helper.device() == torch.device("cpu") and helper.distributed_backend() == "gloo"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    # the learner's own GPUs are renumbered from 0 by CUDA_VISIBLE_DEVICES, whatever its rank
+    assert helper.device() == torch.device("cuda", 0)
+    assert helper.distributed_backend() == ("nccl" if torch.distributed.is_nccl_available() else "gloo")
+
+
+def test_init_distributed_picks_the_backend_for_the_device(learner_env, monkeypatch):
+    import torch.distributed as dist
+
+    joined = {}
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: joined.update(kw))
+    monkeypatch.setattr(helper, "distributed_backend", lambda: "nccl")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert helper.init_distributed() is True and joined["backend"] == "nccl"
+    assert helper.init_distributed("gloo") is True and joined["backend"] == "gloo"
+    assert (joined["rank"], joined["world_size"]) == (1, 2)
+
+
 def test_bad_rank_is_named(learner_env, monkeypatch):
     monkeypatch.setenv("RANK", "one")
     with pytest.raises(ValueError, match="RANK='one' is not an integer"):
