@@ -12,7 +12,13 @@ follows every job until it ends and prints:
 - resident memory of the stack's services, and of monitors + controllers +
   guards per running job, sampled every 0.5 s;
 - baseline in the same run: the same command run bare (one at a time), and
-  the sequential rate of the same submits (the first few jobs, alone).
+  the sequential rate of the same submits (the first few jobs, alone);
+- CPU per submit of the API, Trainer, LCM, store and this client over the
+  submit phase, and how busy the machine's CPUs were meanwhile;
+- a ceiling in the same run, after the burst: the stack's own store
+  (nx-27017) inserting copies of one of the burst's job documents into a
+  scratch collection from the same C threads (a submit's one insert, with no
+  API, Trainer or audit entry around it), `--store-inserts` of them.
 
 The API's rate limit is lifted for the run (TF_RATE_LIMIT_PER_SECOND=0) and the
 local backend offers room for the burst (TF_LOCAL_CPUS=1000, TF_LOCAL_MAX_LEARNERS=
@@ -33,6 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
+import pymongo
 from _stack import TERMINAL, admission_passes, machine_line, pct, pids, platform_procs, stack
 
 from trainforge.sdk import Client
@@ -70,12 +77,38 @@ class MemorySampler(threading.Thread):
                 self.per_job.append(statistics.mean(jobs.values()))
 
 
+def store_ceiling(st, job_ids: list[str], n: int, threads: int) -> float:  # noqa: ANN001
+    """Inserts/s of copies of a burst job's document into a scratch collection of the stack's store."""
+    client = pymongo.MongoClient(f"mongodb://127.0.0.1:{st.status()['ports']['mongo']}", maxPoolSize=threads)
+    try:
+        db = client["trainforge"]
+        doc = db["jobs"].find_one({"_id": job_ids[0]})
+        if doc is None:
+            raise SystemExit(f"store ceiling: job {job_ids[0]} is not in the store's trainforge.jobs")
+        scratch = db["bench_store_ceiling"]
+        scratch.drop()
+
+        def insert(i: int) -> None:
+            scratch.insert_one({**doc, "_id": f"{doc['_id']}-{i}"})
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(insert, range(n)))
+        rate = n / (time.monotonic() - t0)
+        scratch.drop()
+        return rate
+    finally:
+        client.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", type=int, default=200, help="jobs submitted at once")
     ap.add_argument("-c", type=int, default=16, help="client threads submitting")
     ap.add_argument("--max-learners", type=int, default=8, help="learners the local backend runs at once")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds the whole burst may take")
+    ap.add_argument("--store-inserts", type=int, default=300,
+                    help="job documents inserted straight into the store after the burst, for its raw rate (0: skip)")
     args = ap.parse_args()
 
     bare = []
@@ -108,11 +141,22 @@ def main() -> int:
                 ids.append(job["id"])
                 accepted.append(time.monotonic())
 
+        # CPU of the services, the store and this client over the submit phase (per submit, below)
+        mongo = int((st.state / "mongo" / "nx.pid").read_text().split()[0])
+        phase = {name: psutil.Process(pid) for name, pid in
+                 zip(("api", "trainer", "lcm", "store"), [*pids(st.state, "api", "trainer", "lcm"), mongo], strict=True)}
+        phase["client"] = psutil.Process()
+        cpu0 = {name: sum(p.cpu_times()[:2]) for name, p in phase.items()}
+        busy0 = psutil.cpu_times()
         t0 = time.monotonic()
         t0_wall = time.time()
         with ThreadPoolExecutor(args.c) as pool:
             list(pool.map(submit, range(args.n)))
         submit_secs = time.monotonic() - t0
+        busy1 = psutil.cpu_times()
+        submit_cpu = {name: (sum(p.cpu_times()[:2]) - cpu0[name]) * 1000 / max(1, args.n)
+                      for name, p in phase.items()}
+        machine_busy = sum(getattr(busy1, f) - getattr(busy0, f) for f in ("user", "nice", "system")) / submit_secs
 
         pending = set(ids)
         final: dict[str, dict] = {}
@@ -132,6 +176,7 @@ def main() -> int:
         for c in clients:
             c.close()
         passes = [p[:3] for p in admission_passes(st.log("trainer").read_text())]
+        store_rate = store_ceiling(st, ids[:1], args.store_inserts, args.c) if ids and args.store_inserts else None
 
     running_at, lost, twice = [], [], []
     ended_at = []
@@ -162,6 +207,11 @@ def main() -> int:
         print(f"  not completed: {job_id} {job['state'] if job else 'unknown'}: {job['reason'] if job else ''}")
     print(f"submits accepted/s        {len(ids) / submit_secs:9.1f}   ({submit_secs:.2f} s for {len(ids)})")
     print(f"starts/s (RUNNING)        {start_rate:9.2f}")
+    print("CPU ms per submit over the submit phase: " + ", ".join(f"{k} {v:.1f}" for k, v in submit_cpu.items())
+          + f"; the machine's CPUs busy {machine_busy:.2f} of {psutil.cpu_count()} (all processes, any user)")
+    if store_rate is not None:
+        print(f"store ceiling: raw insert_one of a job document, {args.c} threads {store_rate:9.1f} /s   "
+              f"(submits/s accepted / it: {len(ids) / submit_secs / store_rate:.2f})")
     print(f"time until all ended      {all_ended:9.1f} s   (bare command x N in sequence: "
           f"{statistics.median(bare) * args.n:.1f} s; ratio {all_ended / (statistics.median(bare) * args.n):.2f})")
     if queued_passes:

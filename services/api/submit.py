@@ -66,7 +66,10 @@ def submit_job(trainer: TrainerApi, objects: ObjectStore, tenant: Tenant, *, man
         raise InvalidArgument("Idempotency-Key must be 1-255 characters",
                               details=[{"field": "Idempotency-Key", "message": "1-255 characters"}])
     job_id = new_job_id(tenant.team, idempotency_key)
-    if idempotency_key:
+    if idempotency_key and code is not None:
+        # a retry must not store its archive over the first job's code: look for that job first. Without an
+        # archive nothing is stored before the Trainer's insert, which refuses a second job with this id
+        # (Conflict, answered below), so the first try of a burst costs no extra read.
         earlier = _earlier(trainer, tenant.team, job_id, manifest_json)
         if earlier is not None:
             return Submitted(earlier, created=False)
@@ -77,12 +80,15 @@ def submit_job(trainer: TrainerApi, objects: ObjectStore, tenant: Tenant, *, man
     try:
         job = trainer.submit_job(team=tenant.team, manifest_json=manifest_json, code_uri=code_uri,
                                  submitted_by=tenant.key_id, job_id=job_id)
-    except Conflict:
+    except (Conflict, InvalidArgument) as e:
         if idempotency_key:
-            # a concurrent retry with the same key won the race
+            # a concurrent retry with the same key won the race, or (not looked for above) this is a retry:
+            # it returns the first job even where that job would not be accepted now (a quota lowered since)
             earlier = _earlier(trainer, tenant.team, job_id, manifest_json)
             if earlier is not None:
                 return Submitted(earlier, created=False)
+        if code_uri and isinstance(e, InvalidArgument):  # after a Conflict the archive is the other job's
+            _forget_code(objects, job_id)
         raise
     except TrainforgeError:
         if code_uri:

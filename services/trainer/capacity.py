@@ -11,7 +11,9 @@ queue waits with that reason.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 
 from trainforge_services.common.errors import TrainforgeError
 from trainforge_services.trainer.admission import Capacity
@@ -31,6 +33,8 @@ class CapacityCache:
         self._value: Capacity | None = None
         self._at = float("-inf")  # time.monotonic() of the last answer
         self.problem = "the LCM has not reported its capacity yet"
+        self._asking = False  # a background refresh is in flight
+        self._lock = threading.Lock()
 
     @property
     def value(self) -> Capacity | None:
@@ -49,8 +53,28 @@ class CapacityCache:
             return None
         return self._value
 
-    def current(self) -> Capacity | None:
-        """For a pass: the last answer while it is younger than the TTL, else a new one."""
+    def current(self, background: Callable[[Callable[[], object]], None] | None = None) -> Capacity | None:
+        """For a pass: the last answer while it is younger than the TTL, else a new one.
+
+        With `background` (runs a function off the pass's thread) an older answer is still returned and the
+        new one asked for there, one at a time: the pass does not wait on a busy LCM for what changes rarely
+        (the answer is then at most the TTL plus one round trip old). Only an unknown capacity is asked for
+        in the pass.
+        """
         if self._value is not None and time.monotonic() - self._at < self._ttl:
             return self._value
-        return self.refresh()
+        if self._value is None or background is None:
+            return self.refresh()
+        with self._lock:
+            if self._asking:
+                return self._value
+            self._asking = True
+        background(self._refresh_then_done)
+        return self._value
+
+    def _refresh_then_done(self) -> None:
+        try:
+            self.refresh()
+        finally:
+            with self._lock:
+                self._asking = False

@@ -233,7 +233,7 @@ class Dispatcher(LcmCalls):
         queue = [self._jobs.as_queued[job_id] for job_id in queued]
         # after reading the queue, so a newer leader's stamp covers every job read (fence.py)
         term = self._gate.confirm() if self._gate is not None else None
-        capacity = self._capacity.current()
+        capacity = self._capacity.current(self._submit)
         quotas = self._quotas.all() if self._quotas is not None and capacity is not None else {}
         if capacity is None:
             result = admission.hold(queue, f"waiting for the LCM: {self._capacity.problem}")
@@ -279,7 +279,7 @@ class Dispatcher(LcmCalls):
         if not any(j.max_learners for j in active):
             return
         term = self._gate.confirm() if self._gate is not None else None
-        capacity = self._capacity.current()
+        capacity = self._capacity.current(self._submit)
         if capacity is not None:
             self._grower.run(active, capacity, self._quotas.all() if self._quotas is not None else {}, fence=term)
 

@@ -24,6 +24,15 @@ What this copy may get wrong, and why that is safe:
   team's quota, which is free at once). A stale entry only delays a
   dispatch until the next read; without it the pass would dispatch into a
   slot the LCM still holds, and the deploy would wait out a retry backoff.
+- Going back `MARGIN` on every read costs a burst dearly: at 50 submits/s
+  each pass read ~250 jobs inserted in the last 5 s again (the store loads
+  each whole document to project it), several times a second. A pass reads
+  from `SHORT_MARGIN` before its last read, and at most every `WIDE_EVERY`
+  seconds one read goes back `MARGIN` before the start of the previous such
+  read, so a write committed at most `MARGIN` after its stamp is still seen,
+  within `WIDE_EVERY` seconds. Missing a write for that long is safe by the
+  points above (a queued job dispatched later, a freed job counted a little
+  longer, a stale reservation refused by its compare-and-set).
 - A write delayed past `MARGIN` (a writer's clock behind, a stall) is
   missed until the next full read, at most `RESYNC` seconds later (or
   `RESYNC_FACTOR` times as long as the last full read took, if longer: on a
@@ -44,16 +53,21 @@ from trainforge_services.trainer.record import JobRecord
 from trainforge_services.trainer.store import JobStore
 
 MARGIN = 5.0
+SHORT_MARGIN = 1.0
+WIDE_EVERY = 2.0
 RESYNC = 30.0
 RESYNC_FACTOR = 20
 
 
 class JobMirror:
     def __init__(self, store: JobStore, fields: Iterable[str], *, margin: float = MARGIN, resync: float = RESYNC,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, short_margin: float = SHORT_MARGIN,
+                 wide_every: float = WIDE_EVERY):
         self._store = store
         self._fields = tuple(fields)
         self._margin, self._resync, self._clock = margin, resync, clock
+        self._short, self._wide_every = min(short_margin, margin), wide_every
+        self._wide_since = 0.0  # when the last read that went back `margin` started
         self.queued: dict[str, JobRecord] = {}
         # each queued job as admission sees it, made once per change rather than once per pass
         self.as_queued: dict[str, Queued] = {}
@@ -75,9 +89,14 @@ class JobMirror:
             jobs += self._store.pending_cleanups(fields=self._fields)  # an ACTIVE one twice: the same record
             self.queued, self.active, self.as_queued, self.releasing = {}, {}, {}, {}
             self._full_at, self._full_took = started, self._clock() - started
+            self._wide_since = started
             changed = None
         else:
-            jobs = self._store.changed_since(self._since - self._margin, fields=self._fields)
+            wide = started - self._wide_since >= self._wide_every
+            since = self._wide_since - self._margin if wide else self._since - self._short
+            jobs = self._store.changed_since(since, fields=self._fields)
+            if wide:
+                self._wide_since = started
             changed = {job.id for job in jobs}
         for job in jobs:
             self._put(job)

@@ -7,12 +7,21 @@ request is removed (no limit of the team's own), so what an admin sends is
 exactly what applies. Validation lives here, next to the one writer, and
 names each field as the wire does (`quota.gpus`, `quota.gpus_by_type.a100`).
 MongoDB's errors leave it as domain errors (`mapped`).
+
+The Trainer reads the whole collection at most once per `max_age` (0.5 s;
+`QUOTA_MAX_AGE`) and answers `get` and `all` from that copy: a pass, each
+submit's size check and each deploy (which sends the team's quota) read it,
+and in a burst those were a store round trip each. A quota set through this
+process replaces the copy at once; one set through another replica is seen
+within `max_age` (the copy's time is taken before the read). `max_age=0`
+reads the store on every call.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import threading
 import time
 from collections.abc import Mapping
 
@@ -122,19 +131,45 @@ def from_doc(doc: Mapping) -> Quota:
                  egress=opt("egress", str))
 
 
-class QuotaStore:
-    def __init__(self, db: Database, collection: str = COLLECTION):
-        self._quotas = db[collection]
+QUOTA_MAX_AGE = 0.5
 
-    @mapped
+
+class QuotaStore:
+    def __init__(self, db: Database, collection: str = COLLECTION, *, max_age: float = 0.0):
+        self._quotas = db[collection]
+        self._max_age = max_age
+        self._copy: dict[str, Quota] | None = None
+        self._copy_at = float("-inf")  # time.monotonic() taken before the read that made the copy
+        self._put_at = float("-inf")  # when this process's last put returned: older reads may miss it
+        self._lock = threading.Lock()
+
     def get(self, team: str) -> Quota:
         """A team's quota; a team nobody set one for has no limits of its own."""
+        if self._max_age > 0:
+            return self.all().get(team, Quota())
+        return self._get(team)
+
+    @mapped
+    def _get(self, team: str) -> Quota:
         doc = self._quotas.find_one({"_id": team})
         return from_doc(doc["quota"]) if doc else Quota()
 
-    @mapped
     def all(self) -> dict[str, Quota]:
         """Every team that has a quota document."""
+        if self._max_age <= 0:
+            return self._all()
+        with self._lock:
+            if self._copy is not None and time.monotonic() - self._copy_at < self._max_age:
+                return dict(self._copy)
+        at = time.monotonic()
+        quotas = self._all()
+        with self._lock:
+            if at >= self._copy_at and at > self._put_at:  # not older than the copy, nor than a put of ours
+                self._copy, self._copy_at = quotas, at
+        return dict(quotas)
+
+    @mapped
+    def _all(self) -> dict[str, Quota]:
         return {doc["_id"]: from_doc(doc["quota"]) for doc in self._quotas.find({})}
 
     @mapped
@@ -143,4 +178,6 @@ class QuotaStore:
         validate(team, quota)
         doc = {"_id": team, "quota": to_doc(quota), "updated_at": time.time(), "updated_by": actor}
         self._quotas.replace_one({"_id": team}, doc, upsert=True)
-        return self.get(team)
+        with self._lock:  # the next read sees it; a read begun before now does not become the copy
+            self._copy, self._copy_at, self._put_at = None, float("-inf"), time.monotonic()
+        return self._get(team)

@@ -50,7 +50,7 @@ from trainforge_services.trainer.lcm_client import GrpcLcm, Lcm
 from trainforge_services.trainer.notifier import ANNOUNCED, RECONCILE_WINDOW, Notifier
 from trainforge_services.trainer.preemption import Policy
 from trainforge_services.trainer.quotas import COLLECTION as QUOTA_COLLECTION
-from trainforge_services.trainer.quotas import QuotaStore
+from trainforge_services.trainer.quotas import QUOTA_MAX_AGE, QuotaStore
 from trainforge_services.trainer.replicas import Leadership, leadership
 from trainforge_services.trainer.rules import DEFAULT_RULES, Announce
 from trainforge_services.trainer.secret_env import SecretResolvingLcm
@@ -144,7 +144,7 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
     if db is None:
         db = connect(settings.mongo_url, settings.mongo_db)
         closers.append(db.client.close)
-    quotas = QuotaStore(db, quota_collection)
+    quotas = QuotaStore(db, quota_collection, max_age=QUOTA_MAX_AGE)
     if lcm is None:
         # every deploy carries the team's current quota (a kubernetes LCM mirrors it into the team's namespace)
         grpc_lcm = GrpcLcm(settings.lcm_address, timeout=settings.lcm_timeout, quota_of=quotas.get)

@@ -44,6 +44,8 @@ DEFAULT_LIMIT = 100
 MAX_LIMIT = 1001
 _FIELDS = {"gpus": "resources.gpus", "cpus": "resources.cpus", "memory": "resources.memory",
            "learners": "learners", "gpu_type": "resources.gpu_type", "jobs": "team"}
+# The reason a newly submitted job waits with until a pass gives it its own.
+_ADMITTED = "admitted; waiting for the dispatcher"
 # The API accepts Idempotency-Key headers of up to 255 characters.
 _MAX_KEY = 255
 
@@ -58,7 +60,9 @@ class JobService:
     def submit(self, team: str, manifest_source: str, *, code_uri: str = "", submitted_by: str = "",
                job_id: str = "", idempotency_key: str = "", experiment_id: str = "",
                trial: int = -1) -> JobRecord:
-        """Validate, persist (PENDING) and admit (QUEUED) a job; the dispatcher takes it from there.
+        """Validate and persist a job, admitted (QUEUED, its history PENDING -> QUEUED) in the same write.
+
+        The dispatcher takes it from there.
 
         With an idempotency key, a team's second submit returns its first
         job (Conflict when the manifest differs), however the two race.
@@ -71,15 +75,24 @@ class JobService:
                                   details=[{"field": "idempotency_key", "message": message}])
         job_id = check_job_id(job_id or new_job_id())
         manifest = parse_manifest(manifest_source)
-        if idempotency_key and (first := self._store.find_by_key(team, idempotency_key)) is not None:
-            return self._resubmitted(first, manifest, idempotency_key)
-        self.refuse_if_never_fits(team, manifest)
         try:
-            self._store.insert(job_id, team, manifest, code_uri=code_uri, submitted_by=submitted_by,
-                               idempotency_key=idempotency_key, experiment_id=experiment_id, trial=trial)
-        except AlreadySubmitted as e:  # a concurrent retry inserted first
+            self.refuse_if_never_fits(team, manifest)
+        except InvalidArgument:
+            # a retry of a job accepted before (its quota lowered since, say) still returns that job
+            if idempotency_key and (first := self._store.find_by_key(team, idempotency_key)) is not None:
+                return self._resubmitted(first, manifest, idempotency_key)
+            raise
+        # One write: the job inserted already admitted (QUEUED, with its PENDING history entry), not an
+        # insert and then the admission's read and compare-and-set. A retry with the same idempotency key
+        # is told apart by the store's unique index, not by a read before every insert.
+        try:
+            job = self._store.insert(job_id, team, manifest, code_uri=code_uri, submitted_by=submitted_by,
+                                     idempotency_key=idempotency_key, experiment_id=experiment_id, trial=trial,
+                                     admitted=_ADMITTED)
+        except AlreadySubmitted as e:  # submitted before, or a concurrent retry inserted first
             return self._resubmitted(e.job, manifest, idempotency_key)
-        return self._admit(job_id, "admitted; waiting for the dispatcher")
+        self._lifecycle.committed(job)  # PENDING -> QUEUED's rules: the dispatcher is woken
+        return job
 
     def _resubmitted(self, first: JobRecord, manifest: Manifest, key: str) -> JobRecord:
         # compared as models, so a manifest stored before a field was added still matches
@@ -87,8 +100,8 @@ class JobService:
             raise Conflict(f"idempotency key {key!r} was already used for job {first.id!r} with a "
                            "different manifest", details=[{"field": "idempotency_key", "message": "reused"}])
         if first.state == JobState.PENDING:
-            # the first submit may have died between insert and admission; finish it
-            return self._admit(first.id, "admitted; waiting for the dispatcher")
+            # a job inserted PENDING (before admission at insert) whose submit died before admitting it
+            return self._admit(first.id, _ADMITTED)
         return first
 
     def refuse_if_never_fits(self, team: str, manifest: Manifest) -> None:

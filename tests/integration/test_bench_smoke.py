@@ -35,8 +35,9 @@ def test_submit_latency():
 
 
 def test_burst():
-    out = bench("burst.py", "-n", "4", "-c", "2")
+    out = bench("burst.py", "-n", "4", "-c", "2", "--store-inserts", "20")
     assert "outcomes: 4 accepted, 0 refused, 0 lost (not completed), 0 run twice" in out
+    assert "store ceiling: raw insert_one of a job document" in out and "CPU ms per submit over the submit phase" in out
     assert "submits accepted/s" in out and "starts/s" in out and "admission pass, queue > 0 p50" in out
     assert "RSS per running job" in out or "service RSS" in out
 

@@ -352,6 +352,17 @@ def test_a_retried_submit_returns_the_first_job(tf, fake_lcm):
     assert len(tf.jobs("a")) == 1
 
 
+def test_a_retry_returns_the_first_job_even_once_its_team_quota_would_refuse_it(tf, fake_lcm):
+    tf.set_quota("a", cpus=4)
+    first = tf.submit("a", key="before-the-cut", cpus=3)
+    tf.set_quota("a", cpus=2)
+    assert tf.submit("a", key="before-the-cut", cpus=3).id == first.id
+    with pytest.raises(InvalidArgument, match="^needs 3 CPUs but team quota is 2$"):
+        tf.submit("a", key="after-the-cut", cpus=3)
+    with pytest.raises(Conflict, match="idempotency key 'before-the-cut' was already used"):
+        tf.submit("a", key="before-the-cut", cpus=1)
+
+
 def test_a_retry_finishes_a_submit_that_died_before_admission(tf, mongo_db, unique, fake_lcm):
     store = JobStore(mongo_db, collection=f"jobs_{unique}")
     store.insert("orphan", "a", parse_manifest(manifest("job", cpus=1)), idempotency_key="k")

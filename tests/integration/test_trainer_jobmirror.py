@@ -7,6 +7,8 @@ when asked or when its copy is older than RESYNC.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.integration.test_trainer_store import MANIFEST, queued
@@ -111,3 +113,21 @@ def test_a_reservation_on_a_copy_from_before_a_newer_leaders_stamp_is_refused(st
     assert store.find("c").state == JobState.QUEUED
     done = store.apply_transition("c", JobState.DEPLOYING, "reserved", "trainer", attempt=1, fence=7, seen=c)
     assert done.changed and done.job.fence == 7
+
+
+def test_a_late_commit_is_missed_by_the_short_reads_and_seen_by_the_next_wide_one(store, mongo_db):
+    clock = Clock()
+    clock.now = time.time()
+    start = clock.now
+    mirror = JobMirror(store, FIELDS, resync=3600, clock=clock, margin=5, short_margin=1, wide_every=2)
+    queued(store, "a")
+    assert mirror.refresh() is None
+    clock.now += 0.5
+    mirror.refresh()
+    # committed now, stamped 3 s before the last read (a writer that waited long on a loaded store)
+    queued(store, "b")
+    mongo_db[store._jobs.name].update_one({"_id": "b"}, {"$set": {"changed_at": start - 3}})
+    clock.now += 0.5
+    assert "b" not in mirror.refresh() and set(mirror.queued) == {"a"}  # back 1 s only
+    clock.now += 1.0
+    assert "b" in mirror.refresh() and set(mirror.queued) == {"a", "b"}  # 2 s after the last wide read

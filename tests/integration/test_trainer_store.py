@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 
+import pymongo
 import pytest
+from pymongo import monitoring
 
 from trainforge_services.common.errors import Conflict, NotFound
 from trainforge_services.common.manifest import parse_manifest
@@ -59,6 +61,39 @@ def test_insert_stores_a_pending_job_with_its_first_history_entry(store, mongo_d
     assert (doc.team, doc.name, doc.code_uri) == ("t", "mnist", "store://c")
     assert doc.submitted_by == "k1"
     assert [(e.from_state, e.to_state, e.actor) for e in doc.history] == [(0, JobState.PENDING, "k1")]
+
+
+def test_an_admitted_insert_is_one_write_holding_both_history_entries(store, mongo_server, unique):
+    class Commands(monitoring.CommandListener):
+        def __init__(self):
+            self.names: list[str] = []
+
+        def started(self, event):  # noqa: ANN001
+            if event.command_name not in ("hello", "ismaster", "isMaster", "ping", "endSessions"):
+                self.names.append(event.command_name)
+
+        def succeeded(self, event):  # noqa: ANN001
+            pass
+
+        def failed(self, event):  # noqa: ANN001
+            pass
+
+    seen = Commands()
+    client = pymongo.MongoClient(mongo_server.url, event_listeners=[seen])
+    try:
+        counted = JobStore(client[store._jobs.database.name], collection=f"jobs_{unique}")
+        job = counted.insert("j1", "t", MANIFEST, submitted_by="k1", admitted="admitted; waiting")
+    finally:
+        client.close()
+    assert seen.names == ["insert"]
+    assert (job.state, job.reason, job.queue_position) == (JobState.QUEUED, "admitted; waiting", 0)
+    again = store.get("t", "j1")
+    assert again == job
+    assert [(e.from_state, e.to_state, e.reason, e.actor) for e in again.history] == [
+        (0, JobState.PENDING, "submitted", "k1"), (JobState.PENDING, JobState.QUEUED, "admitted; waiting", "trainer")]
+    assert again.history[0].ts == again.history[1].ts
+    # it moves on like a job admitted by a compare-and-set
+    assert store.transition("j1", JobState.DEPLOYING, "reserved", "trainer", attempt=1).state == JobState.DEPLOYING
 
 
 def test_insert_refuses_a_taken_id(store):
