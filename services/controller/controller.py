@@ -22,7 +22,8 @@ its last periodic checkpoint behind. How a run ended is an `Outcome`
 
 The learner runs under a guard process (services/controller/guard.py) that
 kills the learner's whole process group when the controller dies, even by
-SIGKILL, so no learner runs on unwatched.
+SIGKILL, so no learner runs on unwatched; in the sandbox its entry
+(services/controller/sandbox/enter.py) keeps that promise itself.
 
 Before the final status is written the log shipper is drained, so a user
 who reads "exit code 3" in the job's reason finds the same last lines in
@@ -37,6 +38,7 @@ import signal
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 from trainforge_services.common.adapters.etcd import Coordinator
@@ -256,14 +258,15 @@ class Controller:
         env = learner_env(spec, python=learner_python)
         if learner_python != self.python:
             env["VIRTUAL_ENV"] = str(Path(learner_python).parent.parent)
-        program = None
+        program = entry = None
         command = learner_command(spec)
         if sandbox is not None:
-            env, program = sandbox.env(env), sandbox.argv(command)
+            # the sandbox's entry leads the learner's group and watches the lifeline itself: no guard to start
+            env, entry = sandbox.env(env), partial(sandbox.argv, command)
         elif spec.launcher:
             program = [*spec.launcher, "/bin/sh", "-c", command]
         learner = self._learner = LearnerProcess(command, spec.workdir, env, archive,
-                                                 python=self.python, program=program,
+                                                 python=self.python, program=program, entry=entry,
                                                  cpus=self._placement.learner
                                                  if self._placement and self.settings.place_cpus == "all" else None)
         try:

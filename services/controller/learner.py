@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -158,19 +159,23 @@ class LearnerProcess:
     The command runs under the guard (services/controller/guard.py), which
     leads its process group and takes the group down when this process dies:
     `pid` is the guard's, the group's id, and the guard exits the way the
-    command did. With `program` (services/controller/sandbox/), the guard
-    runs the sandbox's entry instead of the bare shell.
+    command did. With `program` (a backend's launcher), the guard runs that
+    instead of the bare shell. With `entry` (the sandbox's,
+    services/controller/sandbox/enter.py), no guard runs: `entry(fd)` is the
+    argv of a program that leads the group and watches the lifeline `fd`
+    itself, with the same promise.
     """
 
     def __init__(self, command: str, cwd: Path, env: dict[str, str], archive: LogArchive, *,
                  python: str = sys.executable, program: list[str] | None = None,
-                 cpus: frozenset[int] | None = None):
+                 entry: Callable[[int], list[str]] | None = None, cpus: frozenset[int] | None = None):
         self.command, self.cwd, self.env, self.archive = command, Path(cwd), env, archive
-        self.python, self.program = python, program
+        self.python, self.program, self.entry = python, program, entry
         self.cpus = cpus  # the learner's CPUs (priority.plan_placement); None: the controller's own
         self.proc: subprocess.Popen | None = None
         self._readers: list[SpooledStream] = []
         self._lifeline: int | None = None  # the write end the guard watches; closed only when we are done
+        self._pidfd: int | None = None  # readable once the guard exited (wait() wakes at once, no polling)
 
     @property
     def pid(self) -> int:
@@ -179,13 +184,15 @@ class LearnerProcess:
         return self.proc.pid
 
     def start(self) -> None:
-        read_end, write_end = os.pipe()  # both close-on-exec: only the guard gets the read end
+        read_end, write_end = os.pipe()  # both close-on-exec: only the guard (or entry) gets the read end
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         own = self._pin_self(self.cpus)  # the child inherits the forking thread's affinity
         try:
+            argv = (self.entry(read_end) if self.entry is not None
+                    else guarded_argv(self.command, read_end, self.python, self.program))
             self.proc = subprocess.Popen(
-                guarded_argv(self.command, read_end, self.python, self.program), cwd=self.cwd, env=self.env,
+                argv, cwd=self.cwd, env=self.env,
                 stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, start_new_session=True,
                 close_fds=True, pass_fds=(read_end,))
         except BaseException:
@@ -197,6 +204,7 @@ class LearnerProcess:
             for fd in (read_end, out_w, err_w):
                 os.close(fd)
         self._lifeline = write_end
+        self._pidfd = _pidfd_of(self.proc.pid)
         for stream, fd in (("stdout", out_r), ("stderr", err_r)):
             spool = self.archive.path.with_name(f"{self.archive.path.name}.{stream}.spool")
             self._readers.append(SpooledStream(stream, fd, self.archive, spool, MAX_LINE_BYTES).start())
@@ -218,10 +226,32 @@ class LearnerProcess:
         return self.proc.poll() if self.proc else None
 
     def wait(self, timeout: float | None = None) -> int | None:
+        """The returncode once the learner exited, None when `timeout` passed first.
+
+        Popen.wait with a timeout polls with sleeps growing to 50 ms, so an exit was seen up to
+        50 ms late; a pidfd becomes readable the moment the guard exits.
+        """
+        if self.proc is None:
+            return None
+        if self._pidfd is not None and self.proc.returncode is None:
+            try:
+                ready, _, _ = select.select([self._pidfd], [], [], timeout)
+            except InterruptedError:
+                ready = []
+            if not ready:
+                return self.proc.poll()
+            returncode = self.proc.wait()  # exited: this reaps it at once
+            self._close_pidfd()
+            return returncode
         try:
-            return self.proc.wait(timeout) if self.proc else None
+            return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
+
+    def _close_pidfd(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
     def signal_group(self, sig: int) -> bool:
         """Send sig to the learner's process group; False when none of it is left."""
@@ -244,6 +274,7 @@ class LearnerProcess:
     def finish_output(self, timeout: float) -> bool:
         """After the learner exited: stop what it left running and read its last lines."""
         self.signal_group(signal.SIGKILL)
+        self._close_pidfd()
         if self._lifeline is not None:
             os.close(self._lifeline)
             self._lifeline = None
@@ -264,6 +295,14 @@ class LearnerProcess:
             except psutil.Error:
                 pass
         return total
+
+
+def _pidfd_of(pid: int) -> int | None:
+    """A pidfd of our child `pid` (Linux 5.3+), None where the kernel or Python has none (then wait() polls)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 class MemoryWatchdog:

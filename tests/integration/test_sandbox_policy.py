@@ -3,7 +3,8 @@
 TF_ISOLATION=none runs the learner as before and says so in its status;
 TF_REQUIRE_ISOLATION=true refuses such a learner with the reason; the
 default sandboxes it here. A controller killed with SIGKILL still takes its
-whole learner with it, even a process that left the learner's session.
+whole learner with it, even a process that left the learner's session; in
+the sandbox no guard runs, its entry keeps that promise.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from tests.integration.test_controller_run import controller_log, launch, status
 from tests.servers import wait_for
 from trainforge_services.common import isolation
 from trainforge_services.common.states import LearnerState
+from trainforge_services.controller.learner import GUARD
+from trainforge_services.controller.sandbox.box import ENTER
 
 needs_sandbox = pytest.mark.skipif(bool(isolation.unavailable()), reason=f"no sandbox here: {isolation.unavailable()}")
 
@@ -78,6 +81,10 @@ def test_a_controller_killed_takes_everything_in_the_sandbox_with_it(launch, coo
 
     both = wait_for(lambda: len(s := sleepers()) == 2 and s, 20, "both sleeps")
     assert len({os.getsid(p.pid) for p in both}) == 2, "one sleep left the learner's session"
+    # no guard interpreter: the sandbox's entry leads the learner's group and watches the lifeline itself
+    leader = psutil.Process(next(g for p in both if (g := os.getpgid(p.pid)) != p.pid))  # not the setsid one
+    assert str(ENTER) in leader.cmdline() and "--lifeline" in leader.cmdline(), leader.cmdline()
+    assert not any(str(GUARD) in " ".join(p.cmdline()) for p in [leader, *leader.children(recursive=True)])
     os.killpg(run.proc.pid, signal.SIGKILL)
     run.wait(10)
     wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in both), 20,

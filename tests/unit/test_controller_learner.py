@@ -15,6 +15,7 @@ from tests.servers import wait_for
 from trainforge_services.common.contracts.specs import LearnerSpec
 from trainforge_services.common.errors import InvalidArgument
 from trainforge_services.controller.learner import (
+    GUARD,
     LearnerProcess,
     MemoryWatchdog,
     describe_exit,
@@ -209,3 +210,45 @@ def test_a_guard_whose_controller_is_already_gone_starts_nothing_that_lasts(tmp_
     assert done.wait(10) == -signal.SIGKILL
     assert time.monotonic() - started_at < 10
     wait_for(lambda: not group(done.pid), 10, "the command to die with the guard")
+
+
+def test_wait_wakes_on_the_exit_itself_and_times_out_while_the_learner_runs(tmp_path):
+    # Popen.wait(timeout) polls with sleeps growing to 50 ms; the learner's pidfd wakes wait() at the exit.
+    learner, archive = started(tmp_path, "read line; exit 5")  # stdin is /dev/null: read fails at once
+    assert learner._pidfd is not None  # noqa: SLF001 - this kernel (5.3+) has pidfds
+    assert learner.wait(30) == 5
+    assert learner._pidfd is None, "closed once the exit was seen"  # noqa: SLF001
+    assert learner.wait(0) == 5 and learner.poll() == 5, "asked again, the same code"
+    assert learner.finish_output(10)
+    archive.close()
+
+    running, archive = started(tmp_path, "sleep 30")
+    t0 = time.monotonic()
+    assert running.wait(0.05) is None
+    assert time.monotonic() - t0 < 10
+    assert running.signal_group(signal.SIGKILL)
+    assert running.wait(30) == -signal.SIGKILL
+    assert running.finish_output(10)
+    archive.close()
+
+
+def test_an_entry_replaces_the_guard_and_gets_the_lifeline(tmp_path):
+    # the sandbox's entry (enter.py) leads the group and watches the lifeline itself: no guard is started
+    seen: list[int] = []
+
+    def entry(fd: int) -> list[str]:
+        seen.append(fd)
+        return ["/bin/sh", "-c", f"test -e /proc/self/fd/{fd} && echo has-lifeline; exec sleep 30"]
+
+    archive = LogArchive(tmp_path / "a.jsonl", job="j", team="t", learner=0, attempt=1)
+    learner = LearnerProcess("ignored", tmp_path, {"PATH": "/usr/bin:/bin"}, archive, entry=entry)
+    learner.start()
+    assert len(seen) == 1
+    wait_for(lambda: (tmp_path / "a.jsonl").is_file() and "has-lifeline" in lines(tmp_path), 10,
+             "the entry to run with the lifeline's read end")
+    wait_for(lambda: psutil.Process(learner.pid).cmdline() == ["sleep", "30"], 10, "the entry's command")
+    assert not any(str(GUARD) in p.cmdline() for p in group(learner.pid)), "no guard in the learner's group"
+    assert learner.signal_group(signal.SIGKILL)
+    assert learner.wait(30) == -signal.SIGKILL
+    assert learner.finish_output(10)
+    archive.close()

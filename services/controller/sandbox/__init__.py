@@ -5,7 +5,7 @@ box.py      one learner's sandbox from the controller's side: set up, wrap the c
 view.py     the filesystem view and the job's uid, as the config the entry reads
 netns.py    the job's private network namespace (loopback only)
 cgroups.py  the learner's cgroup v1 limits (memory, cpu quota, pids)
-enter.py    the root-side entry the guard runs: namespaces, mounts, chroot, drop to the job's uid
+enter.py    the entry the controller runs in place of the guard (it keeps the guard's promise): namespaces, mounts, chroot, drop to the job's uid
 userns.py   without root: the job's user + network namespace holder, and egress listeners bound inside it
 """
 

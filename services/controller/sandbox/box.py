@@ -6,9 +6,10 @@ manifest's limits, hands the working directory to the job's uid and
 writes the config the entry reads, then starts the egress forwarders the
 job's policy allows (egress.py) and writes the hosts file that names them.
 `argv()` is the learner's shell under
-the entry (services/controller/sandbox/enter.py), which the guard starts
-in place of the bare shell, so the guard's group-kill semantics hold for
-everything inside. `oom_message()` names the memory limit when the kernel
+the entry (services/controller/sandbox/enter.py), which the controller
+starts in place of the guard: the entry leads the learner's group and
+watches the guard's lifeline itself, so the guard's group-kill semantics
+hold for everything inside. `oom_message()` names the memory limit when the kernel
 killed the learner for it; `cleanup()` removes the cgroups (the job's
 namespace outlives one learner and is removed by the local backend's stop).
 
@@ -92,8 +93,11 @@ class Sandbox:
         for note in self.egress.notes:
             log.info("%s", note)
 
-    def argv(self, command: str) -> list[str]:
-        return [self.python, "-I", "-S", str(ENTER), str(self.config_path), "/bin/sh", "-c", command]
+    def argv(self, command: str, lifeline: int | None = None) -> list[str]:
+        """The learner's shell under the entry; with `lifeline` (the guard's pipe end) the entry leads the
+        group and watches it itself, so no guard runs (enter.py)."""
+        watch = ["--lifeline", str(lifeline)] if lifeline is not None else []
+        return [self.python, "-I", "-S", str(ENTER), *watch, str(self.config_path), "/bin/sh", "-c", command]
 
     def env(self, env: dict[str, str]) -> dict[str, str]:
         """The learner's environment inside: a home it can write, rendezvous over the namespace's loopback, what
