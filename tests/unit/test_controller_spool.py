@@ -6,8 +6,16 @@ import json
 import os
 import threading
 
+import pytest
+
 from trainforge_services.controller.logship import LogArchive
-from trainforge_services.controller.spool import PIPE_BYTES, SpooledStream, enlarge_pipe, split_lines
+from trainforge_services.controller.spool import (
+    PIPE_BYTES,
+    SpooledStream,
+    enlarge_pipe,
+    reader_pause,
+    split_lines,
+)
 
 
 def test_split_lines_as_readline_with_a_limit():
@@ -20,11 +28,12 @@ def test_split_lines_as_readline_with_a_limit():
     assert split_lines(b"", 4, final=True) == ([], 0)
 
 
-def test_spooled_stream_archives_every_line_in_order_and_deletes_its_spool(tmp_path):
+@pytest.mark.parametrize("splice", [True, False], ids=["splice", "read-write"])
+def test_spooled_stream_archives_every_line_in_order_and_deletes_its_spool(tmp_path, splice):
     archive = LogArchive(tmp_path / "a.jsonl", job="j", team="t", learner=0, attempt=1)
     r, w = os.pipe()
     spool = tmp_path / "a.jsonl.stdout.spool"
-    stream = SpooledStream("stdout", r, archive, spool, max_line=100).start()
+    stream = SpooledStream("stdout", r, archive, spool, max_line=100, splice=splice).start()
     n = 50_000
 
     def write() -> None:
@@ -71,3 +80,32 @@ def test_the_splitter_runs_at_background_priority_and_the_reader_does_not(tmp_pa
         os.close(w)
         assert stream.join(10)
         archive.close()
+
+
+def test_a_spool_the_kernel_will_not_splice_into_is_copied_through_memory(tmp_path):
+    """splice(2) refuses a target opened for appending (EINVAL): the reader copies instead and loses nothing."""
+    archive = LogArchive(tmp_path / "a.jsonl", job="j", team="t", learner=0, attempt=1)
+    r, w = os.pipe()
+    spool = tmp_path / "a.jsonl.stdout.spool"
+    stream = SpooledStream("stdout", r, archive, spool, max_line=100)
+    os.close(stream._wfd)
+    stream._wfd = os.open(spool, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    stream.start()
+    with os.fdopen(w, "wb") as f:
+        for i in range(20_000):
+            f.write(f"line {i}\n".encode())
+    assert stream.join(30)
+    archive.close()
+    docs = [json.loads(raw) for raw in (tmp_path / "a.jsonl").read_text().splitlines()]
+    assert [d["line"] for d in docs] == [f"line {i}" for i in range(20_000)]
+
+
+def test_the_reader_pauses_until_the_pipe_would_be_half_full_and_never_after_a_full_read():
+    pipe, longest = 1024 * 1024, 0.005
+    assert reader_pause(pipe, 0.001, pipe, longest) == 0.0  # the learner may be waiting on a full pipe
+    assert reader_pause(100, 0.5, pipe, longest) == longest  # a quiet learner: the longest pause
+    assert reader_pause(0, 0.0, pipe, longest) == longest
+    # 256 KiB in 1 ms (256 MB/s): half the pipe comes in 2 ms
+    assert reader_pause(pipe // 4, 0.001, pipe, longest) == pytest.approx(0.002)
+    # 100 KB in 10 ms (10 MB/s): half the pipe would take 52 ms; capped
+    assert reader_pause(100_000, 0.010, pipe, longest) == longest
