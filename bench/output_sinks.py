@@ -9,7 +9,8 @@ would and copies it into a spool file next to the archive:
   pipe  : a 1 MiB pipe, a reader thread doing os.read of up to 1 MiB and
           pausing 5 ms after a short read (services/controller/spool.py);
           pipe0 / pipe20 pause 0 / 20 ms; splice moves the pipe's pages
-          into the spool with os.splice instead of read + write
+          into the spool with os.splice instead of read + write; socket is a
+          Unix stream socketpair (1 MiB buffers) read like the pipe
   memfd : an os.memfd_create file opened O_APPEND as the learner's stdout; a
           reader thread polling every --poll seconds, os.pread at its own
           offset, freeing what it copied with fallocate(PUNCH_HOLE|KEEP_SIZE)
@@ -31,6 +32,7 @@ import ctypes.util
 import fcntl
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
@@ -42,7 +44,8 @@ from pathlib import Path
 FLOOD = ("import sys\nw = sys.stdout.write\npad = 'x' * 76\n"
          "for i in range({n}):\n    w(f'line {{i:07d}} {{pad}}\\n')\n")
 SINKS = ("null", "pipe", "memfd", "shm", "file")
-# also: pipe0, pipe20 (the pipe reader's pause in ms), splice (os.splice from the pipe into the spool)
+# also: pipe0, pipe20 (the pipe reader's pause in ms), splice (os.splice from the pipe into the spool),
+# socket (a Unix stream socketpair with 1 MiB buffers, read like the pipe)
 CHUNK = 1024 * 1024
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong)
@@ -117,6 +120,12 @@ def run_one(sink: str, n: int, workdir: Path, poll: float) -> tuple[float, float
     reader: threading.Thread | None = None
     if sink == "null":
         out = os.open(os.devnull, os.O_WRONLY)
+    elif sink == "socket":
+        theirs, mine = socket.socketpair()
+        mine.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, CHUNK)
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CHUNK)
+        out = theirs.detach()
+        reader = PipeReader(mine.detach(), spool, 0.005, splice=False)
     elif sink.startswith(("pipe", "splice")):
         # pipe (5 ms pause), pipe0 / pipe20 (0 / 20 ms), splice (os.splice into the spool, 5 ms)
         r, out = os.pipe()
