@@ -112,12 +112,15 @@ class SpooledStream:
         self._data = threading.Event()
         self._eof = False
         self._warned = False
+        self._full = chunk_bytes
         self._reader = threading.Thread(target=self._copy, name=f"learner-{stream}", daemon=True)
         self._splitter = threading.Thread(target=self._split, name=f"learner-{stream}-lines", daemon=True)
 
     def start(self) -> SpooledStream:
-        if enlarge_pipe(self._fd) < PIPE_BYTES:
+        pipe_bytes = enlarge_pipe(self._fd)
+        if pipe_bytes < PIPE_BYTES:
             self.pace = 0.0  # a small pipe fills within the pause: read as soon as there is output
+        self._full = min(self.chunk_bytes, pipe_bytes)  # a read of this much may have left the writer waiting
         self._splitter.start()
         self._reader.start()
         return self
@@ -145,7 +148,7 @@ class SpooledStream:
                 if self.pace:
                     # the rate: what came since the previous read returned, the pause included
                     now = time.monotonic()
-                    time.sleep(reader_pause(got, now - last, self.chunk_bytes, self.pace))
+                    time.sleep(reader_pause(got, now - last, self._full, self.pace))
                     last = now
         finally:
             output_thread_done()
