@@ -65,8 +65,8 @@ def reader_pause(got: int, interval: float, pipe_bytes: int, longest: float) -> 
     """How long the pipe reader waits after a read of `got` bytes that came `interval` seconds after the last.
 
     At most `longest`; none after a read that filled the chunk (the learner may be waiting on a full
-    pipe); otherwise until the pipe would be half full again at the rate just seen, so a fast writer
-    never finds it full.
+    pipe); otherwise until the pipe would be half full again at the rate just seen, so a writer keeping
+    that rate does not fill it while the reader sleeps.
     """
     if got >= pipe_bytes:
         return 0.0
