@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 
@@ -29,7 +30,8 @@ def test_split_lines_as_readline_with_a_limit():
 
 
 @pytest.mark.parametrize("splice", [True, False], ids=["splice", "read-write"])
-def test_spooled_stream_archives_every_line_in_order_and_deletes_its_spool(tmp_path, splice):
+def test_spooled_stream_archives_every_line_in_order_and_deletes_its_spool(tmp_path, splice, caplog):
+    caplog.set_level(logging.DEBUG, logger="trainforge_services.controller.spool")
     archive = LogArchive(tmp_path / "a.jsonl", job="j", team="t", learner=0, attempt=1)
     r, w = os.pipe()
     spool = tmp_path / "a.jsonl.stdout.spool"
@@ -53,6 +55,7 @@ def test_spooled_stream_archives_every_line_in_order_and_deletes_its_spool(tmp_p
     assert [d["seq"] for d in docs] == list(range(1, n + 5))
     assert {d["stream"] for d in docs} == {"stdout"}
     assert archive.lines_written == n + 4 and not spool.exists()
+    assert not caplog.records  # with splice: the kernel took every chunk, no fallback to copying
 
 
 def test_the_pipe_is_enlarged_where_the_kernel_allows():
@@ -82,8 +85,9 @@ def test_the_splitter_runs_at_background_priority_and_the_reader_does_not(tmp_pa
         archive.close()
 
 
-def test_a_spool_the_kernel_will_not_splice_into_is_copied_through_memory(tmp_path):
+def test_a_spool_the_kernel_will_not_splice_into_is_copied_through_memory(tmp_path, caplog):
     """splice(2) refuses a target opened for appending (EINVAL): the reader copies instead and loses nothing."""
+    caplog.set_level(logging.DEBUG, logger="trainforge_services.controller.spool")
     archive = LogArchive(tmp_path / "a.jsonl", job="j", team="t", learner=0, attempt=1)
     r, w = os.pipe()
     spool = tmp_path / "a.jsonl.stdout.spool"
@@ -98,6 +102,7 @@ def test_a_spool_the_kernel_will_not_splice_into_is_copied_through_memory(tmp_pa
     archive.close()
     docs = [json.loads(raw) for raw in (tmp_path / "a.jsonl").read_text().splitlines()]
     assert [d["line"] for d in docs] == [f"line {i}" for i in range(20_000)]
+    assert any("copying instead" in r.getMessage() for r in caplog.records)  # the fallback did run
 
 
 def test_the_reader_pauses_until_the_pipe_would_be_half_full_and_never_after_a_full_read():
