@@ -21,17 +21,22 @@ alternating runs (order flipped each round), medians and spreads (min-max):
            reports wall seconds and the CPU seconds of the learner's own
            processes (user + system, from the reaped children's rusage):
            the CPU figure moves little with other load on the machine and
-           shows what the sink costs the learner's writes
+           shows what the sink costs the learner's writes; "offload-base"
+           (only with --variants) is "offloaded" with the spool's pipe
+           reader as it was before 2026-11-27 (os.read + os.write, a fixed
+           5 ms pause after a short read) for a same-run comparison
   read   : a finished job's log of N lines through the API (archive
            streaming, real HTTP server) and the CLI (`trainforge logs`,
            output discarded), lines/s
 
 Usage: .venv/bin/python bench/log_flood.py [-n 200000] [-r 3] [--batch 2000]
+         [--only learner --variants null,offload,offload-base]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import logging
@@ -44,7 +49,8 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import redirect_stdout
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 
 import psutil
@@ -63,6 +69,8 @@ from trainforge_services.common.adapters.mongo import connect  # noqa: E402
 from trainforge_services.common.adapters.objectstore import LocalStore  # noqa: E402
 from trainforge_services.common.settings import ApiSettings  # noqa: E402
 from trainforge_services.common.states import JobState  # noqa: E402
+from trainforge_services.controller import learner as learner_module  # noqa: E402
+from trainforge_services.controller import spool as spool_module  # noqa: E402
 from trainforge_services.controller.controller import ARCHIVE_FLUSH_SECONDS  # noqa: E402
 from trainforge_services.controller.learner import LearnerProcess  # noqa: E402
 from trainforge_services.controller.logship import LogArchive, LogShipper  # noqa: E402
@@ -124,8 +132,24 @@ def pin_threads(pid: int, cpus: set[int] | frozenset[int]) -> None:
             pass
 
 
+@contextmanager
+def reader_before_splice(active: bool) -> Iterator[None]:
+    """While active: the spool's pipe reader as before 2026-11-27 (read + write, fixed pause)."""
+    if not active:
+        yield
+        return
+    stream, pause = learner_module.SpooledStream, spool_module.reader_pause
+    learner_module.SpooledStream = functools.partial(stream, splice=False)
+    spool_module.reader_pause = lambda got, interval, pipe_bytes, longest: 0.0 if got >= pipe_bytes else longest
+    try:
+        yield
+    finally:
+        learner_module.SpooledStream, spool_module.reader_pause = stream, pause
+
+
 def run_learner(n: int, tmp: Path, url: str | None, index: str, *, devnull: bool = True,
-                buffered: bool = False, placed: str = "", store_pid: int | None = None) -> tuple[float, float]:
+                buffered: bool = False, placed: str = "", store_pid: int | None = None,
+                before: bool = False) -> tuple[float, float]:
     """Wall seconds from start to exit and the CPU seconds of the learner's processes (user + system);
     url None and devnull False: the controller's pipes and archive, no shipper. placed "both": the learner
     and the output threads placed; "output": only the output threads (and the store) moved off the learner's
@@ -136,12 +160,13 @@ def run_learner(n: int, tmp: Path, url: str | None, index: str, *, devnull: bool
     set_output_cpus(plan.output if plan else None)
     if store_pid is not None:
         pin_threads(store_pid, plan.output if plan else os.sched_getaffinity(0))
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
-        wall = _run_learner(n, tmp, url, index, devnull=devnull, buffered=buffered,
-                            cpus=plan.learner if plan and placed == "both" else None)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        with reader_before_splice(before):
+            wall = _run_learner(n, tmp, url, index, devnull=devnull, buffered=buffered,
+                                cpus=plan.learner if plan and placed == "both" else None)
+        end = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return wall, end.ru_utime + end.ru_stime - start.ru_utime - start.ru_stime
     finally:
         set_output_cpus(None)
 
@@ -208,13 +233,18 @@ def main() -> int:
     ap.add_argument("--only", choices=("ship", "learner", "read"), help="run one part")
     ap.add_argument("--buffered", action="store_true",
                     help="learners with buffered output (PYTHONUNBUFFERED empty) instead of the platform's default")
+    ap.add_argument("--variants", default="null,flood,placed,offload,archive",
+                    help="learner variants, comma-separated, from null, flood, placed, offload, archive, offload-base")
     args = ap.parse_args()
     # The learner runs stop their shippers at once: their "gave up" warnings are expected.
     logging.getLogger("trainforge_services").setLevel(logging.ERROR)
     print(machine())
     osmem = start_osmem()
     ship, bulk, read = [], [], []
-    variants = ("flood", "null", "placed", "offload", "archive")
+    variants = tuple(args.variants.split(","))
+    known = ("null", "flood", "placed", "offload", "archive", "offload-base")
+    if "null" not in variants or not set(variants) <= set(known):
+        ap.error(f"--variants: null and any of {', '.join(known[1:])}")
     walls: dict[str, list[float]] = {v: [] for v in variants}
     cpus: dict[str, list[float]] = {v: [] for v in variants}
     try:
@@ -231,11 +261,12 @@ def main() -> int:
                         print(f"round {r} {which:<5} {rate:,.0f} lines/s", flush=True)
                 if args.only in (None, "learner"):
                     for which in (variants if r % 2 == 0 else variants[::-1]):
-                        url = osmem.url if which in ("flood", "placed", "offload") else None
+                        url = osmem.url if which in ("flood", "placed", "offload", "offload-base") else None
                         secs, cpu = run_learner(args.n, tmp, url, f"bench-learner-{r}", devnull=which == "null",
                                                 buffered=args.buffered,
-                                                placed={"placed": "both", "offload": "output"}.get(which, ""),
-                                                store_pid=osmem.proc.pid)
+                                                placed={"placed": "both", "offload": "output",
+                                                        "offload-base": "output"}.get(which, ""),
+                                                store_pid=osmem.proc.pid, before=which == "offload-base")
                         walls[which].append(secs)
                         cpus[which].append(cpu)
                         print(f"round {r} learner {which:<7} {secs:.3f} s wall, {cpu:.3f} s CPU", flush=True)
@@ -252,12 +283,13 @@ def main() -> int:
               f"{args.rounds} alternating rounds; wall = start to exit, CPU = user+system of the learner's "
               "processes; load now {:.2f} {:.2f} {:.2f}".format(*psutil.getloadavg()))
         names = {"null": "/dev/null (baseline)", "flood": "controller, unplaced", "placed": "controller, placed",
-                 "offload": "controller, offloaded", "archive": "pipes only, unplaced"}
-        for v in ("null", "flood", "placed", "offload", "archive"):
+                 "offload": "controller, offloaded", "archive": "pipes only, unplaced",
+                 "offload-base": "offloaded, reader before"}
+        for v in variants:
             print(summary(f"{names[v]} wall", walls[v], "s", 3))
             print(summary(f"{names[v]} CPU", cpus[v], "s", 3))
         print("slowdown against /dev/null, wall (CPU) medians; the goal is <= +5 % wall:")
-        for v in ("flood", "placed", "offload", "archive"):
+        for v in (v for v in variants if v != "null"):
             w = statistics.median(walls[v]) / statistics.median(walls["null"]) - 1
             c = statistics.median(cpus[v]) / statistics.median(cpus["null"]) - 1
             per = ", ".join(f"{x / d - 1:+.0%}" for x, d in zip(walls[v], walls["null"], strict=True))

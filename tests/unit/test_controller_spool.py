@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 
+import pytest
+
 from trainforge_services.controller.logship import LogArchive
-from trainforge_services.controller.spool import PIPE_BYTES, SpooledStream, enlarge_pipe, split_lines
+from trainforge_services.controller.spool import (
+    PIPE_BYTES,
+    SpooledStream,
+    enlarge_pipe,
+    reader_pause,
+    split_lines,
+)
 
 
 def test_split_lines_as_readline_with_a_limit():
@@ -20,11 +29,13 @@ def test_split_lines_as_readline_with_a_limit():
     assert split_lines(b"", 4, final=True) == ([], 0)
 
 
-def test_spooled_stream_archives_every_line_in_order_and_deletes_its_spool(tmp_path):
+@pytest.mark.parametrize("splice", [True, False], ids=["splice", "read-write"])
+def test_spooled_stream_archives_every_line_in_order_and_deletes_its_spool(tmp_path, splice, caplog):
+    caplog.set_level(logging.DEBUG, logger="trainforge_services.controller.spool")
     archive = LogArchive(tmp_path / "a.jsonl", job="j", team="t", learner=0, attempt=1)
     r, w = os.pipe()
     spool = tmp_path / "a.jsonl.stdout.spool"
-    stream = SpooledStream("stdout", r, archive, spool, max_line=100).start()
+    stream = SpooledStream("stdout", r, archive, spool, max_line=100, splice=splice).start()
     n = 50_000
 
     def write() -> None:
@@ -44,6 +55,7 @@ def test_spooled_stream_archives_every_line_in_order_and_deletes_its_spool(tmp_p
     assert [d["seq"] for d in docs] == list(range(1, n + 5))
     assert {d["stream"] for d in docs} == {"stdout"}
     assert archive.lines_written == n + 4 and not spool.exists()
+    assert not caplog.records  # with splice: the kernel took every chunk, no fallback to copying
 
 
 def test_the_pipe_is_enlarged_where_the_kernel_allows():
@@ -71,3 +83,34 @@ def test_the_splitter_runs_at_background_priority_and_the_reader_does_not(tmp_pa
         os.close(w)
         assert stream.join(10)
         archive.close()
+
+
+def test_a_spool_the_kernel_will_not_splice_into_is_copied_through_memory(tmp_path, caplog):
+    """splice(2) refuses a target opened for appending (EINVAL): the reader copies instead and loses nothing."""
+    caplog.set_level(logging.DEBUG, logger="trainforge_services.controller.spool")
+    archive = LogArchive(tmp_path / "a.jsonl", job="j", team="t", learner=0, attempt=1)
+    r, w = os.pipe()
+    spool = tmp_path / "a.jsonl.stdout.spool"
+    stream = SpooledStream("stdout", r, archive, spool, max_line=100)
+    os.close(stream._wfd)
+    stream._wfd = os.open(spool, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    stream.start()
+    with os.fdopen(w, "wb") as f:
+        for i in range(20_000):
+            f.write(f"line {i}\n".encode())
+    assert stream.join(30)
+    archive.close()
+    docs = [json.loads(raw) for raw in (tmp_path / "a.jsonl").read_text().splitlines()]
+    assert [d["line"] for d in docs] == [f"line {i}" for i in range(20_000)]
+    assert any("copying instead" in r.getMessage() for r in caplog.records)  # the fallback did run
+
+
+def test_the_reader_pauses_until_the_pipe_would_be_half_full_and_never_after_a_full_read():
+    pipe, longest = 1024 * 1024, 0.005
+    assert reader_pause(pipe, 0.001, pipe, longest) == 0.0  # the learner may be waiting on a full pipe
+    assert reader_pause(100, 0.5, pipe, longest) == longest  # a quiet learner: the longest pause
+    assert reader_pause(0, 0.0, pipe, longest) == longest
+    # 256 KiB in 1 ms (256 MB/s): half the pipe comes in 2 ms
+    assert reader_pause(pipe // 4, 0.001, pipe, longest) == pytest.approx(0.002)
+    # 100 KB in 10 ms (10 MB/s): half the pipe would take 52 ms; capped
+    assert reader_pause(100_000, 0.010, pipe, longest) == longest
