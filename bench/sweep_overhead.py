@@ -20,8 +20,8 @@ apart. Without one, that line says it was not measured.
 
 `--prestart 0,1` runs the experiment once per value of its `prestart`
 (trials deployed ahead of a free slot, held before their learners), in the
-same stack, alternating for `--rounds` rounds, so the settings are compared
-under the same load. The bare pool runs once per round as well, beside a
+same stack, alternating for `--rounds` rounds (every other round in the
+reverse order), so the settings are compared under the same load. The bare pool runs once per round as well, beside a
 pool running only the interpreter's start (`python -c pass`: what of the
 pool's own overhead is the trial's interpreter, not the pool). Usage:
 
@@ -168,10 +168,11 @@ def main() -> int:
     made: dict[int, list[tuple[float, float, list[dict[str, float]]]]] = {p: [] for p in prestarts}
     with stack() as st:
         client = Client(st.api_url, st.api_key)
-        for _ in range(args.rounds):
+        for r in range(args.rounds):
             bare.append(bare_pool(args.trials, args.parallel, args.seconds))
             interp.append(bare_pool(args.trials, args.parallel, 0, cmd="python -c pass"))
-            for p in prestarts:
+            # every other round in the reverse order, so a load that rises through a round favours no setting
+            for p in prestarts if r % 2 == 0 else prestarts[::-1]:
                 submit_to_done, runs = platform_makespan(client, args.trials, args.parallel, args.seconds, p)
                 first_to_last = max(r["completed"] for r in runs) - min(r["deploying"] for r in runs)
                 made[p].append((submit_to_done, first_to_last, runs))
