@@ -21,9 +21,10 @@ apart. Without one, that line says it was not measured.
 `--prestart 0,1` runs the experiment once per value of its `prestart`
 (trials deployed ahead of a free slot, held before their learners), in the
 same stack, alternating for `--rounds` rounds (every other round in the
-reverse order), so the settings are compared under the same load. The bare pool runs once per round as well, beside a
-pool running only the interpreter's start (`python -c pass`: what of the
-pool's own overhead is the trial's interpreter, not the pool). Usage:
+reverse order), so the settings are compared under the same load. The
+bare pool runs once per round as well, beside a pool running only the
+interpreter's start (`python -c pass`: what of the pool's own overhead is
+the trial's interpreter, not the pool). Usage:
 
     .venv/bin/python bench/sweep_overhead.py [--trials 100] [--parallel 2] [--seconds 1.0] [--prestart 0,1]
         [--rounds 1] [--ray-python PATH]
