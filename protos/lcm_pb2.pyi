@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DeployJobRequest(_message.Message):
-    __slots__ = ("job_id", "team", "attempt", "manifest_json", "code_uri", "checkpoint_uri", "secret_env", "team_quota")
+    __slots__ = ("job_id", "team", "attempt", "manifest_json", "code_uri", "checkpoint_uri", "secret_env", "team_quota", "gated")
     class SecretEnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,7 @@ class DeployJobRequest(_message.Message):
     CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
     SECRET_ENV_FIELD_NUMBER: _ClassVar[int]
     TEAM_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    GATED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     team: str
     attempt: int
@@ -32,7 +33,8 @@ class DeployJobRequest(_message.Message):
     checkpoint_uri: str
     secret_env: _containers.ScalarMap[str, str]
     team_quota: TeamQuota
-    def __init__(self, job_id: _Optional[str] = ..., team: _Optional[str] = ..., attempt: _Optional[int] = ..., manifest_json: _Optional[str] = ..., code_uri: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., team_quota: _Optional[_Union[TeamQuota, _Mapping]] = ...) -> None: ...
+    gated: bool
+    def __init__(self, job_id: _Optional[str] = ..., team: _Optional[str] = ..., attempt: _Optional[int] = ..., manifest_json: _Optional[str] = ..., code_uri: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., team_quota: _Optional[_Union[TeamQuota, _Mapping]] = ..., gated: _Optional[bool] = ...) -> None: ...
 
 class TeamQuota(_message.Message):
     __slots__ = ("gpus", "cpus", "memory", "jobs", "gpus_by_type", "egress")
@@ -94,6 +96,18 @@ class LcmHaltJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class LcmHaltJobResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class OpenGateRequest(_message.Message):
+    __slots__ = ("job_id", "attempt")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class OpenGateResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 

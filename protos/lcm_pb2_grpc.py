@@ -49,6 +49,11 @@ class LifecycleManagerStub:
                 request_serializer=trainforge__protos_dot_lcm__pb2.LcmHaltJobRequest.SerializeToString,
                 response_deserializer=trainforge__protos_dot_lcm__pb2.LcmHaltJobResponse.FromString,
                 _registered_method=True)
+        self.OpenGate = channel.unary_unary(
+                '/trainforge.v1.LifecycleManager/OpenGate',
+                request_serializer=trainforge__protos_dot_lcm__pb2.OpenGateRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_lcm__pb2.OpenGateResponse.FromString,
+                _registered_method=True)
         self.GrowJob = channel.unary_unary(
                 '/trainforge.v1.LifecycleManager/GrowJob',
                 request_serializer=trainforge__protos_dot_lcm__pb2.GrowJobRequest.SerializeToString,
@@ -92,6 +97,15 @@ class LifecycleManagerServicer:
     def HaltJob(self, request, context):
         """Ask the learners of one attempt to checkpoint and exit (writes the
         job's etcd `halt` key; docs/CONTRACTS.md). Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenGate(self, request, context):
+        """Let the learners of a job deployed with `gated` start (writes the job's
+        etcd `gate` key; its controllers prepared everything and wait for it).
+        A job's gate, once opened, stays open. Idempotent.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -145,6 +159,11 @@ def add_LifecycleManagerServicer_to_server(servicer, server):
                     servicer.HaltJob,
                     request_deserializer=trainforge__protos_dot_lcm__pb2.LcmHaltJobRequest.FromString,
                     response_serializer=trainforge__protos_dot_lcm__pb2.LcmHaltJobResponse.SerializeToString,
+            ),
+            'OpenGate': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenGate,
+                    request_deserializer=trainforge__protos_dot_lcm__pb2.OpenGateRequest.FromString,
+                    response_serializer=trainforge__protos_dot_lcm__pb2.OpenGateResponse.SerializeToString,
             ),
             'GrowJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GrowJob,
@@ -248,6 +267,33 @@ class LifecycleManager:
             '/trainforge.v1.LifecycleManager/HaltJob',
             trainforge__protos_dot_lcm__pb2.LcmHaltJobRequest.SerializeToString,
             trainforge__protos_dot_lcm__pb2.LcmHaltJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenGate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.LifecycleManager/OpenGate',
+            trainforge__protos_dot_lcm__pb2.OpenGateRequest.SerializeToString,
+            trainforge__protos_dot_lcm__pb2.OpenGateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,6 +3,7 @@
     <prefix>/jobs/<job>/attempt                 {"attempt": n, "checkpoint_uri": ...}
     <prefix>/jobs/<job>/learners/<rank>/status  LearnerStatusDoc, under the controller's lease
     <prefix>/jobs/<job>/halt                    {"attempt": n, "requested_at": ts}
+    <prefix>/jobs/<job>/gate                    {"attempt": n, "opened_at": ts}: a gated job's learners may start
     <prefix>/jobs/<job>/learners/<rank>/halted  {"attempt": n, "checkpoint_uri": ..., "step": n}
     <prefix>/jobs/<job>/learners/<rank>/checkpoint {"attempt": n, "step": n, "uri": ...}
     <prefix>/jobs/<job>/monitor                 {"pid": ..., "host": ...}, under the monitor's lease
@@ -44,6 +45,9 @@ class Keys:
 
     def halt(self, job: str) -> str:
         return f"{self.prefix}/jobs/{job}/halt"
+
+    def gate(self, job: str) -> str:
+        return f"{self.prefix}/jobs/{job}/gate"
 
     def monitor(self, job: str) -> str:
         return f"{self.prefix}/jobs/{job}/monitor"

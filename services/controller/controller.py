@@ -52,6 +52,7 @@ from trainforge_services.common.settings import ControllerSettings
 from trainforge_services.common.states import LearnerState
 
 from .checkpoints import CheckpointSync, copy_uri
+from .gate import HELD, wait_for_gate
 from .halt import Halting
 from .lagreport import LagReporter
 from .learner import (
@@ -265,6 +266,10 @@ class Controller:
             env, entry = sandbox.env(env), partial(sandbox.argv, command)
         elif spec.launcher:
             program = [*spec.launcher, "/bin/sh", "-c", command]
+        if spec.gated and not self._pass_gate(archive):
+            if self._halt.is_set():
+                return self._halt.conclude(archive, None, "before the learner started")
+            return Outcome(LearnerState.LEARNER_FAILED, message=f"{self._stop.reason} (learner not started)")
         learner = self._learner = LearnerProcess(command, spec.workdir, env, archive,
                                                  python=self.python, program=program, entry=entry,
                                                  cpus=self._placement.learner
@@ -320,6 +325,14 @@ class Controller:
         outputs = uri_for_prefix(spec.outputs_prefix)
         log.info("uploaded %d output files to %s", len(uploaded), outputs)
         return Outcome(LearnerState.LEARNER_COMPLETED, 0, outputs_uri=outputs)
+
+    def _pass_gate(self, archive: LogArchive) -> bool:
+        """A gated learner (a prestarted trial): everything is ready; wait for the job's gate (gate.py)."""
+        self._halt.publish_unless_halting(LearnerState.LEARNER_PREPARING, message=HELD)
+        opened = wait_for_gate(self._coord, self.spec.job_id, self._stop.is_set)
+        if opened:
+            system_line(archive, "the gate opened: starting the learner")
+        return opened
 
     def _environment(self, archive: LogArchive) -> str:
         """The learner's interpreter: the platform's, or the job's own environment (services/controller/pyenv.py)."""

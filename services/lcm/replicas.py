@@ -118,6 +118,9 @@ class LeaderLifecycle:
     def halt(self, job_id: str, attempt: int) -> None:
         self._as_leader(lambda lc: lc.halt(job_id, attempt))
 
+    def open_gate(self, job_id: str, attempt: int) -> None:
+        self._as_leader(lambda lc: lc.open_gate(job_id, attempt))
+
     def grow(self, job_id: str, attempt: int, learners: int) -> bool:
         return self._as_leader(lambda lc: lc.grow(job_id, attempt, learners))
 

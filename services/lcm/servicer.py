@@ -53,6 +53,14 @@ class LcmServicer(lcm_pb2_grpc.LifecycleManagerServicer):
         return lcm_pb2.LcmHaltJobResponse()
 
     @handler
+    def OpenGate(self, request: lcm_pb2.OpenGateRequest, context: Ctx) -> lcm_pb2.OpenGateResponse:
+        check_job_id(request.job_id)
+        check_attempt(request.attempt)
+        log.info("opening the gate of job %s (attempt %d)", request.job_id, request.attempt)
+        self._lifecycle.open_gate(request.job_id, request.attempt)
+        return lcm_pb2.OpenGateResponse()
+
+    @handler
     def GrowJob(self, request: lcm_pb2.GrowJobRequest, context: Ctx) -> lcm_pb2.GrowJobResponse:
         check_job_id(request.job_id)
         check_attempt(request.attempt)

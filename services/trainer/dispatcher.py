@@ -324,6 +324,10 @@ class Dispatcher(LcmCalls):
         """Ask the LCM to start a DEPLOYING job's attempt (idempotent on the LCM's side)."""
         self._submit(self._deploy, job)
 
+    def open_gate(self, job: JobRecord) -> None:
+        """Let a gated DEPLOYING job's learners start (retried until it answers or the job moved on)."""
+        self._submit(self._open_gate, job.id, job.attempt)
+
     def job_finished(self, job_id: str, reason: str = "") -> None:
         """A job let go of its resources: remove whatever runs of it and look at the queue again."""
         self.clean_up(job_id)

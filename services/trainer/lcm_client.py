@@ -1,4 +1,4 @@
-"""The Trainer's view of the LCM: four calls, behind an interface a test can fake.
+"""The Trainer's view of the LCM: a few calls, behind an interface a test can fake.
 
 The dispatcher and the service depend on `Lcm`, not on gRPC, so unit tests
 can hand them a plain Python object; `GrpcLcm` is the real thing, and turns
@@ -19,11 +19,16 @@ from trainforge_services.trainer.admission import Capacity, Quota, Usage
 
 class Lcm(Protocol):
     def deploy_job(self, job_id: str, team: str, attempt: int, manifest_json: str, code_uri: str,
-                   checkpoint_uri: str = "", *, secret_env: Mapping[str, str] | None = None) -> list[str]:
+                   checkpoint_uri: str = "", *, secret_env: Mapping[str, str] | None = None,
+                   gated: bool = False) -> list[str]:
         """Start one attempt's learners; idempotent per (job_id, attempt). The backend's handles.
 
         secret_env: the values of the team secrets the manifest's env names, by variable (secret_env.py).
+        gated: the learners prepare and wait for `open_gate` before they start (a prestarted trial).
         """
+
+    def open_gate(self, job_id: str, attempt: int) -> None:
+        """Let a gated job's learners start; idempotent (a job's gate is never closed again)."""
 
     def kill_job(self, job_id: str, reason: str = "") -> int:
         """Remove everything of a job; idempotent. How many processes/pods were killed."""
@@ -63,10 +68,12 @@ class GrpcLcm:
         self._quota_of = quota_of
 
     def deploy_job(self, job_id: str, team: str, attempt: int, manifest_json: str, code_uri: str,
-                   checkpoint_uri: str = "", *, secret_env: Mapping[str, str] | None = None) -> list[str]:
+                   checkpoint_uri: str = "", *, secret_env: Mapping[str, str] | None = None,
+                   gated: bool = False) -> list[str]:
         request = lcm_pb2.DeployJobRequest(job_id=job_id, team=team, attempt=attempt,
                                            manifest_json=manifest_json, code_uri=code_uri,
-                                           checkpoint_uri=checkpoint_uri, secret_env=dict(secret_env or {}))
+                                           checkpoint_uri=checkpoint_uri, secret_env=dict(secret_env or {}),
+                                           gated=gated)
         if self._quota_of is not None:
             request.team_quota.CopyFrom(team_quota_to_proto(self._quota_of(team)))
         return list(self._call(self._stub.DeployJob, request, self._timeout).handles)
@@ -77,6 +84,9 @@ class GrpcLcm:
 
     def halt_job(self, job_id: str, attempt: int) -> None:
         self._call(self._stub.HaltJob, lcm_pb2.LcmHaltJobRequest(job_id=job_id, attempt=attempt), self._timeout)
+
+    def open_gate(self, job_id: str, attempt: int) -> None:
+        self._call(self._stub.OpenGate, lcm_pb2.OpenGateRequest(job_id=job_id, attempt=attempt), self._timeout)
 
     def grow_job(self, job_id: str, attempt: int, learners: int) -> bool:
         request = lcm_pb2.GrowJobRequest(job_id=job_id, attempt=attempt, learners=learners)

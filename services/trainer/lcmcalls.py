@@ -18,13 +18,13 @@ from trainforge_services.common.errors import ResourceExhausted, TrainforgeError
 from trainforge_services.common.retry import Backoff, Stopped, retry_call
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.lcm_client import Lcm
-from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.record import GATE_CLOSED, GATE_OPEN, JobRecord
 from trainforge_services.trainer.rules import ACTOR, Lifecycle
 from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger("trainforge_services.trainer.dispatcher")
 
-# Most seconds between two tries of a failing KillJob, HaltJob or DeployJob.
+# Most seconds between two tries of a failing KillJob, HaltJob, OpenGate or DeployJob.
 _MAX_RETRY = 30.0
 
 
@@ -65,10 +65,14 @@ class LcmCalls:
         deploying = frozenset({JobState.DEPLOYING, JobState.HALTING})
 
         def call() -> list[str] | None:
-            if self._still(job_id, attempt, deploying) is None:
+            current = self._still(job_id, attempt, deploying)
+            if current is None:
                 return None  # moved on (cancelled, halted) while the LCM was away
+            # a prestarted trial whose gate is still closed: its learners wait for OpenGate (read just now, so
+            # a gate opened before this call deploys it ungated)
+            gated = {"gated": True} if current.gate == GATE_CLOSED else {}
             return self._lcm.deploy_job(job_id, job.team, attempt, json.dumps(job.manifest), job.code_uri,
-                                        job.checkpoint_uri)
+                                        job.checkpoint_uri, **gated)
 
         def waiting(e: BaseException, tries: int, delay: float) -> None:
             message = e.message if isinstance(e, TrainforgeError) else str(e)
@@ -109,6 +113,34 @@ class LcmCalls:
         elif current.state == JobState.HALTING:
             # the halt key may have been written before the deploy reset the job's etcd keys
             self._halt(job_id, attempt)
+        elif current.gate == GATE_OPEN:
+            # opened while this deploy ran (or before a resent one that found its gated attempt running): the
+            # gate key may have come before the deploy reset the job's etcd keys, or never have been written
+            self._open_gate(job_id, attempt)
+
+    def _open_gate(self, job_id: str, attempt: int) -> None:
+        """OpenGate, retried until it answers, the job leaves DEPLOYING or the Trainer stops (the next one
+        resends the deploy of a DEPLOYING job, which opens the gate again)."""
+        deploying = frozenset({JobState.DEPLOYING})
+        tries = [0]
+
+        def call() -> bool:
+            tries[0] += 1
+            if tries[0] > 1 and self._still(job_id, attempt, deploying) is None:
+                return False  # running, ended or halted since: nothing waits at the gate
+            self._lcm.open_gate(job_id, attempt)
+            return True
+
+        def failed(e: BaseException, tries: int, delay: float) -> None:
+            message = e.message if isinstance(e, TrainforgeError) else str(e)
+            log.warning("job %s: OpenGate failed: %s; retrying in %gs", job_id, message, delay)
+
+        try:
+            if retry_call(call, retry_on=Exception, initial=self._kill_backoff, maximum=_MAX_RETRY,
+                          stop_event=self._stopping, on_retry=failed):
+                log.info("job %s attempt %d: gate opened", job_id, attempt)
+        except Exception:  # noqa: BLE001 - only a stop ends the retries
+            log.info("job %s attempt %d: gate not opened; the Trainer is stopping", job_id, attempt)
 
     def _halt(self, job_id: str, attempt: int) -> None:
         halting = frozenset({JobState.HALTING})

@@ -21,6 +21,10 @@ from trainforge_services.common.manifest import Manifest, parse_manifest
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.admission import Queued, Usage
 
+# JobRecord.gate: a prestarted trial's learners wait ("closed") until the experiment driver lets them ("open")
+GATE_CLOSED = "closed"
+GATE_OPEN = "open"
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
@@ -95,6 +99,10 @@ class JobRecord(_Frozen):
     # a trial of an experiment (services/trainer/experiments/): its id and the trial's index; "" / -1 otherwise
     experiment_id: str = ""
     trial: int = -1
+    # a trial started ahead of its slot (docs/EXPERIMENTS.md, "Prestarted trials"): "closed" while its learners
+    # must wait before starting (deployed with `gated`), "open" once the experiment driver let them; "" for
+    # every other job. Only ever moves "closed" -> "open".
+    gate: str = ""
     # what the job holds beyond its team's own quota, borrowed in `cohort` when it was dispatched
     borrowed: Usage = Usage()
     cohort: str = ""

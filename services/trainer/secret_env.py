@@ -32,13 +32,17 @@ class SecretResolvingLcm:
         self._reveal = reveal
 
     def deploy_job(self, job_id: str, team: str, attempt: int, manifest_json: str, code_uri: str,
-                   checkpoint_uri: str = "") -> list[str]:
+                   checkpoint_uri: str = "", **options: bool) -> list[str]:
+        """`options`: the Lcm's keyword options (`gated`), passed on as they came."""
         refs = parse_manifest(manifest_json).secret_env()
         if not refs:
-            return self._inner.deploy_job(job_id, team, attempt, manifest_json, code_uri, checkpoint_uri)
+            return self._inner.deploy_job(job_id, team, attempt, manifest_json, code_uri, checkpoint_uri, **options)
         values = self._reveal(team, set(refs.values()))
         return self._inner.deploy_job(job_id, team, attempt, manifest_json, code_uri, checkpoint_uri,
-                                      secret_env={var: values[name] for var, name in refs.items()})
+                                      secret_env={var: values[name] for var, name in refs.items()}, **options)
+
+    def open_gate(self, job_id: str, attempt: int) -> None:
+        self._inner.open_gate(job_id, attempt)
 
     def kill_job(self, job_id: str, reason: str = "") -> int:
         return self._inner.kill_job(job_id, reason)

@@ -59,7 +59,7 @@ class JobService:
 
     def submit(self, team: str, manifest_source: str, *, code_uri: str = "", submitted_by: str = "",
                job_id: str = "", idempotency_key: str = "", experiment_id: str = "",
-               trial: int = -1) -> JobRecord:
+               trial: int = -1, gated: bool = False) -> JobRecord:
         """Validate and persist a job, admitted (QUEUED, its history PENDING -> QUEUED) in the same write.
 
         The dispatcher takes it from there.
@@ -88,7 +88,7 @@ class JobService:
         try:
             job = self._store.insert(job_id, team, manifest, code_uri=code_uri, submitted_by=submitted_by,
                                      idempotency_key=idempotency_key, experiment_id=experiment_id, trial=trial,
-                                     admitted=_ADMITTED)
+                                     admitted=_ADMITTED, gated=gated)
         except AlreadySubmitted as e:  # submitted before, or a concurrent retry inserted first
             return self._resubmitted(e.job, manifest, idempotency_key)
         self._lifecycle.committed(job)  # PENDING -> QUEUED's rules: the dispatcher is woken
@@ -230,6 +230,19 @@ class JobService:
         if done.changed and done.job is not None:
             return done.job
         return self.resume(team, job_id, actor)  # lost a race with another resume or a cancel: look again
+
+    def open_gate(self, job_id: str, actor: str) -> JobRecord | None:
+        """Let a gated job's learners start (docs/EXPERIMENTS.md, "Prestarted trials"); the job, or None when its
+        gate was not closed. Written first, then acted on: a DEPLOYING job's LCM is told now (retried), a job not
+        deployed yet is deployed ungated, and a deploy that races this (or is resent after a restart) opens the
+        gate again once it answered (services/trainer/lcmcalls.py)."""
+        job = self._store.open_gate(job_id)
+        if job is None:
+            return None
+        log.info("job %s: gate opened by %s (%s, attempt %d)", job_id, actor, job.state.name, job.attempt)
+        if job.state == JobState.DEPLOYING:
+            self._dispatcher.open_gate(job)
+        return job
 
     def report(self, job_id: str, attempt: int, state: JobState, reason: str, actor: str, *,
                learners: dict[str, LearnerReport] | None = None, outputs_uri: str = "",

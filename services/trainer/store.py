@@ -55,7 +55,7 @@ from trainforge_services.common.manifest import Manifest
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.admission import Usage, demand
 from trainforge_services.trainer.fence import Deposed
-from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.record import GATE_CLOSED, GATE_OPEN, JobRecord
 from trainforge_services.trainer.storedocs import (
     fields_projection,
     grown_seconds,
@@ -120,7 +120,7 @@ class JobStore:
     @mapped
     def insert(self, job_id: str, team: str, manifest: Manifest, *, code_uri: str = "",
                submitted_by: str = "", idempotency_key: str = "", experiment_id: str = "",
-               trial: int = -1, admitted: str = "") -> JobRecord:
+               trial: int = -1, admitted: str = "", gated: bool = False) -> JobRecord:
         """Persist a new PENDING job, or with `admitted` (the QUEUED reason) a job already admitted.
 
         Admitted, the job is inserted QUEUED with both history entries (submitted -> PENDING, PENDING ->
@@ -171,6 +171,8 @@ class JobStore:
             doc["idempotency_key"] = idempotency_key
         if experiment_id:
             doc["experiment_id"], doc["trial"] = experiment_id, trial
+        if gated:
+            doc["gate"] = GATE_CLOSED
         try:
             self._jobs.insert_one(doc)
         except DuplicateKeyError:
@@ -222,6 +224,17 @@ class JobStore:
             query["$or"] = [{"created_at": {"$lt": before[0]}}, {"created_at": before[0], "_id": {"$lt": before[1]}}]
         cursor = self._jobs.find(query).sort([("created_at", DESCENDING), ("_id", DESCENDING)])
         return to_records(cursor.limit(limit))
+
+    @mapped
+    def open_gate(self, job_id: str) -> JobRecord | None:
+        """Open a gated job's gate (compare-and-set: "closed" -> "open"); the job after it, or None when its
+        gate was not closed (opened before, or the job was never gated). Not a transition: the state stays."""
+        now = time.time()
+        doc = self._jobs.find_one_and_update(
+            {"_id": job_id, "gate": GATE_CLOSED},
+            {"$set": {"gate": GATE_OPEN, "updated_at": now, "changed_at": now}},
+            return_document=ReturnDocument.AFTER)
+        return to_record(doc)
 
     @mapped
     def of_experiment(self, experiment_id: str) -> list[JobRecord]:

@@ -23,6 +23,9 @@ class IdleLcm:
     def halt_job(self, job_id: str, attempt: int) -> None:
         return None
 
+    def open_gate(self, job_id: str, attempt: int) -> None:
+        return None
+
     def grow_job(self, job_id: str, attempt: int, learners: int) -> bool:
         self.grants.append((job_id, attempt, learners))
         return True

@@ -69,7 +69,7 @@ def launch(store_settings, tmp_path, unique):
 
     def start(manifest: dict, *, rank: int = 0, world_size: int = 1, code: bytes | None = None, code_uri: str = "",
               job: str | None = None, master_port: int = 29500, attempt: int = 1, checkpoint_uri: str = "",
-              **env_extra) -> Run:
+              gated: bool = False, **env_extra) -> Run:
         job = job or f"job-{unique}"
         attempt_dir = tmp_path / "work" / job / str(attempt)
         attempt_dir.mkdir(parents=True, exist_ok=True)
@@ -79,7 +79,7 @@ def launch(store_settings, tmp_path, unique):
         spec = {"job_id": job, "team": "team-a", "attempt": attempt, "rank": rank, "world_size": world_size,
                 "manifest": {"name": "t"} | manifest, "code_uri": code_uri, "checkpoint_uri": checkpoint_uri,
                 "workdir": str(attempt_dir / f"learner-{rank}"), "master_addr": "127.0.0.1",
-                "master_port": master_port, "gpu_ids": [], "lease_ttl": 4}
+                "master_port": master_port, "gpu_ids": [], "lease_ttl": 4} | ({"gated": True} if gated else {})
         spec_path = attempt_dir / f"learner-{rank}.json"
         spec_path.write_text(json.dumps(spec))
         with open(attempt_dir / f"controller-{rank}.log", "w") as log_file:

@@ -31,12 +31,18 @@ class ScriptedLcm:
         self.deploys: list[tuple[str, int]] = []
         self.kill_tries: list[str] = []
         self.halts: list[tuple[str, int]] = []
+        self.gated: set[tuple[str, int]] = set()  # attempts deployed with `gated`
+        self.gates: list[tuple[str, int]] = []  # every OpenGate that succeeded
+        self.gate_error = False  # OpenGate fails (Unavailable) while set
+        self.gate_tries = 0
         self.checkpoint_uris: dict[tuple[str, int], str] = {}
         self.synced: list[tuple[str, object]] = []  # every SyncTeam: (team, quota)
         self._lock = threading.Lock()
 
-    def deploy_job(self, job_id, team, attempt, manifest_json, code_uri, checkpoint_uri=""):  # noqa: ANN001
+    def deploy_job(self, job_id, team, attempt, manifest_json, code_uri, checkpoint_uri="", gated=False):  # noqa: ANN001
         with self._lock:
+            if gated:
+                self.gated.add((job_id, attempt))
             self.deploy_tries += 1
             if self.deploy_tries <= self.deploy_failures:
                 raise self.deploy_error("connection refused: the LCM is restarting"
@@ -49,6 +55,13 @@ class ScriptedLcm:
     def halt_job(self, job_id, attempt):  # noqa: ANN001
         with self._lock:
             self.halts.append((job_id, attempt))
+
+    def open_gate(self, job_id, attempt):  # noqa: ANN001
+        with self._lock:
+            self.gate_tries += 1
+            if self.gate_error:
+                raise Unavailable("the LCM is restarting")
+            self.gates.append((job_id, attempt))
 
     def kill_job(self, job_id, reason=""):  # noqa: ANN001
         with self._lock:

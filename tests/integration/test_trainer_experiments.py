@@ -25,7 +25,7 @@ from trainforge_services.common.contracts.experiments import ExperimentState
 from trainforge_services.common.settings import TrainerSettings
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.admission import Capacity, Quota, Usage
-from trainforge_services.trainer.experiments.driver import SLOT
+from trainforge_services.trainer.experiments.driver import SLOT, behind_gate, holds_slot
 from trainforge_services.trainer.server import serve
 
 GI = 2**30
@@ -112,9 +112,10 @@ def env(mongo_server, osmem_server, unique, tmp_path):
 
 
 def sweep(**extra) -> dict:
+    """A 4-trial recipe; without prestart (the tests of prestarted trials ask for it)."""
     return {"kind": "experiment", "name": "sweep", "command": "python train.py --lr {{lr}}",
             "parameters": {"lr": [0.1, 0.2, 0.3, 0.4]}, "objective": {"metric": "loss", "goal": "minimize"},
-            **extra}
+            "prestart": 0, **extra}
 
 
 def test_an_experiment_runs_its_trials_as_jobs_at_most_max_parallel_at_once_and_finds_the_best(env):
@@ -274,3 +275,91 @@ def test_halt_resume_and_cancel_reach_the_trials(env):
     with pytest.raises(grpc.RpcError) as e:
         env.stub.ResumeExperiment(trainer_pb2.ExperimentAction(team=TEAM, experiment_id=exp.id))
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION or e.value.code() == grpc.StatusCode.ABORTED
+
+
+# -- prestarted trials (docs/EXPERIMENTS.md, "Prestarted trials") ---------------------------------------------
+
+
+def slots_and_held(env: Env, exp_id: str) -> tuple[int, int]:
+    trials = env.trainer.store.of_experiment(exp_id)
+    return sum(1 for j in trials if holds_slot(j)), sum(1 for j in trials if behind_gate(j))
+
+
+def test_a_prestarted_trial_deploys_gated_holds_no_slot_and_its_gate_opens_when_a_slot_frees(env):
+    exp = env.submit(sweep(max_parallel=2, mode="grid", prestart=1))
+    ids = [f"{exp.id}-{i}" for i in range(4)]
+    wait_for(lambda: env.deployed(ids[2]), 15, "the third trial to deploy ahead of a slot")
+    held = env.job(ids[2])
+    assert (held.gate, env.job(ids[0]).gate, env.job(ids[1]).gate) == ("closed", "", "")
+    wait_for(lambda: (ids[2], 1) in env.lcm.gated, 15, "the third trial's gated deploy")
+    assert (ids[0], 1) not in env.lcm.gated and env.job(ids[3]) is None  # one held trial, no more
+    assert slots_and_held(env, exp.id) == (2, 1)
+    env.run(ids[0])
+    env.run(ids[1])
+    assert env.lcm.gates == []  # no slot is free: the held trial waits
+    env.storing(ids[0])  # its learner exited: its slot goes to the held trial, whose gate opens at once
+    wait_for(lambda: (ids[2], 1) in env.lcm.gates, 15, "the held trial's gate to open")
+    assert env.job(ids[2]).gate == "open"
+    wait_for(lambda: env.job(ids[3]) is not None and env.job(ids[3]).gate == "closed", 15,
+             "the fourth trial to be prestarted in its place")
+    assert slots_and_held(env, exp.id) == (2, 1)
+    for index, job_id in enumerate(ids):
+        if index >= 2:
+            env.run(job_id)
+        env.report_metric(job_id, {"step": 1, "loss": 1.0 - index / 10})
+        env.complete(job_id)
+        got = slots_and_held(env, exp.id)
+        assert got[0] <= 2 and got[1] <= 1, got
+    done = wait_for(lambda: (x := env.get(exp.id)).state == ExperimentState.EXPERIMENT_COMPLETED and x, 15,
+                    "the experiment to complete")
+    assert "4 of 4 trials completed" in done.reason and done.best_trial == 3
+    assert set(env.lcm.deploys) == {(i, 1) for i in ids}
+    assert {g for g, _ in env.lcm.gates} <= {ids[2], ids[3]}
+
+
+def test_an_opened_gate_reaches_the_lcm_after_a_trainer_restart(env):
+    """The gate's opening is written first; a Trainer that stopped before the LCM heard of it tells it on restart."""
+    exp = env.submit(sweep(max_parallel=1, mode="grid", prestart=1))
+    ids = [f"{exp.id}-{i}" for i in range(4)]
+    wait_for(lambda: env.deployed(ids[1]) and (ids[1], 1) in env.lcm.gated, 15, "trial 1 deployed gated")
+    env.lcm.gate_error = True  # the LCM is away: OpenGate is retried
+    env.run(ids[0])
+    env.storing(ids[0])
+    wait_for(lambda: env.job(ids[1]).gate == "open" and env.lcm.gate_tries > 0, 15, "the gate opened in the store")
+    env.stop()
+    env.lcm.gate_error = False
+    assert env.lcm.gates == []
+    env.start()  # its reconcile resends the DEPLOYING trial's deploy, which opens the gate again
+    wait_for(lambda: (ids[1], 1) in env.lcm.gates, 15, "the gate to reach the LCM after the restart")
+    wait_for(lambda: env.job(ids[2]) is not None and env.job(ids[2]).gate == "closed", 15, "trial 2 prestarted")
+    assert slots_and_held(env, exp.id) == (1, 1)  # trial 0 storing, trial 1 in the slot, trial 2 held
+    env.complete(ids[0])
+    for job_id in ids[1:]:
+        wait_for(lambda: env.job(job_id) is not None and env.job(job_id).gate == "open", 15,  # noqa: B023
+                 f"{job_id}'s gate to open")
+        env.run(job_id)
+        env.complete(job_id)
+    wait_for(lambda: env.get(exp.id).state == ExperimentState.EXPERIMENT_COMPLETED, 15, "the experiment to complete")
+    assert sorted(j.id for j in env.trainer.store.of_experiment(exp.id)) == sorted(ids)
+    assert all(a == 1 for _, a in env.lcm.deploys)  # nothing deployed twice as another attempt
+
+
+def test_halting_an_experiment_cancels_its_held_trial_and_resume_prestarts_it_again(env):
+    exp = env.submit(sweep(max_parallel=1, mode="grid", prestart=1))
+    ids = [f"{exp.id}-{i}" for i in range(4)]
+    wait_for(lambda: env.deployed(ids[1]), 15, "trial 1 deployed, held")
+    env.run(ids[0])
+    env.stub.HaltExperiment(trainer_pb2.ExperimentAction(team=TEAM, experiment_id=exp.id, actor="user:k1"))
+    wait_for(lambda: env.job(ids[1]).state == JobState.CANCELLED, 15, "the held trial to be cancelled")
+    wait_for(lambda: env.job(ids[0]).state == JobState.HALTING, 15, "the running trial to halt")
+    env.trainer.service.report(ids[0], 1, JobState.HALTED, "halted at step 3", "monitor", checkpoint_step=3)
+    wait_for(lambda: env.get(exp.id).state == ExperimentState.EXPERIMENT_HALTED, 15, "the experiment halted")
+    env.stub.ResumeExperiment(trainer_pb2.ExperimentAction(team=TEAM, experiment_id=exp.id, actor="user:k1"))
+    wait_for(lambda: env.job(ids[0]).attempt == 2, 15, "the halted trial to resume")
+    # the cancelled held trial comes back under a new generation, prestarted again behind the resumed one
+    wait_for(lambda: env.job(f"{ids[1]}-1") is not None, 15, "trial 1 submitted again")
+    assert env.job(f"{ids[1]}-1").gate == "closed"
+    env.stub.CancelExperiment(trainer_pb2.ExperimentAction(team=TEAM, experiment_id=exp.id, actor="user:k1"))
+    wait_for(lambda: all(j.state == JobState.CANCELLED for j in env.trainer.store.of_experiment(exp.id)), 15,
+             "every trial, the held one too, to be cancelled")
+    assert not any(g == f"{ids[1]}-1" for g, _ in env.lcm.gates)  # its learner was never let start

@@ -14,7 +14,7 @@ import pytest
 
 from tests.fakes.backend import FakeBackend
 from tests.fakes.coordinator import MemoryCoordinator
-from trainforge_services.common.contracts.etcd import AttemptInfo, HaltRequest, LearnerStatus
+from trainforge_services.common.contracts.etcd import AttemptInfo, GateOpen, HaltRequest, LearnerStatus
 from trainforge_services.common.errors import Conflict, InvalidArgument, ResourceExhausted, TrainforgeError
 from trainforge_services.common.manifest import Manifest
 from trainforge_services.common.states import LearnerState
@@ -189,6 +189,24 @@ def test_halt_writes_the_halt_request_for_the_attempt(lcm, coord):
         lcm.halt("j-1", 0)
 
 
+def test_a_gated_deploy_marks_every_learner_spec_and_open_gate_writes_the_gate_once(lcm, coord, backend):
+    lcm.deploy(deployment(gated=True))
+    plan = lcm._records.get("j-1").plan  # noqa: SLF001 - what the backend was handed
+    assert plan.gated and all(spec.gated for spec in plan.learners)
+    assert json.loads(plan.learners[0].to_json())["gated"] is True
+    assert "gated" not in json.loads(build_plan(deployment(), Site(attempt_dir=Path("/w/j-1/1"), master_addr="a",
+                                                                       master_port=1), [], lease_ttl=5,
+                                                    start_timeout=5).learners[0].to_json())
+    lcm.open_gate("j-1", 1)
+    first = GateOpen.parse(coord.get(coord.keys.gate("j-1"))[0])
+    lcm.open_gate("j-1", 1)  # repeated: the key is created once, its value unchanged
+    assert GateOpen.parse(coord.get(coord.keys.gate("j-1"))[0]) == first and first.attempt == 1
+    with pytest.raises(InvalidArgument, match="attempt must be 1 or more"):
+        lcm.open_gate("j-1", 0)
+    lcm.kill("j-1")  # the job's keys go with it
+    assert coord.get(coord.keys.gate("j-1"))[0] is None
+
+
 # -- supervision ------------------------------------------------------------------------------
 
 
@@ -321,3 +339,14 @@ def test_an_unreadable_record_is_skipped_on_restart(lifecycles, backend, tmp_pat
     lifecycles().deploy(deployment("good", learners=1))
     record_path(tmp_path, "bad").write_text("{not json")
     assert [j.job_id for j in lifecycles().running_jobs()] == ["good"]
+
+
+def test_the_deploy_request_carries_gated_into_the_deployment():
+    from trainforge_protos import lcm_pb2
+    from trainforge_services.lcm.lifecycle.plan import deployment_from_request
+
+    manifest = Manifest(name="t", command="python t.py").model_dump_json()
+    request = lcm_pb2.DeployJobRequest(job_id="j-1", team="team-a", attempt=1, manifest_json=manifest, gated=True)
+    assert deployment_from_request(request).gated
+    request.gated = False
+    assert not deployment_from_request(request).gated

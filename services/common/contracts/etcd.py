@@ -4,6 +4,7 @@
     learners/<rank>/status     LearnerStatus   the controller, under its lease (final states without one);
                                                the LCM for a controller that died without reporting
     halt                       HaltRequest     the LCM (LifecycleManager.HaltJob)
+    gate                       GateOpen        the LCM (LifecycleManager.OpenGate): a gated job's learners start
     learners/<rank>/checkpoint CheckpointStored the controller, after each verified checkpoint upload
     learners/<rank>/halted     Halted          the controller, after its learner stopped on a halt
     monitor                    MonitorClaim    the job monitor, under its lease
@@ -104,6 +105,14 @@ class LearnerStatus(_Value):
 class HaltRequest(_Value):
     attempt: int = Field(ge=1)
     requested_at: float = Field(default_factory=time.time)
+
+
+class GateOpen(_Value):
+    """A gated job's gate is open: its controllers start their learners. Per job, not per attempt: a gate is
+    opened once and never closed again (`attempt` is the one the Trainer saw, for the record)."""
+
+    attempt: int = Field(ge=0)
+    opened_at: float = Field(default_factory=time.time)
 
 
 class CheckpointStored(_Value):

@@ -25,11 +25,13 @@ from trainforge_services.common.errors import InvalidArgument
 from trainforge_services.common.manifest import Manifest, field_errors
 
 # the fields of an experiment that are not the job template's
-SWEEP_FIELDS = ("kind", "parameters", "samples", "mode", "max_parallel", "objective", "early_stopping",
-                "retries", "seed")
+SWEEP_FIELDS = ("kind", "parameters", "samples", "mode", "max_parallel", "prestart", "objective",
+                "early_stopping", "retries", "seed")
 _PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RANGE_TEXT = re.compile(r"^\s*(-?\d+(?:\.\d+)?(?:[eE]-?\d+)?)\s*(?:-|\.\.|:)\s*(-?\d+(?:\.\d+)?(?:[eE]-?\d+)?)\s*$")
 MAX_TRIALS = 10_000
+# trials deployed ahead of a free slot, held before their learners (docs/EXPERIMENTS.md, "Prestarted trials")
+DEFAULT_PRESTART = 1
 Scalar = str | int | float | bool
 
 
@@ -137,6 +139,9 @@ class ExperimentSpec(_Strict):
     samples: int | None = Field(None, ge=1, le=MAX_TRIALS)
     mode: Mode = Mode.RANDOM
     max_parallel: int = Field(1, ge=1, le=1000)
+    prestart: int = Field(DEFAULT_PRESTART, ge=0, le=1000,
+                          description="trials deployed ahead of a free slot, held before their learners start; "
+                                      "each holds its resources in the team's quota while it waits (0: none)")
     objective: Objective | None = None
     early_stopping: EarlyStopping | None = None
     retries: int = Field(0, ge=0, le=100, description="restarts of a failed trial (its job's restart policy)")
@@ -155,6 +160,9 @@ class ExperimentSpec(_Strict):
 
     @model_validator(mode="after")
     def _sweep(self) -> ExperimentSpec:
+        if self.prestart > self.max_parallel:
+            raise ValueError(f"prestart ({self.prestart}) must not exceed max_parallel ({self.max_parallel}): "
+                             "no more trials than that can start at once")
         if self.early_stopping is not None and self.objective is None:
             raise ValueError("early_stopping needs an objective to rank trials by")
         continuous = [n for n, s in self.parameters.items() if isinstance(s, Range)]

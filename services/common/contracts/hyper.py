@@ -23,7 +23,7 @@ from trainforge_services.common.errors import InvalidArgument
 _GPUS = re.compile(r"^\s*(\d+)\s*x\s*([a-z0-9-]+)\s*$", re.IGNORECASE)
 _TORCH = {"pytorch", "torch"}
 # taken as they are: the experiment's own fields and the job manifest's
-_NATIVE = {"command", "parameters", "samples", "mode", "max_parallel", "objective", "early_stopping", "retries",
+_NATIVE = {"command", "parameters", "samples", "mode", "max_parallel", "prestart", "objective", "early_stopping", "retries",
            "seed", "env", "params", "code", "data", "outputs", "restart", "checkpoint", "priority", "image",
            "requirements", "labels", "timeout", "notify", "learners", "resources", "depends_on", "take", "kind"}
 _NO_EQUIVALENT = {

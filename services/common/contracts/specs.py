@@ -91,13 +91,16 @@ class LearnerSpec(_Spec):
     launcher: list[str] = Field(default_factory=list)
     # the team's own egress policy (trainforge_services.common.egress), narrowing the admin's TF_EGRESS; "": none of its own
     egress: str = ""
+    # prepare everything, then wait for the job's etcd `gate` key before starting the learner (a trial started
+    # ahead of its slot: docs/EXPERIMENTS.md, "Prestarted trials")
+    gated: bool = False
     # Values of the team secrets the manifest's env names, by variable: only in the spec file the
     # controller reads (0600), never in a record, a repr or a log (`model_dump` leaves them out).
     secret_env: dict[str, str] = Field(default_factory=dict, exclude=True, repr=False)
 
     def to_json(self) -> str:
         # without a launcher or a team egress policy the spec reads as it always did
-        data = self.model_dump(mode="json", exclude={k for k in ("launcher", "egress") if not getattr(self, k)})
+        data = self.model_dump(mode="json", exclude={k for k in ("launcher", "egress", "gated") if not getattr(self, k)})
         if self.secret_env:
             data["secret_env"] = dict(self.secret_env)
         return json.dumps(data, indent=2)

@@ -129,6 +129,8 @@ class JobDeployment(BaseModel):
     # attempt record the lifecycle persists never holds them.
     secret_env: dict[str, str] = Field(default_factory=dict, exclude=True, repr=False)
     team_quota: TeamQuota | None = None
+    # its learners wait for the job's gate before they start (DeployJobRequest.gated)
+    gated: bool = False
 
     @property
     def world_size(self) -> int:

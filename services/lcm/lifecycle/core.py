@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 
 from trainforge_services.common.adapters.etcd import Coordinator, FenceRefused
-from trainforge_services.common.contracts.etcd import AttemptInfo, HaltRequest
+from trainforge_services.common.contracts.etcd import AttemptInfo, GateOpen, HaltRequest
 from trainforge_services.common.contracts.ids import check_job_id
 from trainforge_services.common.errors import Conflict, ResourceExhausted
 from trainforge_services.common.settings import LcmSettings
@@ -268,6 +268,17 @@ class Lifecycle:
         check_job_id(job_id)
         check_attempt(attempt)
         self._coord.put(self._keys.halt(job_id), HaltRequest(attempt=attempt).value())
+
+    def open_gate(self, job_id: str, attempt: int) -> None:
+        """Let a gated job's learners start: the job's `gate` key (docs/CONTRACTS.md). Idempotent.
+
+        Written only where none is (a create), so a repeated call wakes no controller's watch again. A gate
+        written before a newer attempt's deploy replaced the old one is deleted with the job's keys; the
+        Trainer opens it again once that deploy answered (services/trainer/lcmcalls.py).
+        """
+        check_job_id(job_id)
+        check_attempt(attempt)
+        self._coord.create(self._keys.gate(job_id), GateOpen(attempt=attempt).value())
 
     # -- observation ------------------------------------------------------------------
 

@@ -10,6 +10,20 @@ stops, resumes one ASHA promotes, submits the next planned trials up to
 trial at once, so besides `max_parallel` trials with learners up to
 `max_parallel` more may still be storing (each still holds its resources
 in the team's quota until it ends).
+
+Prestarted trials (`prestart`, docs/EXPERIMENTS.md): besides the trials
+holding slots, up to `prestart` of the next trials are submitted *gated*:
+they go through the queue and deploy like any job (so each holds its
+resources in the team's quota and the backend's capacity), their
+controllers prepare everything and hold the learner back until the job's
+gate opens. They hold no slot while held. When a slot frees, the first held
+trial's gate is opened before any new trial is submitted (after the
+experiment's own resumes and ASHA's promotions), so the next learner starts
+without waiting for an admission and a deploy; the next held trial is then
+submitted. Opening is a compare-and-set on the job (`gate` "closed" ->
+"open") written before the LCM is told, so a restart repeats the act, not
+the decision. A halt of the experiment cancels held trials (they have no
+learner to checkpoint) like queued ones; a cancel cancels them with the rest.
 Nothing lives in the driver's memory: a Trainer killed at any point starts
 again from what MongoDB holds. Trial job ids are deterministic
 (`<experiment>-<index>[-<gen>]`), so a submit repeated after a crash finds
@@ -42,7 +56,7 @@ from trainforge_services.common.states import JobState
 from trainforge_services.trainer.experiments import asha
 from trainforge_services.trainer.experiments.metrics import MetricsReader, last_value, points
 from trainforge_services.trainer.experiments.store import ExperimentRecord, ExperimentStore
-from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.record import GATE_CLOSED, JobRecord
 from trainforge_services.trainer.rules import Rule
 from trainforge_services.trainer.service import JobService
 from trainforge_services.trainer.store import JobStore
@@ -55,6 +69,8 @@ BUSY = frozenset({JobState.PENDING, JobState.QUEUED, JobState.DEPLOYING, JobStat
 # a trial job in one of these holds one of `max_parallel`'s slots: its learners run or are about to
 SLOT = BUSY - {JobState.STORING}
 _WAITING = frozenset({JobState.PENDING, JobState.QUEUED})
+# where a prestarted trial may wait behind its closed gate (a backend that ignores gates shows RUNNING: a slot)
+_BEFORE_LEARNERS = frozenset({JobState.PENDING, JobState.QUEUED, JobState.DEPLOYING, JobState.RESTARTING})
 _HALTABLE = frozenset({JobState.DEPLOYING, JobState.RUNNING})
 # whose metrics may still change what the driver knows
 _REPORTING = frozenset({JobState.RUNNING, JobState.STORING, JobState.COMPLETED, JobState.HALTING,
@@ -171,15 +187,16 @@ class ExperimentDriver:
     def _halt_all(self, exp: ExperimentRecord, jobs: dict[int, JobRecord]) -> None:
         acted = False
         for index, job in jobs.items():
-            if job.state in _HALTABLE:
+            if job.state in _WAITING or behind_gate(job):
+                # nothing to checkpoint (a prestarted trial's learner never started): the trial goes back to
+                # "not submitted" under a new generation
+                self._experiments.set_trial(exp.id, index, gen=exp.progress(index).gen + 1)
+                self._service.cancel(exp.team, job.id, ACTOR)
+                acted = True
+            elif job.state in _HALTABLE:
                 # noted first, so resume knows which halted trials the experiment's halt stopped
                 self._experiments.set_trial(exp.id, index, held=True)
                 self._service.halt(exp.team, job.id, ACTOR)
-                acted = True
-            elif job.state in _WAITING:
-                # nothing to checkpoint: the trial goes back to "not submitted" under a new generation
-                self._experiments.set_trial(exp.id, index, gen=exp.progress(index).gen + 1)
-                self._service.cancel(exp.team, job.id, ACTOR)
                 acted = True
             elif job.state in (JobState.RESTARTING, JobState.HALTING):
                 acted = True  # look again once it settles
@@ -191,7 +208,7 @@ class ExperimentDriver:
         if observed is not None:
             exp = observed
             jobs, _ = self._trial_jobs(exp)
-        free = spec.max_parallel - sum(1 for j in jobs.values() if j.state in SLOT)
+        free = spec.max_parallel - sum(1 for j in jobs.values() if holds_slot(j))
         for index, job in sorted(jobs.items()):
             if not exp.progress(index).held:
                 continue
@@ -209,22 +226,36 @@ class ExperimentDriver:
                 self._experiments.set_trial(exp.id, index, stopped_at=None)
                 self._service.resume(exp.team, job.id, ACTOR)
                 free -= 1
-        for index in range(len(exp.plan)):
+        # a freed slot goes to the first held trial: prepared, its learner starts as soon as the LCM says so
+        waiting = sorted(i for i, j in jobs.items() if behind_gate(j))
+        opened = 0
+        for index in waiting:
             if free <= 0:
                 break
-            if index in jobs:
-                continue
-            self._submit(exp, spec, index)
+            # None: a concurrent pass opened it first; either way it holds a slot now
+            self._service.open_gate(jobs[index].id, ACTOR)
             free -= 1
+            opened += 1
+        held_now = len(waiting) - opened
+        unsubmitted = (index for index in range(len(exp.plan)) if index not in jobs)
+        for index in unsubmitted:
+            if free > 0:
+                self._submit(exp, spec, index)
+                free -= 1
+            elif held_now < spec.prestart:
+                self._submit(exp, spec, index, gated=True)
+                held_now += 1
+            else:
+                break
         if free >= 0 and self._finished(exp, spec, jobs):
             self._settle(exp, spec)
 
-    def _submit(self, exp: ExperimentRecord, spec: ExperimentSpec, index: int) -> None:
+    def _submit(self, exp: ExperimentRecord, spec: ExperimentSpec, index: int, *, gated: bool = False) -> None:
         manifest = trial_manifest(spec, index, exp.plan[index], exp.id)
         try:
             self._service.submit(exp.team, manifest.model_dump_json(), code_uri=exp.code_uri,
                                  submitted_by=exp.submitted_by, job_id=exp.trial_job_id(index),
-                                 experiment_id=exp.id, trial=index)
+                                 experiment_id=exp.id, trial=index, gated=gated)
         except Conflict as e:
             if "already taken" not in e.message:
                 raise
@@ -329,6 +360,17 @@ class ExperimentDriver:
         if moved is not None:
             self._experiments.settle(exp.id, to)
             log.info("experiment %s: %s: %s", exp.id, to.name, moved.reason)
+
+
+def behind_gate(job: JobRecord) -> bool:
+    """A prestarted trial whose gate is still closed: it waits (queued, or deployed and prepared) and holds no
+    slot of `max_parallel`."""
+    return job.gate == GATE_CLOSED and job.state in _BEFORE_LEARNERS
+
+
+def holds_slot(job: JobRecord) -> bool:
+    """A trial whose learners run or are about to: one of `max_parallel`'s slots."""
+    return job.state in SLOT and not behind_gate(job)
 
 
 def best_trial(exp: ExperimentRecord, spec: ExperimentSpec, jobs: dict[int, JobRecord]) -> int | None:

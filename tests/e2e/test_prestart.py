@@ -1,0 +1,117 @@
+"""Prestarted trials on the embedded stack: held behind their gate, started the moment a slot frees.
+
+Each trial's learner prints the wall-clock time it started and ended. A
+held trial must show DEPLOYING with a reason saying it is held, its learner
+must not start before a running trial's learner ended, no more than
+`max_parallel` learners may ever run at once, a Trainer SIGKILLed while a
+trial is held must lose nothing and start nothing twice, and cancelling an
+experiment must cancel its held trial without its learner ever starting.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+from tests.e2e.test_embedded_stack import cli_json, run_cli
+from tests.e2e.test_experiments import _sigkill_trainer
+from tests.servers import wait_for
+
+SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    print("START", time.time(), flush=True)
+    time.sleep(float(sys.argv[1]))
+    print("END", time.time(), flush=True)
+""")
+
+
+def write_recipe(tmp_path: Path, name: str, *, trials: int, max_parallel: int, seconds: float) -> Path:
+    code = tmp_path / f"{name}-code"
+    code.mkdir()
+    (code / "main.py").write_text(SCRIPT)
+    recipe = {"kind": "experiment", "name": name, "framework": "custom", "command": f"python main.py {seconds}",
+              "code": str(code), "resources": {"cpus": 0.25, "memory": "256Mi"},
+              "parameters": {"i": {"range": [0, trials - 1], "sampling": "int"}}, "mode": "grid",
+              "max_parallel": max_parallel, "prestart": 1}
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(recipe))
+    return path
+
+
+def job(env: dict, job_id: str) -> dict:
+    return cli_json(env, "status", job_id)
+
+
+def held(env: dict, job_id: str) -> dict | None:
+    """The job while it is DEPLOYING behind its closed gate (its reason says so), else None."""
+    try:
+        got = job(env, job_id)
+    except AssertionError:  # not submitted yet
+        return None
+    return got if got["state"] == "deploying" and "held" in got["reason"] else None
+
+
+def learner_span(env: dict, job_id: str) -> tuple[float, float]:
+    """(start, end) as the learner itself printed them."""
+    marks = {}
+    for line in run_cli(env, "logs", job_id).stdout.splitlines():
+        parts = line.split()
+        for i, word in enumerate(parts[:-1]):
+            if word in ("START", "END"):
+                marks[word] = float(parts[i + 1])
+    return marks["START"], marks["END"]
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    now = peak = 0
+    for _, step in events:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def test_a_held_trial_starts_only_when_a_slot_frees_and_a_trainer_kill_loses_nothing(stack, tmp_path):
+    env, state, _ = stack
+    trials = 5
+    exp = cli_json(env, "submit", str(write_recipe(tmp_path, "held", trials=trials, max_parallel=2, seconds=4)))
+    ids = [f"{exp['id']}-{i}" for i in range(trials)]
+    waiting = wait_for(lambda: held(env, ids[2]), 240, "trial 2 to be deployed and held", interval=0.5)
+    assert waiting["reason"].startswith("preparing: learner 0: held"), waiting["reason"]
+    # what a held job shows: DEPLOYING, its learner preparing and saying it is held
+    assert [(ls["state"], ls["message"].split(":")[0]) for ls in waiting["learners"]] == [("preparing", "held")], \
+        waiting["learners"]
+    _sigkill_trainer(state)  # with a trial held
+    run_cli(env, "up", timeout=180)
+
+    def done() -> dict | None:
+        got = cli_json(env, "experiment", exp["id"])
+        return got if got["state"] in ("completed", "failed", "cancelled") else None
+
+    final = wait_for(done, 600, "the experiment to end", interval=2.0)
+    assert final["state"] == "completed", (final["reason"], [(t["state"], t["reason"]) for t in final["trials"]])
+    jobs = cli_json(env, "status", "--label", f"experiment={exp['id']}", "--limit", "100")
+    jobs = jobs["jobs"] if isinstance(jobs, dict) else jobs
+    assert sorted(j["id"] for j in jobs) == sorted(ids)  # nothing lost, nothing submitted twice
+    assert all(j["attempt"] == 1 and j["state"] == "completed" for j in jobs), jobs
+    spans = {i: learner_span(env, i) for i in ids}
+    assert most_at_once(list(spans.values())) <= 2, spans
+    # the held trial's learner started only after one of the two running learners ended
+    assert spans[ids[2]][0] >= min(spans[ids[0]][1], spans[ids[1]][1]), spans
+
+
+def test_cancelling_an_experiment_cancels_its_held_trial_before_its_learner_starts(stack, tmp_path):
+    env, _, _ = stack
+    exp = cli_json(env, "submit", str(write_recipe(tmp_path, "cancel", trials=3, max_parallel=1, seconds=60)))
+    ids = [f"{exp['id']}-{i}" for i in range(3)]
+    wait_for(lambda: held(env, ids[1]), 240, "trial 1 to be deployed and held", interval=0.5)
+    run_cli(env, "experiment", exp["id"], "--cancel")
+    wait_for(lambda: all(job(env, i)["state"] == "cancelled" for i in ids[:2]), 120,
+             "the running and the held trial to be cancelled", interval=1.0)
+    history = job(env, ids[1])["history"]
+    assert "running" not in [h["to"] for h in history], history
+    assert "START" not in run_cli(env, "logs", ids[1], check=False).stdout
+    final = wait_for(lambda: (x := cli_json(env, "experiment", exp["id"]))["state"] == "cancelled" and x, 120,
+                     "the experiment to be cancelled", interval=1.0)
+    assert all(t["job_id"] in (None, "", *ids[:2]) for t in final["trials"]), final["trials"]  # nothing more started
