@@ -21,11 +21,11 @@ def test_sweep_overhead_bench_smoke(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert out.startswith("machine: ") and "3 trials of 0.2 s, 2 at once" in out
-    for row in ("ideal (trials x s / parallel)", "bare local pool", "trainforge: submit -> completed",
-                "trainforge: first deploy -> last done"):
+    for row in ("ideal (trials x s / parallel)", "bare local pool", "trainforge prestart 0: submit -> completed",
+                "trainforge prestart 1: submit -> completed", "trainforge prestart 1: first deploy -> done"):
         assert row in out, out
     assert "ray tune: not measured" in out
-    assert "trainforge trial phases" in out and "deploying -> running" in out
+    assert "prestart 1: trial phases" in out and "deploying -> running" in out
 
 
 def test_the_ray_tune_peer_runs_the_same_trials_when_the_bench_venv_is_there():
