@@ -53,7 +53,7 @@ from trainforge_services.common.adapters.mongo import (
 from trainforge_services.common.errors import Conflict, NotFound
 from trainforge_services.common.manifest import Manifest
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import Usage, demand
+from trainforge_services.trainer.admission import Usage
 from trainforge_services.trainer.fence import Deposed
 from trainforge_services.trainer.record import GATE_CLOSED, GATE_OPEN, JobRecord
 from trainforge_services.trainer.storedocs import (
@@ -61,6 +61,7 @@ from trainforge_services.trainer.storedocs import (
     grown_seconds,
     history_event,
     history_key,
+    new_job_document,
     seconds_spent,
     to_document,
     to_record,
@@ -80,8 +81,6 @@ _MAX_RACES = 16
 # loaded cores) held every read and reservation of the dispatcher behind it; between commands of 50 they
 # get their turn.
 _NOTE_BATCH = 50
-# Who an admission at insert is recorded as (the rules' ACTOR, the layer above this one).
-_ADMITTED_BY = "trainer"
 
 
 class AlreadySubmitted(Exception):
@@ -133,46 +132,9 @@ class JobStore:
         idempotency key (whichever insert got there first); Conflict when the
         id is taken.
         """
-        now = time.time()
-        actor = submitted_by or "user"
-        history = {history_key(): history_event(JobState.JOB_STATE_UNSPECIFIED, JobState.PENDING, "submitted",
-                                                actor, now)}
-        if admitted:
-            first = next(iter(history))
-            second = history_key()
-            if second <= first:  # the same nanosecond: keep the admission after the submit
-                second = f"{int(first[:20]) + 1:020d}{first[20:]}"
-            history[second] = history_event(JobState.PENDING, JobState.QUEUED, admitted, _ADMITTED_BY, now)
-        doc = {
-            "_id": job_id,
-            "team": team,
-            "name": manifest.name,
-            "manifest": manifest.model_dump(mode="json"),
-            "code_uri": code_uri,
-            "submitted_by": submitted_by,
-            "state": int(JobState.QUEUED if admitted else JobState.PENDING),
-            "reason": admitted or "submitted",
-            "queue_position": 0,
-            "attempt": 1,
-            "priority": int(manifest.priority),
-            "resources": demand(manifest).as_doc(),
-            "max_learners": manifest.max_learners if manifest.elastic else 0,
-            "gpu_type": manifest.resources.gpu_type or "",
-            "gpu_seconds": 0.0,
-            "cpu_seconds": 0.0,
-            "learners": {},
-            "outputs_uri": "",
-            "created_at": now,
-            "updated_at": now,
-            "changed_at": now,
-            "history": history,
-        }
-        if idempotency_key:
-            doc["idempotency_key"] = idempotency_key
-        if experiment_id:
-            doc["experiment_id"], doc["trial"] = experiment_id, trial
-        if gated:
-            doc["gate"] = GATE_CLOSED
+        doc = new_job_document(job_id, team, manifest, code_uri=code_uri, submitted_by=submitted_by,
+                               idempotency_key=idempotency_key, experiment_id=experiment_id, trial=trial,
+                               admitted=admitted, gated=gated)
         try:
             self._jobs.insert_one(doc)
         except DuplicateKeyError:

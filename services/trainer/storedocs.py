@@ -1,6 +1,6 @@
 """The job store's documents <-> records, and nowhere else: how a `JobRecord` is written to and read from
-MongoDB (states as ints, models as sub-documents, the history keyed by time), and the accounting a
-transition adds (store.py's only helper module)."""
+MongoDB (states as ints, models as sub-documents, the history keyed by time), a new job's document, and
+the accounting a transition adds (store.py's only helper module)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from trainforge_services.common import states
+from trainforge_services.common.manifest import Manifest
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import Usage
-from trainforge_services.trainer.record import JobRecord, LearnerReport, StatusEvent
+from trainforge_services.trainer.admission import Usage, demand
+from trainforge_services.trainer.record import GATE_CLOSED, JobRecord, LearnerReport, StatusEvent
 
 
 def history_key() -> str:
@@ -114,3 +115,54 @@ def history_event(frm: JobState, to: JobState, reason: str, actor: str, ts: floa
     if grown is not None:
         event["grown"] = grown.as_doc()
     return event
+
+
+# Who an admission at insert is recorded as (the rules' ACTOR, the layer above the store).
+ADMITTED_BY = "trainer"
+
+
+def new_job_document(job_id: str, team: str, manifest: Manifest, *, code_uri: str, submitted_by: str,
+                     idempotency_key: str, experiment_id: str, trial: int, admitted: str,
+                     gated: bool) -> dict[str, Any]:
+    """A new job's document: PENDING, or with `admitted` (the QUEUED reason) already admitted, its history
+    then holding submitted -> PENDING and PENDING -> QUEUED, in that order."""
+    now = time.time()
+    history = {history_key(): history_event(JobState.JOB_STATE_UNSPECIFIED, JobState.PENDING, "submitted",
+                                            submitted_by or "user", now)}
+    if admitted:
+        first = next(iter(history))
+        second = history_key()
+        if second <= first:  # the same nanosecond: keep the admission after the submit
+            second = f"{int(first[:20]) + 1:020d}{first[20:]}"
+        history[second] = history_event(JobState.PENDING, JobState.QUEUED, admitted, ADMITTED_BY, now)
+    doc = {
+        "_id": job_id,
+        "team": team,
+        "name": manifest.name,
+        "manifest": manifest.model_dump(mode="json"),
+        "code_uri": code_uri,
+        "submitted_by": submitted_by,
+        "state": int(JobState.QUEUED if admitted else JobState.PENDING),
+        "reason": admitted or "submitted",
+        "queue_position": 0,
+        "attempt": 1,
+        "priority": int(manifest.priority),
+        "resources": demand(manifest).as_doc(),
+        "max_learners": manifest.max_learners if manifest.elastic else 0,
+        "gpu_type": manifest.resources.gpu_type or "",
+        "gpu_seconds": 0.0,
+        "cpu_seconds": 0.0,
+        "learners": {},
+        "outputs_uri": "",
+        "created_at": now,
+        "updated_at": now,
+        "changed_at": now,
+        "history": history,
+    }
+    if idempotency_key:
+        doc["idempotency_key"] = idempotency_key
+    if experiment_id:
+        doc["experiment_id"], doc["trial"] = experiment_id, trial
+    if gated:
+        doc["gate"] = GATE_CLOSED
+    return doc
