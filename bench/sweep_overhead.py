@@ -43,6 +43,7 @@ from pathlib import Path
 
 from _stack import ROOT, bench_python, machine_line, stack
 
+from tests.chaos_support import most_at_once
 from trainforge.sdk import Client
 
 # a trial's phases, as (name, from-stamp, to-stamp) of its status history ("created": the job's creation)
@@ -89,16 +90,6 @@ def stamps(job: dict) -> dict[str, float]:
     for event in sorted(job["history"], key=lambda h: h["timestamp"]):
         found.setdefault(event["to"], event["timestamp"])
     return found
-
-
-def most_at_once(spans: list[tuple[float, float]]) -> int:
-    """The most spans [start, end) that overlap at one instant."""
-    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    now = peak = 0
-    for _, step in events:
-        now += step
-        peak = max(peak, now)
-    return peak
 
 
 def platform_makespan(client: Client, trials: int, parallel: int, seconds: float,

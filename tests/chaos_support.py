@@ -328,6 +328,16 @@ def diagnose(state: Path, job_ids: Iterable[str], lines: int = 15) -> str:
 # -- checks ---------------------------------------------------------------------------
 
 
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The most spans [start, end) that overlap at one instant."""
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    now = peak = 0
+    for _, step in events:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
 def check_history(job: dict) -> None:
     """One legal chain of transitions, entering a terminal state exactly once, one DEPLOYING per attempt."""
     history = job["history"]

@@ -14,6 +14,7 @@ import json
 import textwrap
 from pathlib import Path
 
+from tests.chaos_support import most_at_once
 from tests.e2e.test_embedded_stack import cli_json, run_cli
 from tests.e2e.test_experiments import _sigkill_trainer
 from tests.servers import wait_for
@@ -61,15 +62,6 @@ def learner_span(env: dict, job_id: str) -> tuple[float, float]:
             if word in ("START", "END"):
                 marks[word] = float(parts[i + 1])
     return marks["START"], marks["END"]
-
-
-def most_at_once(spans: list[tuple[float, float]]) -> int:
-    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    now = peak = 0
-    for _, step in events:
-        now += step
-        peak = max(peak, now)
-    return peak
 
 
 def test_a_held_trial_starts_only_when_a_slot_frees_and_a_trainer_kill_loses_nothing(stack, tmp_path):
