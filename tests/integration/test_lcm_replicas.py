@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.integration.test_monitor_process import start_trainer
@@ -32,6 +33,7 @@ from tests.servers import free_port, wait_for
 from trainforge_services.common.adapters.etcd import Coordinator
 from trainforge_services.common.errors import Unavailable
 from trainforge_services.common.states import JobState
+from trainforge_services.lcm.backends.local.processes import job_processes
 from trainforge_services.trainer.lcm_client import GrpcLcm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -132,4 +134,8 @@ def test_the_lcm_leader_sigkilled_between_deploys_loses_and_repeats_nothing(stor
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in procs:
             proc.wait(15)
+        for job in jobs:  # what a failed run left (monitors and controllers outlive the LCMs by design)
+            for leftover in job_processes(Path(store_settings.state_dir) / "work" / job, job):
+                with contextlib.suppress(psutil.Error):
+                    leftover.kill()
         server.stop(0).wait()
