@@ -6,6 +6,12 @@ replicas) deploys two jobs, the leader is SIGKILLed, the follower takes over
 (adopting the running attempts from the shared records), the client
 deploys the first job again (idempotent: nothing starts twice) and two more.
 Every learner runs exactly once and every job's end is reported once.
+
+A dispatcher's resent deploy can reach the LCM after the attempt ended (its
+check of the job's state came first): the second variant holds the follower
+stopped until the first two jobs ended, so the new leader takes over attempts
+that are over, and every job's deploy is resent once more after it ended. An
+ended attempt is never run again.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.integration.test_monitor_process import start_trainer
@@ -26,6 +33,7 @@ from tests.servers import free_port, wait_for
 from trainforge_services.common.adapters.etcd import Coordinator
 from trainforge_services.common.errors import Unavailable
 from trainforge_services.common.states import JobState
+from trainforge_services.lcm.backends.local.processes import job_processes
 from trainforge_services.trainer.lcm_client import GrpcLcm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -46,6 +54,11 @@ def _deploy(lcm: GrpcLcm, job: str, marker: Path) -> list[str]:
     return wait_for(lambda: _or_none(call), 60, f"the LCM to deploy {job}", interval=0.2)
 
 
+def _controllers(handles: list[str]) -> set[str]:
+    """The "controller-<rank>:<pid>" handles: a learner started again comes with a new controller."""
+    return {h for h in handles if h.startswith("controller-")}
+
+
 def _or_none(fn):  # noqa: ANN001, ANN202
     try:
         return fn()
@@ -53,7 +66,9 @@ def _or_none(fn):  # noqa: ANN001, ANN202
         return None
 
 
-def test_the_lcm_leader_sigkilled_between_deploys_loses_and_repeats_nothing(store_settings, tmp_path, unique):
+@pytest.mark.parametrize("ended_during_takeover", [False, True], ids=["running", "ended-during-takeover"])
+def test_the_lcm_leader_sigkilled_between_deploys_loses_and_repeats_nothing(store_settings, tmp_path, unique,
+                                                                           ended_during_takeover):
     server, trainer = start_trainer(trainer_port := free_port())
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
     env.update({"PYTHONPATH": os.getcwd(), "TF_STATE_DIR": str(store_settings.state_dir), "TF_DEV_MODE": "1",
@@ -73,27 +88,36 @@ def test_the_lcm_leader_sigkilled_between_deploys_loses_and_repeats_nothing(stor
     coordinator = Coordinator(store_settings.etcd_endpoints, store_settings.etcd_prefix)
     lcm = GrpcLcm(",".join(f"127.0.0.1:{p}" for p in ports), timeout=30)
     jobs = [f"rep{i}-{unique}" for i in range(4)]
+
+    def ended(job: str) -> bool:
+        return any(r.job_id == job and JobState(r.state) == JobState.COMPLETED for r in list(trainer.reports))
+
     markers = {job: tmp_path / f"{job}.runs" for job in jobs}
     try:
         key = coordinator.keys.leader("lcm")
         holder = wait_for(lambda: (coordinator.get(key)[0] or {}).get("holder"), 60, "an LCM to be elected")
         leader = procs[ports.index(int(holder.rsplit(":", 1)[1]))]
-        for job in jobs[:2]:
-            _deploy(lcm, job, markers[job])
+        controllers = {job: _controllers(_deploy(lcm, job, markers[job])) for job in jobs[:2]}
         wait_for(lambda: all(m.exists() for m in (markers[j] for j in jobs[:2])), 60, "the first learners to run")
 
+        follower = procs[1 - procs.index(leader)]
+        if ended_during_takeover:
+            follower.send_signal(signal.SIGSTOP)  # it cannot take over before the attempts ended
         leader.send_signal(signal.SIGKILL)
+        if ended_during_takeover:
+            wait_for(lambda: all(ended(j) for j in jobs[:2]), 60, "the first jobs to complete")
+            follower.send_signal(signal.SIGCONT)
         killed = time.monotonic()
         wait_for(lambda: (coordinator.get(key)[0] or {}).get("holder") not in (None, holder), 30, "a new leader")
         takeover = time.monotonic() - killed
-        _deploy(lcm, jobs[0], markers[jobs[0]])  # the dispatcher resends a deploy whose answer it lost
+        # the dispatcher resends a deploy whose answer it lost
+        assert _controllers(_deploy(lcm, jobs[0], markers[jobs[0]])) == controllers[jobs[0]], "a second controller"
         for job in jobs[2:]:
-            _deploy(lcm, job, markers[job])
-
-        def ended(job: str) -> bool:
-            return any(r.job_id == job and JobState(r.state) == JobState.COMPLETED for r in list(trainer.reports))
+            controllers[job] = _controllers(_deploy(lcm, job, markers[job]))
 
         wait_for(lambda: all(ended(j) for j in jobs), 120, "every job to complete")
+        for job in jobs:  # resent once more, after the attempt ended: nothing starts again
+            assert _controllers(_deploy(lcm, job, markers[job])) == controllers[job], f"{job}: a second controller"
         for job in jobs:
             assert markers[job].read_text() == "run\n", f"{job}'s learner ran {markers[job].read_text().count('run')} times"
             ends = [r for r in list(trainer.reports) if r.job_id == job and JobState(r.state) == JobState.COMPLETED]
@@ -106,7 +130,12 @@ def test_the_lcm_leader_sigkilled_between_deploys_loses_and_repeats_nothing(stor
         coordinator.close()
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGCONT)  # a follower the test stopped
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in procs:
             proc.wait(15)
+        for job in jobs:  # what a failed run left (monitors and controllers outlive the LCMs by design)
+            for leftover in job_processes(Path(store_settings.state_dir) / "work" / job, job):
+                with contextlib.suppress(psutil.Error):
+                    leftover.kill()
         server.stop(0).wait()

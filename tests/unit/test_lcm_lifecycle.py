@@ -130,12 +130,18 @@ def test_a_newer_attempt_replaces_the_old_one_and_clears_its_etcd_keys(lcm, back
     assert lcm.view("j-1").handles == new
 
 
-def test_an_attempt_whose_monitor_delivered_and_nothing_runs_is_deployed_afresh(lcm, backend):
-    lcm.deploy(deployment())
+def test_an_attempt_whose_monitor_delivered_its_end_is_over_a_resent_deploy_starts_nothing(lcm, backend):
+    first = lcm.deploy(deployment())
     backend.die("j-1")
     backend.finish_monitor("j-1")
-    lcm.deploy(deployment())
-    assert len(backend.launched) == 2 and backend.stopped == ["j-1"]
+    # a dispatcher's deploy resent after the attempt ended (it read the job as DEPLOYING just before)
+    assert lcm.deploy(deployment()) == first
+    assert len(backend.launched) == 1 and backend.stopped == [] and backend.monitor_restarts == []
+    lcm.supervise_once()
+    assert backend.monitor_restarts == []
+    # the job's next attempt still replaces it, and KillJob removes it
+    lcm.deploy(deployment(attempt=2))
+    assert [p.attempt for p in backend.launched] == [1, 2] and backend.stopped == ["j-1"]
 
 
 def test_a_resent_deploy_of_a_dead_attempt_only_starts_its_monitor_again(lcm, backend):
@@ -270,10 +276,11 @@ def test_restarts_of_a_monitor_that_keeps_dying_are_spaced(lcm, backend):
 # -- an LCM restart ------------------------------------------------------------------------------
 
 
-def test_a_restarted_lcm_adopts_what_runs_or_never_ended_and_forgets_the_rest(lifecycles, backend, tmp_path):
+def test_a_restarted_lcm_adopts_what_runs_never_ended_or_ended_and_forgets_the_rest(lifecycles, backend, tmp_path):
     first = lifecycles()
     live = first.deploy(deployment("live"))
-    for job in ("done", "unwatched", "killing"):
+    done = first.deploy(deployment("done", learners=1))
+    for job in ("unwatched", "killing"):
         first.deploy(deployment(job, learners=1))
     first.mark_killing("killing")
     backend.die("done")
@@ -284,14 +291,17 @@ def test_a_restarted_lcm_adopts_what_runs_or_never_ended_and_forgets_the_rest(li
 
     second = lifecycles()
     assert [(j.job_id, j.handles) for j in second.running_jobs()] == [("live", live)]
-    assert not record_path(tmp_path, "done").exists() and not record_path(tmp_path, "killing").exists()
-    assert sorted(backend.stopped) == ["done", "killing"]
-    assert record_path(tmp_path, "unwatched").exists()
+    assert not record_path(tmp_path, "killing").exists()
+    assert backend.stopped == ["killing"]
+    # one that ended while no LCM watched (e.g. during a leader change) is kept until its KillJob
+    assert record_path(tmp_path, "unwatched").exists() and record_path(tmp_path, "done").exists()
     second.supervise_once()
     assert backend.monitor_restarts == ["unwatched"]
     assert second.deploy(deployment("live")) == live
     assert [h.name for h in second.deploy(deployment("unwatched", learners=1))] == ["controller-0", "monitor"]
+    assert second.deploy(deployment("done", learners=1)) == done, "an ended attempt was answered afresh"
     assert len(backend.launched) == 4, "an adopted attempt was launched again"
+    assert second.kill("done") == 0 and not record_path(tmp_path, "done").exists()
 
 
 # -- capacity ------------------------------------------------------------------------------------

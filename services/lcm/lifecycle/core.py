@@ -10,8 +10,9 @@ newer one replaces it.
 
 Its records (`records.py`) survive an LCM restart; the next LCM reconciles
 them with what the backend observes (`reconcile`): an attempt with
-something running, or whose monitor never delivered its last state, is
-adopted; the rest forgotten. The supervision pass (`supervision.py`) reports
+something running, whose monitor never delivered its last state, or that
+ran to its end (until its KillJob) is adopted; the rest (a launch cut short)
+forgotten. The supervision pass (`supervision.py`) reports
 lost controllers and starts dead monitors again.
 
 An elected LCM replica passes a fenced coordinator (services/lcm/replicas.py):
@@ -42,7 +43,7 @@ from trainforge_services.lcm.backends.base import (
 from trainforge_services.lcm.lifecycle.elastic import Growth, Room, open_slots, quota_room
 from trainforge_services.lcm.lifecycle.plan import build_plan, check_attempt
 from trainforge_services.lcm.lifecycle.records import AttemptRecord, attempt_records
-from trainforge_services.lcm.lifecycle.supervision import Supervision, unfinished
+from trainforge_services.lcm.lifecycle.supervision import Supervision, launched, unfinished
 from trainforge_services.lcm.lifecycle.types import RunningJob
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,8 @@ class Lifecycle:
     # -- restart --------------------------------------------------------------------
 
     def reconcile(self) -> None:
-        """Take over a previous LCM's records: adopt attempts still running or not yet reported; forget the rest.
+        """Take over a previous LCM's records: adopt attempts still running, not yet reported, or ended (kept until
+        their KillJob, so a resent deploy runs nothing again); stop and forget the rest (launches cut short).
 
         Attempts the backend finds on its own (`recover`, e.g. by label) that no record names are recorded
         first, so an LCM that lost its state directory adopts them too.
@@ -116,6 +118,11 @@ class Lifecycle:
                 # finished): supervision starts the monitor again, which reports from etcd
                 log.info("adopted job %s attempt %d: nothing runs but its monitor never finished",
                          record.job_id, record.attempt)
+            elif launched(record, view):
+                # it ran to its end (e.g. while the LCM's replicas changed leader): kept until its KillJob, so
+                # a deploy of this attempt resent late is answered from it and never runs the attempt again
+                log.info("adopted job %s attempt %d: it ended; its monitor delivered the end", record.job_id,
+                         record.attempt)
             else:
                 self.backend.stop(record.job_id)
                 self._records.forget(record.job_id)
@@ -128,8 +135,10 @@ class Lifecycle:
 
         Idempotent per (job, attempt): a repeated call while they run (or while
         its monitor has yet to deliver the end) starts nothing but a dead
-        monitor, and returns the same handles. A later attempt replaces an
-        earlier one; an earlier attempt than the recorded one is a Conflict.
+        monitor, and returns the same handles; one after the attempt ended
+        starts nothing at all. A launch cut short is redone. A later attempt
+        replaces an earlier one; an earlier attempt than the recorded one is a
+        Conflict.
         """
         with self._job_lock(job.job_id):
             self._coord.confirm()  # a deposed leader starts and stops nothing
@@ -139,12 +148,17 @@ class Lifecycle:
                     raise Conflict(f"job {job.job_id}: attempt {job.attempt} is older than the deployed "
                                    f"attempt {existing.attempt}")
                 view = self.backend.observe(existing.plan)
-                if job.attempt == existing.attempt and not existing.killing \
-                        and view.names() >= existing.plan.expected() and (view.alive or not view.monitor_done):
-                    # deployed already (a resent request): never a second run of the same attempt; a
-                    # dead monitor is started again and reports what became of it
-                    log.info("job %s attempt %d already deployed", job.job_id, job.attempt)
-                    self._supervision.revive_monitor(existing, view, spaced=False)
+                if job.attempt == existing.attempt and launched(existing, view):
+                    # deployed already (a resent request): never a second run of the same attempt. A dead
+                    # monitor is started again and reports what became of it; an attempt whose monitor
+                    # delivered its end is over (the Trainer runs a job again only as a later attempt), and
+                    # a deploy resent after that (its check of the job's state came first) starts nothing
+                    if view.monitor_done and not view.alive:
+                        log.info("job %s attempt %d already ran to its end; nothing started", job.job_id,
+                                 job.attempt)
+                    else:
+                        log.info("job %s attempt %d already deployed", job.job_id, job.attempt)
+                        self._supervision.revive_monitor(existing, view, spaced=False)
                     return self.backend.observe(existing.plan).handles
                 log.info("job %s: replacing attempt %d with attempt %d", job.job_id, existing.attempt, job.attempt)
                 self._remove(existing)

@@ -36,9 +36,14 @@ log = logging.getLogger(__name__)
 RESPAWN_SPACING = 5.0
 
 
+def launched(record: AttemptRecord, view: JobView) -> bool:
+    """The attempt was fully launched (every process it plans was started) and is not being removed."""
+    return not record.killing and view.names() >= record.plan.expected()
+
+
 def unfinished(record: AttemptRecord, view: JobView) -> bool:
     """A fully launched attempt, not being removed, whose monitor has not delivered its last state."""
-    return not record.killing and view.names() >= record.plan.expected() and not view.monitor_done
+    return launched(record, view) and not view.monitor_done
 
 
 class Supervision:

@@ -137,7 +137,7 @@ def test_a_later_attempt_replaces_the_running_one_and_an_earlier_one_conflicts(
         lcm.deploy(deployment(job, attempt=1))
 
 
-def test_a_resent_deploy_of_an_attempt_whose_processes_died_starts_only_its_monitor_again(
+def test_a_resent_deploy_of_a_dead_attempt_starts_only_its_monitor_and_of_an_ended_one_nothing(
         lifecycles, fake, tmp_path, unique):
     lcm = lifecycles(supervise_interval=600)
     job = f"j-{unique}"
@@ -153,15 +153,19 @@ def test_a_resent_deploy_of_an_attempt_whose_processes_died_starts_only_its_moni
     assert not gone(pids_of(again)[1])
     fake.wait_runs(3)
 
-    # an attempt whose monitor had finished is over: asked again, it is deployed afresh
+    # an attempt whose monitor had finished is over: asked again, nothing starts (the Trainer reruns a job only
+    # as a later attempt)
     os.kill(pids_of(again)[1], signal.SIGKILL)
     wait_for(lambda: lcm.running_jobs() == [], 10, "the dead processes to be noticed")
     done = tmp_path / "state" / "work" / job / "1" / "monitor.done"
     done.touch()
-    fresh = pids_of(lcm.deploy(deployment(job, learners=1)))
+    runs = len(fake.runs())
+    assert pids_of(lcm.deploy(deployment(job, learners=1))) == pids_of(again)
+    assert lcm.running_jobs() == [] and len(fake.runs()) == runs
+    # its next attempt starts afresh
+    fresh = pids_of(lcm.deploy(deployment(job, attempt=2, learners=1)))
     assert set(fresh).isdisjoint([monitor, controller, *pids_of(again)])
     assert not any(gone(p) for p in fresh)
-    assert not done.exists(), "the redone attempt inherited the old monitor's marker"
 
 
 def test_gpus_are_handed_out_once_and_freed_by_kill(lifecycles, fake, tmp_path, unique):

@@ -12,7 +12,7 @@ from tests.servers import wait_for
 from trainforge_services.lcm.backends.base import Role
 
 
-def test_a_new_backend_adopts_live_deployments_and_forgets_finished_ones(lifecycles, fake, tmp_path, unique):
+def test_a_new_backend_adopts_live_deployments_and_keeps_ended_ones_until_killed(lifecycles, fake, tmp_path, unique):
     first = lifecycles()
     live, dead, unwatched = f"live-{unique}", f"dead-{unique}", f"unwatched-{unique}"
     handles = first.deploy(deployment(live))
@@ -28,7 +28,9 @@ def test_a_new_backend_adopts_live_deployments_and_forgets_finished_ones(lifecyc
     second = lifecycles(supervise_interval=600)  # the LCM restarted: a fresh lifecycle and backend on the same state dir
     assert [(j.job_id, j.handles) for j in second.running_jobs()] == [(live, handles)]
     records = tmp_path / "state" / "lcm" / "jobs"
-    assert not (records / f"{dead}.json").exists()
+    # one that ended is kept until its KillJob: a deploy of it resent late starts nothing
+    assert (records / f"{dead}.json").exists()
+    assert pids_of(second.deploy(deployment(dead, learners=1))) == dead_pids
     # every process of this one died unwatched before its monitor finished: its monitor is started again
     assert (records / f"{unwatched}.json").exists()
     second.supervise_once()
@@ -40,6 +42,7 @@ def test_a_new_backend_adopts_live_deployments_and_forgets_finished_ones(lifecyc
     assert all(gone(p) for p in pids_of(handles))
     assert second.kill(unwatched) == 1
     assert gone(revived)
+    assert second.kill(dead) == 0 and not (records / f"{dead}.json").exists()
 
 
 def test_capacity_reports_settings_or_the_machine(lifecycles, fake):
