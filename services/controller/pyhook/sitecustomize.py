@@ -93,8 +93,13 @@ def _chain():
     """Leave sys.path and run the next sitecustomize on it, which then stands as `sitecustomize`."""
     sys.path[:] = [p for p in sys.path if not (p and os.path.abspath(p) == _HERE)]
     sys.path_importer_cache.pop(_HERE, None)
-    from importlib.machinery import PathFinder
-    from importlib.util import module_from_spec
+    # The import system's own modules, loaded already (importing importlib.util would cost each start ~2 ms).
+    external, bootstrap = sys.modules.get("_frozen_importlib_external"), sys.modules.get("_frozen_importlib")
+    if external is None or bootstrap is None:
+        from importlib.machinery import PathFinder
+        from importlib.util import module_from_spec
+    else:
+        PathFinder, module_from_spec = external.PathFinder, bootstrap.module_from_spec
 
     spec = PathFinder.find_spec("sitecustomize", sys.path)
     if spec is None or spec.loader is None:
