@@ -24,13 +24,19 @@ alternating runs (order flipped each round), medians and spreads (min-max):
            shows what the sink costs the learner's writes; "offload-base"
            (only with --variants) is "offloaded" with the spool's pipe
            reader as it was before 2026-11-27 (os.read + os.write, a fixed
-           5 ms pause after a short read) for a same-run comparison
+           5 ms pause after a short read) for a same-run comparison;
+           "offload-nohook" (only with --variants) is "offloaded" without
+           the learners' line-buffering hook (services/controller/linebuf.py,
+           on by default as the controller runs learners): write-through,
+           two write(2) calls per print() instead of one. With --print the
+           learner prints its lines (print(line), as most scripts do)
+           instead of writing each with its newline (sys.stdout.write)
   read   : a finished job's log of N lines through the API (archive
            streaming, real HTTP server) and the CLI (`trainforge logs`,
            output discarded), lines/s
 
 Usage: .venv/bin/python bench/log_flood.py [-n 200000] [-r 3] [--batch 2000]
-         [--only learner --variants null,offload,offload-base]
+         [--only learner --variants null,offload,offload-nohook [--print]]
 """
 
 from __future__ import annotations
@@ -73,11 +79,14 @@ from trainforge_services.controller import learner as learner_module  # noqa: E4
 from trainforge_services.controller import spool as spool_module  # noqa: E402
 from trainforge_services.controller.controller import ARCHIVE_FLUSH_SECONDS  # noqa: E402
 from trainforge_services.controller.learner import LearnerProcess  # noqa: E402
+from trainforge_services.controller.linebuf import with_hook  # noqa: E402
 from trainforge_services.controller.logship import LogArchive, LogShipper  # noqa: E402
 from trainforge_services.controller.priority import plan_placement, set_output_cpus  # noqa: E402
 
 FLOOD = ("import sys\nw = sys.stdout.write\npad = 'x' * 76\n"
          "for i in range({n}):\n    w(f'line {{i:07d}} {{pad}}\\n')\n")
+FLOOD_PRINT = ("pad = 'x' * 76\n"
+               "for i in range({n}):\n    print(f'line {{i:07d}} {{pad}}')\n")
 
 
 def machine() -> str:
@@ -149,7 +158,7 @@ def reader_before_splice(active: bool) -> Iterator[None]:
 
 def run_learner(n: int, tmp: Path, url: str | None, index: str, *, devnull: bool = True,
                 buffered: bool = False, placed: str = "", store_pid: int | None = None,
-                before: bool = False) -> tuple[float, float]:
+                before: bool = False, hook: bool = True, prints: bool = False) -> tuple[float, float]:
     """Wall seconds from start to exit and the CPU seconds of the learner's processes (user + system);
     url None and devnull False: the controller's pipes and archive, no shipper. placed "both": the learner
     and the output threads placed; "output": only the output threads (and the store) moved off the learner's
@@ -164,7 +173,7 @@ def run_learner(n: int, tmp: Path, url: str | None, index: str, *, devnull: bool
     try:
         with reader_before_splice(before):
             wall = _run_learner(n, tmp, url, index, devnull=devnull, buffered=buffered,
-                                cpus=plan.learner if plan and placed == "both" else None)
+                                cpus=plan.learner if plan and placed == "both" else None, hook=hook, prints=prints)
         end = resource.getrusage(resource.RUSAGE_CHILDREN)
         return wall, end.ru_utime + end.ru_stime - start.ru_utime - start.ru_stime
     finally:
@@ -172,8 +181,8 @@ def run_learner(n: int, tmp: Path, url: str | None, index: str, *, devnull: bool
 
 
 def _run_learner(n: int, tmp: Path, url: str | None, index: str, *, devnull: bool, buffered: bool,
-                 cpus: frozenset[int] | None) -> float:
-    script = FLOOD.format(n=n)
+                 cpus: frozenset[int] | None, hook: bool, prints: bool) -> float:
+    script = (FLOOD_PRINT if prints else FLOOD).format(n=n)
     if url is None and devnull:
         cmd = f"python -c {shlex.quote(script)} > /dev/null"
     else:
@@ -190,6 +199,8 @@ def _run_learner(n: int, tmp: Path, url: str | None, index: str, *, devnull: boo
     # The controller runs learners unbuffered (one write per line: logs follow live); a manifest's
     # `env: {PYTHONUNBUFFERED: ""}` turns that off. The /dev/null baseline runs the same way.
     env["PYTHONUNBUFFERED"] = "" if buffered else "1"
+    if hook:  # as learner_env does; on /dev/null (not a pipe) the hook changes nothing
+        with_hook(env, {})
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     proc = LearnerProcess(cmd, tmp, env, archive, cpus=cpus)
     start = time.perf_counter()
@@ -234,7 +245,10 @@ def main() -> int:
     ap.add_argument("--buffered", action="store_true",
                     help="learners with buffered output (PYTHONUNBUFFERED empty) instead of the platform's default")
     ap.add_argument("--variants", default="null,flood,placed,offload,archive",
-                    help="learner variants, comma-separated, from null, flood, placed, offload, archive, offload-base")
+                    help="learner variants, comma-separated, from null, flood, placed, offload, archive, "
+                         "offload-base, offload-nohook")
+    ap.add_argument("--print", dest="prints", action="store_true",
+                    help="the learner prints its lines (print(line)) instead of sys.stdout.write(line + newline)")
     args = ap.parse_args()
     # The learner runs stop their shippers at once: their "gave up" warnings are expected.
     logging.getLogger("trainforge_services").setLevel(logging.ERROR)
@@ -242,7 +256,7 @@ def main() -> int:
     osmem = start_osmem()
     ship, bulk, read = [], [], []
     variants = tuple(args.variants.split(","))
-    known = ("null", "flood", "placed", "offload", "archive", "offload-base")
+    known = ("null", "flood", "placed", "offload", "archive", "offload-base", "offload-nohook")
     if "null" not in variants or not set(variants) <= set(known):
         ap.error(f"--variants: null and any of {', '.join(known[1:])}")
     walls: dict[str, list[float]] = {v: [] for v in variants}
@@ -261,15 +275,18 @@ def main() -> int:
                         print(f"round {r} {which:<5} {rate:,.0f} lines/s", flush=True)
                 if args.only in (None, "learner"):
                     for which in (variants if r % 2 == 0 else variants[::-1]):
-                        url = osmem.url if which in ("flood", "placed", "offload", "offload-base") else None
+                        url = (osmem.url if which in ("flood", "placed", "offload", "offload-base", "offload-nohook")
+                               else None)
                         secs, cpu = run_learner(args.n, tmp, url, f"bench-learner-{r}", devnull=which == "null",
                                                 buffered=args.buffered,
                                                 placed={"placed": "both", "offload": "output",
-                                                        "offload-base": "output"}.get(which, ""),
-                                                store_pid=osmem.proc.pid, before=which == "offload-base")
+                                                        "offload-base": "output",
+                                                        "offload-nohook": "output"}.get(which, ""),
+                                                store_pid=osmem.proc.pid, before=which == "offload-base",
+                                                hook=which != "offload-nohook", prints=args.prints)
                         walls[which].append(secs)
                         cpus[which].append(cpu)
-                        print(f"round {r} learner {which:<7} {secs:.3f} s wall, {cpu:.3f} s CPU", flush=True)
+                        print(f"round {r} learner {which:<14} {secs:.3f} s wall, {cpu:.3f} s CPU", flush=True)
             if args.only in (None, "read"):
                 read.extend(bench_read(tmp, archive, args.n, args.rounds))
     finally:
@@ -279,12 +296,13 @@ def main() -> int:
         print(summary("shipper", ship, "lines/s"))
         print(f"shipping / raw bulk     {statistics.median(ship) / statistics.median(bulk):.3f}")
     if walls["null"]:
-        print(f"learner: {args.n:,} lines of ~90 bytes, {'buffered' if args.buffered else 'unbuffered (PYTHONUNBUFFERED=1)'}, "
+        print(f"learner: {args.n:,} lines of ~90 bytes, {'print()' if args.prints else 'sys.stdout.write'}, "
+              f"{'buffered' if args.buffered else 'unbuffered (PYTHONUNBUFFERED=1, line-buffering hook)'}, "
               f"{args.rounds} alternating rounds; wall = start to exit, CPU = user+system of the learner's "
               "processes; load now {:.2f} {:.2f} {:.2f}".format(*psutil.getloadavg()))
         names = {"null": "/dev/null (baseline)", "flood": "controller, unplaced", "placed": "controller, placed",
                  "offload": "controller, offloaded", "archive": "pipes only, unplaced",
-                 "offload-base": "offloaded, reader before"}
+                 "offload-base": "offloaded, reader before", "offload-nohook": "offloaded, no hook"}
         for v in variants:
             print(summary(f"{names[v]} wall", walls[v], "s", 3))
             print(summary(f"{names[v]} CPU", cpus[v], "s", 3))

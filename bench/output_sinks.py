@@ -10,7 +10,8 @@ would and copies it into a spool file next to the archive:
           pausing 5 ms after a short read (services/controller/spool.py);
           pipe0 / pipe20 pause 0 / 20 ms; splice moves the pipe's pages
           into the spool with os.splice instead of read + write; socket is a
-          Unix stream socketpair (1 MiB buffers) read like the pipe
+          Unix stream socketpair (1 MiB buffers) read like the pipe;
+          pipe64k is the pipe at the kernel's default size (64 KiB)
   memfd : an os.memfd_create file opened O_APPEND as the learner's stdout; a
           reader thread polling every --poll seconds, os.pread at its own
           offset, freeing what it copied with fallocate(PUNCH_HOLE|KEEP_SIZE)
@@ -21,7 +22,14 @@ For each run: the learner's wall seconds (start to exit) and CPU seconds
 (user + system from wait4's rusage). Medians over the rounds and the
 slowdown of each sink against /dev/null.
 
-Usage: .venv/bin/python bench/output_sinks.py [-n 200000] [-r 7] [--dir /tmp]
+With --print the learner prints its lines (print(line): two write(2) per
+line under PYTHONUNBUFFERED); a sink named with "+hook" (pipe+hook) runs the
+learner with the controller's line-buffering hook first on its PYTHONPATH
+(services/controller/linebuf.py: one write(2) per printed line on a pipe;
+on the other sinks it changes nothing).
+
+Usage: .venv/bin/python bench/output_sinks.py [-n 200000] [-r 7] [--dir /tmp] [--print]
+         [--sinks null,pipe,pipe+hook,pipe64k+hook]
 """
 
 from __future__ import annotations
@@ -41,11 +49,14 @@ import threading
 import time
 from pathlib import Path
 
+from trainforge_services.controller.linebuf import HOOK_DIR
+
 FLOOD = ("import sys\nw = sys.stdout.write\npad = 'x' * 76\n"
          "for i in range({n}):\n    w(f'line {{i:07d}} {{pad}}\\n')\n")
+FLOOD_PRINT = "pad = 'x' * 76\nfor i in range({n}):\n    print(f'line {{i:07d}} {{pad}}')\n"
 SINKS = ("null", "pipe", "memfd", "shm", "file")
 # also: pipe0, pipe20 (the pipe reader's pause in ms), splice (os.splice from the pipe into the spool),
-# socket (a Unix stream socketpair with 1 MiB buffers, read like the pipe)
+# socket (a Unix stream socketpair with 1 MiB buffers, read like the pipe), pipe64k (the default pipe size)
 CHUNK = 1024 * 1024
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong)
@@ -113,9 +124,12 @@ class FileReader(threading.Thread):
         os.close(self.fd)
 
 
-def run_one(sink: str, n: int, workdir: Path, poll: float) -> tuple[float, float, int]:
-    argv = [sys.executable, "-c", FLOOD.format(n=n)]
+def run_one(sink: str, n: int, workdir: Path, poll: float, prints: bool = False,
+            hook: bool = False) -> tuple[float, float, int]:
+    argv = [sys.executable, "-c", (FLOOD_PRINT if prints else FLOOD).format(n=n)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if hook:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOK_DIR), env.get("PYTHONPATH", "")) if p)
     spool = os.open(workdir / "spool", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     reader: threading.Thread | None = None
     if sink == "null":
@@ -129,8 +143,9 @@ def run_one(sink: str, n: int, workdir: Path, poll: float) -> tuple[float, float
     elif sink.startswith(("pipe", "splice")):
         # pipe (5 ms pause), pipe0 / pipe20 (0 / 20 ms), splice (os.splice into the spool, 5 ms)
         r, out = os.pipe()
-        fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, CHUNK)
-        digits = sink.removeprefix("splice").removeprefix("pipe")
+        if sink != "pipe64k":
+            fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, CHUNK)
+        digits = sink.removeprefix("splice").removeprefix("pipe").removesuffix("64k")
         reader = PipeReader(r, spool, (int(digits) if digits else 5) / 1000, splice=sink.startswith("splice"))
     else:
         if sink == "memfd":
@@ -168,28 +183,31 @@ def main() -> int:
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where the spool and the 'file' sink go")
     ap.add_argument("--poll", type=float, default=0.02, help="the file readers' poll interval, seconds")
     ap.add_argument("--sinks", default=",".join(SINKS))
+    ap.add_argument("--print", dest="prints", action="store_true", help="the learner prints its lines")
     args = ap.parse_args()
     sinks = tuple(args.sinks.split(","))
     print(f"{platform.machine()}, {os.cpu_count()} vCPUs, {platform.python_implementation()} "
-          f"{platform.python_version()}, {platform.release()}, {load()}; {args.n:,} unbuffered lines, "
+          f"{platform.python_version()}, {platform.release()}, {load()}; {args.n:,} unbuffered lines "
+          f"({'print' if args.prints else 'sys.stdout.write'}), "
           f"poll {args.poll * 1000:.0f} ms")
     walls: dict[str, list[float]] = {s: [] for s in sinks}
     cpus: dict[str, list[float]] = {s: [] for s in sinks}
     with tempfile.TemporaryDirectory(prefix="tf-sinks-", dir=args.dir) as tmp:
         for r in range(args.rounds):
             for sink in sinks if r % 2 == 0 else sinks[::-1]:
-                wall, cpu, copied = run_one(sink, args.n, Path(tmp), args.poll)
-                if sink != "null" and copied != args.n * 90:
+                wall, cpu, copied = run_one(sink.removesuffix("+hook"), args.n, Path(tmp), args.poll,
+                                            prints=args.prints, hook=sink.endswith("+hook"))
+                if not sink.startswith("null") and copied != args.n * 90:
                     raise RuntimeError(f"{sink}: copied {copied} of {args.n * 90} bytes")
                 walls[sink].append(wall)
                 cpus[sink].append(cpu)
-                print(f"round {r} {sink:<6} {wall:.3f} s wall {cpu:.3f} s CPU", flush=True)
+                print(f"round {r} {sink:<12} {wall:.3f} s wall {cpu:.3f} s CPU", flush=True)
     print(f"medians ({load()}); slowdown against /dev/null, wall (CPU):")
     w0, c0 = statistics.median(walls["null"]), statistics.median(cpus["null"])
     for s in sinks:
         w, c = statistics.median(walls[s]), statistics.median(cpus[s])
         per = ", ".join(f"{x / d - 1:+.0%}" for x, d in zip(walls[s], walls["null"], strict=True))
-        print(f"  {s:<6} {w:.3f} s ({c:.3f} s CPU)  {w / w0 - 1:+6.1%} ({c / c0 - 1:+.1%})  per round: {per}")
+        print(f"  {s:<12} {w:.3f} s ({c:.3f} s CPU)  {w / w0 - 1:+6.1%} ({c / c0 - 1:+.1%})  per round: {per}")
     return 0
 
 

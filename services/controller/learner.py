@@ -31,6 +31,7 @@ import psutil
 from trainforge_frameworks.torch.launch import ddp_env, elastic_command, elastic_env, elastic_restarts
 from trainforge_services.common.contracts.specs import LearnerSpec
 
+from .linebuf import with_hook
 from .logship import LogArchive
 from .spool import SpooledStream
 
@@ -60,6 +61,7 @@ def learner_env(spec: LearnerSpec, base: dict[str, str] | None = None,
     env.update({k: v for k, v in spec.manifest.plain_env().items() if not k.startswith("TF_")})
     # the values of the team secrets the manifest names ({secret: name}), from the 0600 spec file only
     env.update({k: v for k, v in spec.secret_env.items() if not k.startswith("TF_")})
+    with_hook(env, spec.manifest.plain_env())  # one write(2) per printed line (services/controller/linebuf.py)
     if spec.manifest.elastic:
         # a torchrun agent node: torchrun gives each worker its RANK and WORLD_SIZE in the current group
         env.update(elastic_env(min_nodes=spec.manifest.min_learners, max_nodes=spec.manifest.max_learners,

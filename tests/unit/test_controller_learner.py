@@ -24,6 +24,7 @@ from trainforge_services.controller.learner import (
     human_bytes,
     learner_env,
 )
+from trainforge_services.controller.linebuf import HOOK_DIR
 from trainforge_services.controller.logship import LogArchive
 
 
@@ -82,6 +83,7 @@ def test_learner_env_follows_the_contract(tmp_path):
         "TF_CHECKPOINT_DIR": str(w / ".trainforge" / "checkpoints"), "TF_OUTPUT_DIR": str(w / "outputs"),
         "TF_CHECKPOINT_INTERVAL": "300",
         "CUDA_VISIBLE_DEVICES": "2,3", "PATH": "/opt/tf/venv/bin:/usr/bin:/bin",
+        "PYTHONPATH": str(HOOK_DIR),  # the platform's line-buffering hook; the controller's PYTHONPATH is not passed
     }
 
 

@@ -27,6 +27,8 @@ from pathlib import Path
 # the job's uid is named in common: the docker backend's containers run as it too
 from trainforge_services.common.isolation import job_uid as job_uid
 
+from ..linebuf import HOOK_DIR
+
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
 TMP_SIZE = "1g"
@@ -53,6 +55,7 @@ def python_paths(python: str, secrets: list[Path]) -> tuple[list[str], list[tupl
     wanted = [Path(python).parent.parent, Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix)]
     wanted += [Path(p) for p in sys.path if p and os.path.isabs(p)]
     wanted += editable_packages()
+    wanted.append(HOOK_DIR)  # first on every learner's PYTHONPATH (services/controller/linebuf.py)
     paths: list[str] = []
     aliases: list[tuple[str, str]] = []
     for p in wanted:
