@@ -68,15 +68,75 @@ def wait_gone(procs: Iterable[psutil.Process], timeout: float) -> list[psutil.Pr
     return alive
 
 
-def with_descendants(procs: Iterable[psutil.Process]) -> dict[int, psutil.Process]:
-    """procs and every process they started, by pid."""
-    out: dict[int, psutil.Process] = {}
-    for proc in procs:
-        out[proc.pid] = proc
+@dataclass(frozen=True)
+class Row:
+    """One process of a `Table`: its parent, its process group, and whether it is a zombie."""
+
+    ppid: int
+    pgid: int
+    zombie: bool
+
+
+Table = dict[int, Row]
+
+
+def table() -> Table:
+    """Every process on the machine, by pid, from one read of each `/proc/<pid>/stat`.
+
+    psutil's `process_iter` and `Process.children` each read every process's
+    files again, several per process; callers that ask several questions of
+    the same moment (a job's groups, its descendants, its orphans) share one
+    of these instead. A process that exits meanwhile is simply not in it.
+    """
+    rows: Table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
         try:
-            out.update({c.pid: c for c in proc.children(recursive=True)})
-        except psutil.Error:
-            pass
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after its last ")"
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) < 3:
+            continue
+        rows[int(name)] = Row(ppid=int(fields[1]), pgid=int(fields[2]), zombie=fields[0] == b"Z")
+    return rows
+
+
+def descendants(pids: Iterable[int], rows: Table) -> set[int]:
+    """Every process of `rows` below `pids` (not `pids` themselves)."""
+    children: dict[int, list[int]] = {}
+    for pid, row in rows.items():
+        children.setdefault(row.ppid, []).append(pid)
+    out: set[int] = set()
+    todo = [c for pid in pids for c in children.get(pid, ())]
+    while todo:
+        pid = todo.pop()
+        if pid not in out:
+            out.add(pid)
+            todo += children.get(pid, ())
+    return out
+
+
+def process(pid: int) -> psutil.Process | None:
+    """psutil's handle of a running pid (it records the start time, so a reused pid is told apart); None if gone."""
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+def with_descendants(procs: Iterable[psutil.Process], rows: Table | None = None) -> dict[int, psutil.Process]:
+    """procs and every process they started, by pid (from `rows`, or a fresh `table()`)."""
+    out: dict[int, psutil.Process] = {p.pid: p for p in procs}
+    if not out:
+        return out
+    for pid in sorted(descendants(out, table() if rows is None else rows) - out.keys()):
+        proc = process(pid)
+        if proc is not None:
+            out[pid] = proc
     return out
 
 
@@ -101,13 +161,14 @@ def _signal(groups: Iterable[int], procs: Iterable[psutil.Process], sig: int) ->
 
 
 def terminate(procs: Iterable[psutil.Process], *, grace: float, groups: Iterable[int] = (),
-              kill_wait: float = 5.0) -> Stopped:
+              kill_wait: float = 5.0, rows: Table | None = None) -> Stopped:
     """SIGTERM procs, their descendants and `groups` (pgids), SIGKILL what outlives `grace`.
 
     A target that leads its own process group gets the signal group-wide as
     well. Returns which of the targets (descendants included) ended how.
+    `rows`: a `table()` the caller just took, to find the descendants in.
     """
-    targets = with_descendants(procs)
+    targets = with_descendants(procs, rows)
     pgids = set(groups) | {pid for pid in targets if leads_group(pid)}
     alive = [p for p in targets.values() if not gone(p)]
     if not alive and not pgids:

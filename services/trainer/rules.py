@@ -274,14 +274,16 @@ class Lifecycle:
 
     def move(self, job_id: str, to: JobState, reason: str, actor: str, *, attempt: int | None = None,
              only_from: Iterable[JobState] | None = None, fields: Mapping[str, Any] | None = None,
-             fence: int | None = None, seen: JobRecord | None = None) -> Transition:
+             fence: int | None = None, seen: JobRecord | None = None, read: Mapping | None = None) -> Transition:
         """`store.apply_transition`, then the `after` rules of the transition it made (if it made one).
 
         `fence`: the dispatcher leader's term, for a reservation among replicas (services/trainer/fence.py);
-        `seen`: the job as the dispatcher's copy holds it (one round trip when still true).
+        `seen`: the job as the dispatcher's copy holds it (one round trip when still true);
+        `read`: the job's document as the caller just read it (`JobStore.find_document`; the same).
         """
-        # a store twin without replicas takes neither
-        extra = {**({"fence": fence} if fence is not None else {}), **({"seen": seen} if seen is not None else {})}
+        # a store twin without replicas takes none of them
+        extra = {**({"fence": fence} if fence is not None else {}), **({"seen": seen} if seen is not None else {}),
+                 **({"read": read} if read is not None else {})}
         done = self._store.apply_transition(job_id, to, reason, actor or ACTOR, attempt=attempt,
                                             set_fields=fields, only_from=only_from, **extra)
         if done.changed and done.job is not None:

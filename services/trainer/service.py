@@ -255,9 +255,10 @@ class JobService:
         """
         if state == JobState.JOB_STATE_UNSPECIFIED:
             raise InvalidArgument("state is required", details=[{"field": "state", "message": "required"}])
-        before = self._store.find(job_id)
-        if before is None:
+        found = self._store.find_document(job_id)
+        if found is None:
             raise NotFound(f"job {job_id!r} not found")
+        before, doc = found
         if attempt and attempt != before.attempt:
             log.info("job %s: ignored %s for attempt %d; current attempt is %d", job_id, state.name, attempt,
                      before.attempt)
@@ -274,8 +275,10 @@ class JobService:
         proposal = self._lifecycle.propose(before, Proposal(state, reason, fields,
                                                             attempt_failed=state == JobState.FAILED,
                                                             restartable=not timed_out))
+        # the transition writes on the document just read (one round trip less per report; if it moved on
+        # meanwhile, the store reads it again and decides as before)
         done = self._lifecycle.move(job_id, proposal.to, proposal.reason, actor or "monitor",
-                                    attempt=before.attempt, fields=proposal.fields)
+                                    attempt=before.attempt, fields=proposal.fields, read=doc)
         if done.changed and done.job is not None:
             return done.job
         if done.job is None:

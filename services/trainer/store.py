@@ -157,6 +157,13 @@ class JobStore:
         return to_record(self._jobs.find_one({"_id": job_id}))
 
     @mapped
+    def find_document(self, job_id: str) -> tuple[JobRecord, Mapping] | None:
+        """`find`, with the document as read: a caller that decides on the job and then moves it hands the
+        document to `apply_transition(read=)`, which then writes on it instead of reading it again."""
+        doc = self._jobs.find_one({"_id": job_id})
+        return None if doc is None else (to_record(doc), doc)
+
+    @mapped
     def get(self, team: str, job_id: str) -> JobRecord:
         """One of a team's jobs. Another team's job is NotFound, exactly like a missing one."""
         job = to_record(self._jobs.find_one({"_id": job_id, "team": team}))
@@ -241,7 +248,7 @@ class JobStore:
     def apply_transition(self, job_id: str, to: JobState, reason: str, actor: str, *,
                          attempt: int | None = None, set_fields: Mapping | None = None,
                          only_from: Iterable[JobState] | None = None, fence: int | None = None,
-                         seen: JobRecord | None = None) -> Transition:
+                         seen: JobRecord | None = None, read: Mapping | None = None) -> Transition:
         """`transition`, also telling whether this call made the change (for callers that reserve).
 
         The write is a compare-and-set on the state just observed, which must
@@ -264,6 +271,12 @@ class JobStore:
         state and fence stamp without reading: one round trip instead of
         two. If the job moved on or was stamped since, that compare-and-set
         matches nothing and the read-then-write loop below decides.
+
+        `read`: the job's whole document, as the caller read it from the
+        store just before (`find_document`). The first try writes on it: what
+        the loop's own first read would have done, one round trip earlier (a
+        monitor's report, which reads the job to decide, saves one of three).
+        A document that no longer holds goes the same way as a stale `seen`.
         """
         allowed = states.allowed_from(to)
         if only_from is not None:
@@ -275,6 +288,11 @@ class JobStore:
                 and (fence is None or seen.fence <= fence):
             assumed = {"state": int(seen.state), **({"fence": seen.fence} if seen.fence else {})}
             doc = self._write(match, assumed, to, reason, actor, set_fields, fence)
+            if doc is not None:
+                return Transition(to_record(doc), True)
+        elif read is not None and all(read.get(k) == v for k, v in match.items()) \
+                and JobState(read["state"]) in allowed and JobState(read["state"]) != to:
+            doc = self._write(match, read, to, reason, actor, set_fields, fence)
             if doc is not None:
                 return Transition(to_record(doc), True)
         for _ in range(_MAX_RACES):

@@ -42,6 +42,13 @@ def test_burst():
     assert "RSS per running job" in out or "service RSS" in out
 
 
+def test_job_cpu():
+    out = bench("job_cpu.py", "-n", "3", "-c", "2")
+    assert "3 completed, 0 not ended" in out
+    for role in ("api", "trainer", "lcm", "fork server", "etcd", "total (stack)"):
+        assert f"\n{role} " in out, f"no row for {role}:\n{out}"
+
+
 def test_api_read():
     out = bench("api_read.py", "-c", "2", "-d", "1", "-r", "1")
     assert "ratio real / bare" in out and "non-200: 0" in out

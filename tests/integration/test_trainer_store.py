@@ -96,6 +96,52 @@ def test_an_admitted_insert_is_one_write_holding_both_history_entries(store, mon
     assert store.transition("j1", JobState.DEPLOYING, "reserved", "trainer", attempt=1).state == JobState.DEPLOYING
 
 
+def test_a_transition_on_the_document_just_read_is_one_write_and_a_stale_one_is_read_again(store, mongo_server,
+                                                                                           unique):
+    class Commands(monitoring.CommandListener):
+        def __init__(self):
+            self.names: list[str] = []
+
+        def started(self, event):  # noqa: ANN001
+            if event.command_name not in ("hello", "ismaster", "isMaster", "ping", "endSessions"):
+                self.names.append(event.command_name)
+
+        def succeeded(self, event):  # noqa: ANN001
+            pass
+
+        def failed(self, event):  # noqa: ANN001
+            pass
+
+    queued(store)
+    store.transition("j1", JobState.DEPLOYING, "reserved", "trainer", attempt=1)
+    seen = Commands()
+    client = pymongo.MongoClient(mongo_server.url, event_listeners=[seen])
+    try:
+        counted = JobStore(client[store._jobs.database.name], collection=f"jobs_{unique}")
+        record, doc = counted.find_document("j1")
+        assert record == store.find("j1") and doc["_id"] == "j1"
+        seen.names.clear()
+        done = counted.apply_transition("j1", JobState.RUNNING, "learners running", "monitor", attempt=1, read=doc)
+        assert seen.names == ["findAndModify"]  # no second read
+        assert done.changed and done.job.state == JobState.RUNNING
+        assert [(e.from_state, e.to_state) for e in done.job.history][-1] == (JobState.DEPLOYING, JobState.RUNNING)
+        # the document read before that write is stale now: its compare-and-set matches nothing, the store
+        # reads the job again and decides on what it holds (RUNNING -> CANCELLED, its from-state recorded)
+        seen.names.clear()
+        done = counted.apply_transition("j1", JobState.CANCELLED, "cancelled", "user", attempt=1, read=doc)
+        assert seen.names == ["findAndModify", "find", "findAndModify"]
+        assert done.changed and [(e.from_state, e.to_state) for e in done.job.history][-1] == \
+            (JobState.RUNNING, JobState.CANCELLED)
+        # another attempt's document is not written on at all
+        _, now = counted.find_document("j1")
+        seen.names.clear()
+        assert counted.apply_transition("j1", JobState.QUEUED, "again", "trainer", attempt=2, read=now) == \
+            (None, False)
+        assert seen.names == ["find"]
+    finally:
+        client.close()
+
+
 def test_insert_refuses_a_taken_id(store):
     store.insert("j1", "t", MANIFEST)
     with pytest.raises(Conflict, match="already taken"):

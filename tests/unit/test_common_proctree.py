@@ -138,3 +138,34 @@ def test_nothing_alive_is_nothing_to_stop(tmp_path, started):
     child.wait(10)
     assert proctree.gone(target)
     assert proctree.terminate([target], grace=1) == proctree.Stopped()
+
+
+def test_the_table_has_every_process_with_its_parent_group_and_zombie_state(tmp_path, started):
+    procs, extra = started
+    # a command name with a space and a parenthesis: the stat line is split after the name's last ")"
+    odd_name = tmp_path / "x) (y"
+    odd_name.symlink_to("/bin/sleep")
+    odd = subprocess.Popen([str(odd_name), "300"], start_new_session=True)
+    procs.append(odd)
+    assert wait_for(lambda: psutil.Process(odd.pid).name() == "x) (y", 20, "the odd name to show")
+    parent, ready = _start(tmp_path, "parent", polite=True, extra="child")
+    procs.append(parent)
+    wait_for(Path(str(ready) + ".child").exists, 20, "the child to be ready")
+    (child,) = psutil.Process(parent.pid).children()
+    extra.append(child.pid)
+    short = subprocess.Popen([sys.executable, "-c", "pass"])
+    procs.append(short)
+    wait_for(lambda: psutil.Process(short.pid).status() == psutil.STATUS_ZOMBIE, 20, "a zombie child")
+
+    rows = proctree.table()
+
+    assert rows[os.getpid()] == proctree.Row(ppid=os.getppid(), pgid=os.getpgid(0), zombie=False)
+    assert rows[child.pid].ppid == parent.pid and rows[child.pid].pgid == os.getpgid(parent.pid)
+    assert rows[odd.pid] == proctree.Row(ppid=os.getpid(), pgid=odd.pid, zombie=False)
+    assert rows[short.pid].zombie
+    assert proctree.descendants([parent.pid], rows) == {child.pid}
+    assert child.pid in proctree.descendants([os.getpid()], rows)
+    assert set(proctree.with_descendants([psutil.Process(parent.pid)], rows)) == {parent.pid, child.pid}
+    assert proctree.process(short.pid) is not None  # a zombie is still a process until reaped
+    short.wait()
+    assert proctree.process(short.pid) is None

@@ -85,65 +85,86 @@ def _inside(path: str | None, root: Path) -> bool:
     return bool(path) and Path(path).is_relative_to(root)
 
 
-def job_processes(job_dir: Path, job_id: str) -> list[psutil.Process]:
-    """Every running process of one job, recorded or not.
+def _read(pid: int, name: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _names_a_spec_inside(cmdline: bytes, job_dir: Path) -> bool:
+    argv = [a.decode(errors="replace") for a in cmdline.split(b"\0")]
+    return any(a == "--spec" and _inside(b, job_dir) for a, b in zip(argv, argv[1:], strict=False))
+
+
+def _carries_job(environ: bytes, job_id: str, job_dir: Path) -> bool:
+    if f"TF_JOB_ID={job_id}".encode() not in environ:  # cheap test first: most processes are not the job's
+        return False
+    env = dict(item.decode(errors="replace").partition("=")[::2] for item in environ.split(b"\0") if b"=" in item)
+    return env.get("TF_JOB_ID") == job_id and _inside(env.get("TF_WORKDIR"), job_dir)
+
+
+def job_processes(job_dir: Path, job_id: str, rows: proctree.Table | None = None) -> list[psutil.Process]:
+    """Every running process of one job, recorded or not (among `rows`, or a fresh `proctree.table()`).
 
     Controllers and monitors run a spec file inside the job's directory;
     learners (and whatever they start) carry the controller's TF_JOB_ID and a
     TF_WORKDIR inside it. Both tests name a file of this LCM's state
-    directory, so another stack's job of the same id is never touched.
+    directory, so another stack's job of the same id is never touched. The
+    command line and environment are read raw from /proc (one read each; a
+    process that cannot be read is not ours: ours run as this user).
     """
     me = os.getpid()
     out = []
-    for proc in psutil.process_iter(["status", "cmdline"]):
-        try:
-            if proc.pid == me or proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            argv = proc.info["cmdline"] or []
-            if any(a == "--spec" and _inside(b, job_dir) for a, b in zip(argv, argv[1:], strict=False)):
-                out.append(proc)
-                continue
-            env = proc.environ()
-            if env.get("TF_JOB_ID") == job_id and _inside(env.get("TF_WORKDIR"), job_dir):
-                out.append(proc)
-        except (psutil.Error, OSError):
+    for pid, row in (proctree.table() if rows is None else rows).items():
+        if pid == me or row.zombie:
             continue
+        if _names_a_spec_inside(_read(pid, "cmdline"), job_dir) or _carries_job(_read(pid, "environ"), job_id, job_dir):
+            proc = proctree.process(pid)
+            if proc is not None:
+                out.append(proc)
     return out
 
 
-def group_members(pgid: int, under: Path) -> list[psutil.Process]:
-    """Running processes of group `pgid` working inside `under`.
+def group_members(pgid: int, under: Path, rows: proctree.Table | None = None) -> list[psutil.Process]:
+    """Running processes of group `pgid` working inside `under` (among `rows`, or a fresh `proctree.table()`).
 
     The directory check keeps a recycled pid's unrelated process group safe
     when the recorded leader is gone: ours all run in the attempt directory.
     """
     out = []
-    for proc in psutil.process_iter(["status"]):
-        try:
-            if proc.info["status"] == psutil.STATUS_ZOMBIE or os.getpgid(proc.pid) != pgid:
-                continue
-            if Path(proc.cwd()).is_relative_to(under):
-                out.append(proc)
-        except (psutil.Error, OSError):
+    for pid, row in (proctree.table() if rows is None else rows).items():
+        if row.pgid != pgid or row.zombie:
             continue
+        try:
+            if not Path(os.readlink(f"/proc/{pid}/cwd")).is_relative_to(under):
+                continue
+        except OSError:
+            continue
+        proc = proctree.process(pid)
+        if proc is not None:
+            out.append(proc)
     return out
 
 
 def stop_groups(leaders: Iterable[tuple[int, psutil.Process | None]], under: Path, *, grace: float,
-                extra: Iterable[psutil.Process] = ()) -> proctree.Stopped:
+                extra: Iterable[psutil.Process] = (), rows: proctree.Table | None = None) -> proctree.Stopped:
     """Stop recorded group leaders (pid, process-or-None when gone) with their groups, plus `extra`.
 
     A leader that is gone still has its group stopped when members of it work
     inside `under` (a controller SIGKILLed leaves its learner's shell behind).
+    `rows`: a `proctree.table()` the caller just took; one is taken here otherwise.
     """
+    rows = proctree.table() if rows is None else rows
     targets: dict[int, psutil.Process] = {p.pid: p for p in extra}
     groups: list[int] = []
     for pid, leader in leaders:
-        members = ([leader] if leader else []) + group_members(pid, under)
+        members = ([leader] if leader else []) + group_members(pid, under, rows)
         if not members:
             continue  # gone, or the pid now belongs to someone else
         groups.append(pid)
         targets.update({p.pid: p for p in members})
     if not targets:
         return proctree.Stopped()
-    return proctree.terminate(targets.values(), grace=grace, groups=groups)
+    return proctree.terminate(targets.values(), grace=grace, groups=groups, rows=rows)
