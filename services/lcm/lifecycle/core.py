@@ -161,16 +161,16 @@ class Lifecycle:
         """
         with self._job_lock(job.job_id):
             self._coord.confirm()  # a deposed leader starts and stops nothing
+            existing = self._records.get(job.job_id)
+            if existing is not None and job.attempt < existing.attempt:
+                raise Conflict(f"job {job.job_id}: attempt {job.attempt} is older than the deployed "
+                               f"attempt {existing.attempt}")
             killed = self._killed(job.job_id)
             if killed >= job.attempt:
                 log.info("job %s attempt %d refused: attempt %d was killed", job.job_id, job.attempt, killed)
                 raise Conflict(f"job {job.job_id} attempt {killed} was killed; a new run needs attempt {killed + 1}"
                                + (f" (asked: attempt {job.attempt})" if job.attempt != killed else ""))
-            existing = self._records.get(job.job_id)
             if existing is not None:
-                if job.attempt < existing.attempt:
-                    raise Conflict(f"job {job.job_id}: attempt {job.attempt} is older than the deployed "
-                                   f"attempt {existing.attempt}")
                 view = self.backend.observe(existing.plan)
                 if job.attempt == existing.attempt and launched(existing, view):
                     # deployed already (a resent request): never a second run of the same attempt. A dead
