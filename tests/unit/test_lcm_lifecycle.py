@@ -225,6 +225,18 @@ def test_the_killed_mark_never_goes_down_and_a_repeated_kill_keeps_it(lifecycles
         again.deploy(deployment("j-2", attempt=4))
 
 
+def test_the_killed_marks_share_a_lease_for_a_tenth_of_its_ttl(lcm, coord):
+    for job in ("a", "b"):
+        lcm.deploy(deployment(job, learners=1))
+        lcm.kill(job)
+    lease, taken = lcm._killed_lease  # noqa: SLF001 - a tenth of the hour passes
+    lcm._killed_lease = (lease, taken - 361)  # noqa: SLF001
+    lcm.deploy(deployment("c", learners=1))
+    lcm.kill("c")
+    a, b, c = (coord.leases[coord.keys.killed(job)] for job in "abc")
+    assert a == b and c != a and c.ttl == 3600
+
+
 def test_a_launch_cut_short_and_redone_is_not_marked_killed(lifecycles, backend, coord):
     lcm = lifecycles()
     lcm.deploy(deployment(learners=2))

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 
-from trainforge_services.common.adapters.etcd import Coordinator, FenceRefused
+from trainforge_services.common.adapters.etcd import Coordinator, FenceRefused, Lease
 from trainforge_services.common.contracts.etcd import AttemptInfo, AttemptKilled, GateOpen, HaltRequest
 from trainforge_services.common.contracts.ids import check_job_id
-from trainforge_services.common.errors import Conflict, ResourceExhausted
+from trainforge_services.common.errors import Conflict, ResourceExhausted, Unavailable
 from trainforge_services.common.settings import LcmSettings
 from trainforge_services.lcm.backends.base import (
     AttemptPlan,
@@ -76,6 +77,8 @@ class Lifecycle:
         self._lease_ttl = lease_ttl
         self._start_timeout = start_timeout
         self._killed_ttl = killed_ttl
+        self._killed_lease: tuple[Lease, float] | None = None  # shared by the marks of a tenth of the TTL
+        self._killed_lease_lock = threading.Lock()
         self._records = attempt_records(Path(state_dir).resolve())
         self._lock = threading.Lock()
         self._job_locks: dict[str, threading.Lock] = {}
@@ -293,12 +296,25 @@ class Lifecycle:
             attempt = record.attempt if record else info.attempt if info else 0
         if attempt > self._killed(job_id):
             marker = AttemptKilled(attempt=attempt)
-            self._coord.delete_prefix(self._keys.job(job_id), put=(self._keys.killed(job_id), marker.value()),
-                                      lease=self._coord.grant_lease(self._killed_ttl))
+            try:
+                self._coord.delete_prefix(self._keys.job(job_id), put=(self._keys.killed(job_id), marker.value()),
+                                          lease=self._lease_for_marks())
+            except Unavailable:
+                self._killed_lease = None  # e.g. the lease is gone: the retried KillJob takes a new one
+                raise
         else:
             self._coord.delete_prefix(self._keys.job(job_id))
         self._records.forget(job_id)
         return killed
+
+    def _lease_for_marks(self) -> Lease:
+        """The lease of the `killed` marks: one per tenth of `killed_ttl`, not one per kill, so etcd holds about
+        ten such leases however many jobs end; a mark lives 0.9 to 1 times the TTL."""
+        with self._killed_lease_lock:
+            now = time.monotonic()
+            if self._killed_lease is None or now - self._killed_lease[1] > self._killed_ttl / 10:
+                self._killed_lease = (self._coord.grant_lease(self._killed_ttl), now)
+            return self._killed_lease[0]
 
     def mark_killing(self, job_id: str) -> None:
         """Record that the job is being removed (what `kill` does first; tests use it to crash halfway)."""
