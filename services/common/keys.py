@@ -8,6 +8,9 @@
     <prefix>/jobs/<job>/learners/<rank>/checkpoint {"attempt": n, "step": n, "uri": ...}
     <prefix>/jobs/<job>/monitor                 {"pid": ..., "host": ...}, under the monitor's lease
     <prefix>/leaders/<service>                  {"holder": ..., "address": ...}, under the leader's lease
+    <prefix>/lcm/killed/<job>                   {"attempt": n, "killed_at": ts}, under a lease of
+                                                TF_KILLED_TTL s: the highest attempt the LCM removed
+                                                (outside jobs/<job>/: it outlives the job's keys)
     <prefix>/jobs/<job>/logship/<rank>          {"attempt": n, "archived": n, "shipped": n}, under the
                                                 controller's status lease (outside learners/: the monitor
                                                 does not watch it)
@@ -24,6 +27,9 @@ class Keys:
 
     def leader(self, service: str) -> str:
         return f"{self.prefix}/leaders/{service}"
+
+    def killed(self, job: str) -> str:
+        return f"{self.prefix}/lcm/killed/{job}"
 
     def job(self, job: str) -> str:
         return f"{self.prefix}/jobs/{job}/"

@@ -136,6 +136,9 @@ class LcmSettings(StoreSettings):
     sim_memory: int = Field(2**50, ge=0, description="bytes the simulated backend offers")
     sim_gpus: int = Field(0, ge=0, description="GPUs the simulated backend offers")
     lease_ttl: int = Field(10, ge=2, le=300, description="seconds a learner's etcd lease lives without keepalive")
+    killed_ttl: int = Field(3600, ge=60, description="seconds the LCM remembers the last attempt it killed of a job "
+                            "(an etcd key under a lease): a deploy of that attempt resent within them starts nothing; "
+                            "longer than any dispatcher retries a lost deploy")
     docker_url: str = Field("", description="the docker backend's engine, e.g. unix:///run/docker.sock (empty: DOCKER_HOST or the default socket)")
     docker_image: str = Field("trainforge/learner:bookworm", description="the docker backend's image for a manifest without `image:`")
     metrics_port: int = Field(-1, ge=-1, le=65535, description="port of the Prometheus /metrics endpoint "

@@ -23,11 +23,12 @@ Fencing: a leader can be deposed without knowing it yet (paused, then
 resumed after its lease ran out while a follower took over). Its lifecycle
 therefore writes to etcd only through a `FencedCoordinator`
 (services/common/adapters/etcd.py): every write (attempt and halt keys,
-lost-controller reports, an elastic slot's status, a job's cleanup) is a
-transaction that also compares the election key's create revision with this
-leader's term, and the lifecycle confirms that fence before it acts on the
-backend (deploy, kill, growth, a monitor's restart). The first refusal
-deposes the replica at once, and its calls answer as a follower's.
+lost-controller reports, an elastic slot's status, a job's cleanup and its
+killed mark) is a transaction that also compares the election key's create
+revision with this leader's term, and the lifecycle confirms that fence
+before it acts on the backend (deploy, kill, growth, a monitor's restart).
+The first refusal deposes the replica at once, and its calls answer as a
+follower's.
 """
 
 from __future__ import annotations

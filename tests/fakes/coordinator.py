@@ -1,18 +1,32 @@
-"""A dict in place of etcd: just the Coordinator calls the LCM's lifecycle makes (no leases, no watches)."""
+"""A dict in place of etcd: just the Coordinator calls the LCM's lifecycle makes (no watches; a lease is only
+remembered by its TTL, nothing expires)."""
 
 from __future__ import annotations
 
 import copy
+import itertools
 import threading
+from dataclasses import dataclass
 
 from trainforge_services.common.keys import Keys
+
+
+@dataclass(frozen=True)
+class MemoryLease:
+    id: int
+    ttl: int
 
 
 class MemoryCoordinator:
     def __init__(self, prefix: str = "/trainforge"):
         self.keys = Keys(prefix)
         self.data: dict[str, dict] = {}
+        self.leases: dict[str, MemoryLease] = {}  # the lease each key was last written under
         self._lock = threading.Lock()
+        self._lease_ids = itertools.count(1)
+
+    def grant_lease(self, ttl: int) -> MemoryLease:
+        return MemoryLease(next(self._lease_ids), ttl)
 
     def put(self, key: str, value: dict, lease: object = None) -> None:
         with self._lock:
@@ -38,10 +52,16 @@ class MemoryCoordinator:
         with self._lock:
             self.data.pop(key, None)
 
-    def delete_prefix(self, prefix: str) -> None:
+    def delete_prefix(self, prefix: str, *, put: tuple[str, dict] | None = None,
+                      lease: MemoryLease | None = None) -> None:
         with self._lock:
             for key in [k for k in self.data if k.startswith(prefix)]:
                 del self.data[key]
+                self.leases.pop(key, None)
+            if put is not None:
+                self.data[put[0]] = copy.deepcopy(put[1])
+                if lease is not None:
+                    self.leases[put[0]] = lease
 
     def confirm(self) -> None:
         """Unfenced, as a plain `Coordinator`."""

@@ -11,7 +11,9 @@ A dispatcher's resent deploy can reach the LCM after the attempt ended (its
 check of the job's state came first): the second variant holds the follower
 stopped until the first two jobs ended, so the new leader takes over attempts
 that are over, and every job's deploy is resent once more after it ended. An
-ended attempt is never run again.
+ended attempt is never run again. After the KillJobs every deploy is resent
+again: refused (Conflict, the attempt was killed), also by a replica started
+afresh after the leader is SIGKILLed once more.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import pytest
 from tests.integration.test_monitor_process import start_trainer
 from tests.servers import free_port, wait_for
 from trainforge_services.common.adapters.etcd import Coordinator
-from trainforge_services.common.errors import Unavailable
+from trainforge_services.common.errors import Conflict, Unavailable
 from trainforge_services.common.states import JobState
 from trainforge_services.lcm.backends.local.processes import job_processes
 from trainforge_services.trainer.lcm_client import GrpcLcm
@@ -52,6 +54,20 @@ def _deploy(lcm: GrpcLcm, job: str, marker: Path) -> list[str]:
         return lcm.deploy_job(job, "team-a", 1, _manifest(job, marker), "")
 
     return wait_for(lambda: _or_none(call), 60, f"the LCM to deploy {job}", interval=0.2)
+
+
+def _refused(lcm: GrpcLcm, job: str, marker: Path) -> str:
+    """A deploy resent after its KillJob: the Conflict's message ("served" if it was deployed)."""
+    def call() -> str | None:
+        try:
+            lcm.deploy_job(job, "team-a", 1, _manifest(job, marker), "")
+        except Conflict as e:
+            return e.message
+        except Unavailable:
+            return None
+        return "served"
+
+    return wait_for(call, 60, f"the LCM to answer the deploy of {job}", interval=0.2)
 
 
 def _controllers(handles: list[str]) -> set[str]:
@@ -79,12 +95,17 @@ def test_the_lcm_leader_sigkilled_between_deploys_loses_and_repeats_nothing(stor
                 "TF_TRAINER_ADDRESS": f"127.0.0.1:{trainer_port}", "TF_LOCAL_GPUS": "0", "TF_LEASE_TTL": "3",
                 "TF_ISOLATION": "none", "TF_ELECT": "1", "TF_LEADER_TTL": str(LEASE)})
     ports = [free_port(), free_port()]
-    procs = []
-    for i, port in enumerate(ports):
-        with (tmp_path / f"lcm-{i}.log").open("wb") as out:
+    procs: list[subprocess.Popen] = []
+
+    def start(port: int) -> subprocess.Popen:
+        with (tmp_path / f"lcm-{len(procs)}.log").open("wb") as out:
             procs.append(subprocess.Popen([sys.executable, "-m", "trainforge_services.lcm"],
                                           env={**env, "TF_LISTEN_ADDRESS": f"127.0.0.1:{port}"}, stdout=out,
                                           stderr=subprocess.STDOUT, start_new_session=True))
+        return procs[-1]
+
+    for port in ports:
+        start(port)
     coordinator = Coordinator(store_settings.etcd_endpoints, store_settings.etcd_prefix)
     lcm = GrpcLcm(",".join(f"127.0.0.1:{p}" for p in ports), timeout=30)
     jobs = [f"rep{i}-{unique}" for i in range(4)]
@@ -125,6 +146,17 @@ def test_the_lcm_leader_sigkilled_between_deploys_loses_and_repeats_nothing(stor
         assert takeover < LEASE + 2, f"the follower took over {takeover:.1f}s after the SIGKILL"
         for job in jobs:
             lcm.kill_job(job, "test over")
+        # a deploy still in flight through the KillJob (its answer lost, resent) is refused and starts nothing
+        for job in jobs:
+            assert _refused(lcm, job, markers[job]).startswith(f"job {job} attempt 1 was killed")
+        # also once the leader that killed them is gone and a replica started afresh leads (a restarted LCM)
+        holder = coordinator.get(key)[0]["holder"]
+        procs[ports.index(int(holder.rsplit(":", 1)[1]))].send_signal(signal.SIGKILL)
+        start(int(holder.rsplit(":", 1)[1]))
+        wait_for(lambda: (coordinator.get(key)[0] or {}).get("holder") not in (None, holder), 30, "a new leader")
+        for job in jobs:
+            assert _refused(lcm, job, markers[job]).startswith(f"job {job} attempt 1 was killed")
+            assert markers[job].read_text() == "run\n", f"{job}'s learner ran again after its KillJob"
     finally:
         lcm.close()
         coordinator.close()

@@ -8,6 +8,7 @@ reports are made directly, so each rule is checked on its own.
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -207,3 +208,64 @@ def test_a_quota_an_admin_sets_is_sent_to_the_lcm(trainer):
     service.set_quota(TEAM, Quota(gpus=2, jobs=1), "admin")
     wait_for(lambda: lcm.synced, 10, "the LCM to be told")
     assert lcm.synced == [(TEAM, Quota(gpus=2, jobs=1))]
+
+
+class LateLcm(ScriptedLcm):
+    """An LCM that serves a job's first deploy only once let go, and then as the LCM does once that attempt
+    was killed meanwhile: a Conflict (services/lcm/lifecycle/core.py)."""
+
+    def __init__(self, capacity: Capacity, job_id: str):
+        super().__init__(capacity)
+        self.job_id, self.arrived, self.go, self.answered = job_id, threading.Event(), threading.Event(), \
+            threading.Event()
+
+    def deploy_job(self, job_id, team, attempt, manifest_json, code_uri, checkpoint_uri="", gated=False):  # noqa: ANN001
+        if (job_id, attempt) == (self.job_id, 1):
+            self.arrived.set()
+            try:
+                assert self.go.wait(20), "the test never let the deploy go"
+                raise Conflict(f"job {job_id} attempt 1 was killed; a new run needs attempt 2")
+            finally:
+                self.answered.set()
+        return super().deploy_job(job_id, team, attempt, manifest_json, code_uri, checkpoint_uri, gated)
+
+
+@pytest.mark.parametrize("then", ["cancelled", "restarted"])
+def test_a_deploy_the_lcm_refuses_because_its_attempt_was_killed_loses_nothing(mongo_db, unique, then):
+    """The deploy of attempt 1 reaches the LCM after the job moved on and its KillJob ran: a cancelled job stays
+    cancelled; a restarted one runs as attempt 2."""
+    store = JobStore(mongo_db, collection=f"jobs_{unique}")
+    store.ensure_indexes()
+    job = f"late-{unique}"
+    lcm = LateLcm(Capacity(Usage(cpus=8, memory=32 * GI, learners=8)), job)
+    quotas = QuotaStore(mongo_db, f"quotas_{unique}")
+    dispatcher = Dispatcher(store, lcm, quotas=quotas, interval=0.2, spacing=0.0, kill_backoff=0.01)
+    service = JobService(store, dispatcher, quotas)
+    dispatcher.start()
+    try:
+        body = {"name": "train", "command": "python train.py", "learners": 2,
+                "restart": {"max_restarts": 1, "backoff": "0.1s"}}
+        service.submit(TEAM, json.dumps(body), job_id=job)
+        assert lcm.arrived.wait(10), "attempt 1 was never deployed"
+        if then == "cancelled":
+            service.cancel(TEAM, job, "user:k1")
+        else:  # its learners failed before the deploy's answer came back: restarted as attempt 2
+            service.report(job, 1, JobState.FAILED, "learner 0 exited with code 1", "monitor")
+        wait_for(lambda: lcm.kill_tries == [job], 10, "the KillJob")
+        if then == "restarted":
+            wait_for(lambda: lcm.deploys == [(job, 2)], 10, "attempt 2 to deploy")
+        else:
+            wait_for(lambda: not store.find(job).cleanup_pending, 10, "the cleanup")
+        lcm.go.set()
+        assert lcm.answered.wait(10), "the deploy of attempt 1 was not answered"
+        dispatcher.stop()  # waits for its calls: what the dispatcher made of the Conflict is done
+        if then == "cancelled":
+            doc = store.find(job)
+            assert (JobState(doc.state), doc.reason) == (JobState.CANCELLED, "cancelled by user:k1")
+        else:
+            doc = store.find(job)
+            assert (JobState(doc.state), doc.attempt) == (JobState.DEPLOYING, 2), doc.reason
+            assert lcm.deploys == [(job, 2)]
+        assert not any("deploy failed" in e.reason for e in store.find(job).history), "the Conflict failed the job"
+    finally:
+        dispatcher.stop()

@@ -187,6 +187,87 @@ def test_kill_stops_the_job_clears_its_keys_and_record_and_is_idempotent(lcm, ba
         lcm.kill("Bad.Id")
 
 
+def test_a_killed_attempt_resent_late_starts_nothing_and_a_later_attempt_deploys(lcm, backend, coord):
+    lcm.deploy(deployment(attempt=2))
+    lcm.kill("j-1")
+    assert coord.get(coord.keys.killed("j-1"))[0]["attempt"] == 2
+    assert coord.leases[coord.keys.killed("j-1")].ttl == 3600
+    # the dispatcher's deploy of attempt 2, in flight through the job's end and its KillJob
+    with pytest.raises(Conflict, match="job j-1 attempt 2 was killed; a new run needs attempt 3"):
+        lcm.deploy(deployment(attempt=2))
+    with pytest.raises(Conflict, match=r"attempt 2 was killed; a new run needs attempt 3 \(asked: attempt 1\)"):
+        lcm.deploy(deployment(attempt=1))
+    assert [p.attempt for p in backend.launched] == [2] and lcm.view("j-1") is None
+    assert coord.get(coord.keys.attempt("j-1"))[0] is None, "a refused deploy wrote the attempt key"
+    lcm.deploy(deployment(attempt=3))
+    assert [p.attempt for p in backend.launched] == [2, 3]
+    assert coord.get(coord.keys.attempt("j-1"))[0]["attempt"] == 3
+    assert coord.get(coord.keys.killed("j-1"))[0]["attempt"] == 2, "the deploy touched the mark"
+
+
+def test_the_killed_mark_never_goes_down_and_a_repeated_kill_keeps_it(lifecycles, backend, coord, tmp_path):
+    lcm = lifecycles()
+    lcm.deploy(deployment(attempt=1))
+    lcm.deploy(deployment(attempt=2))  # replaces attempt 1: marked too, harmlessly
+    assert coord.get(coord.keys.killed("j-1"))[0]["attempt"] == 1
+    lcm.kill("j-1")
+    lcm.kill("j-1")
+    assert coord.get(coord.keys.killed("j-1"))[0]["attempt"] == 2
+    # a KillJob without a record (its state directory lost) takes the attempt from the job's etcd key
+    lcm.deploy(deployment("j-2", attempt=4))
+    (tmp_path / "state" / "lcm" / "jobs" / "j-2.json").unlink()
+    lcm.close()
+    again = lifecycles()
+    backend.jobs.pop("j-2", None)  # nothing of it runs any more either
+    again.kill("j-2")
+    assert coord.get(coord.keys.killed("j-2"))[0]["attempt"] == 4
+    with pytest.raises(Conflict, match="attempt 4 was killed"):
+        again.deploy(deployment("j-2", attempt=4))
+
+
+def test_the_killed_marks_share_a_lease_for_a_tenth_of_its_ttl(lcm, coord):
+    for job in ("a", "b"):
+        lcm.deploy(deployment(job, learners=1))
+        lcm.kill(job)
+    lease, taken = lcm._killed_lease  # noqa: SLF001 - a tenth of the hour passes
+    lcm._killed_lease = (lease, taken - 361)  # noqa: SLF001
+    lcm.deploy(deployment("c", learners=1))
+    lcm.kill("c")
+    a, b, c = (coord.leases[coord.keys.killed(job)] for job in "abc")
+    assert a == b and c != a and c.ttl == 3600
+
+
+def test_a_launch_cut_short_and_redone_is_not_marked_killed(lifecycles, backend, coord):
+    lcm = lifecycles()
+    lcm.deploy(deployment(learners=2))
+    backend.forget_process("j-1", "controller-1")
+    lcm.deploy(deployment(learners=2))
+    assert coord.get(coord.keys.killed("j-1"))[0] is None
+    assert len(lcm.deploy(deployment(learners=2))) == 3 and len(backend.launched) == 2
+
+
+def test_a_kill_cut_short_is_finished_and_marked_by_the_next_lcm(lifecycles, backend, coord, tmp_path):
+    first = lifecycles()
+    first.deploy(deployment(learners=1))
+    first.deploy(deployment("redo", learners=1))
+    first.mark_killing("j-1")  # the LCM died after stopping it, before it cleared the job's keys
+    backend.die("j-1")
+    # and while it cleared "redo"'s launch cut short to launch the same attempt again
+    record = json.loads(record_path(tmp_path, "redo").read_text())
+    record_path(tmp_path, "redo").write_text(json.dumps({**record, "killing": True, "redoing": True}))
+    backend.die("redo")
+    first.close()
+    second = lifecycles()
+    assert not record_path(tmp_path, "j-1").exists() and not record_path(tmp_path, "redo").exists()
+    assert coord.get(coord.keys.killed("j-1"))[0]["attempt"] == 1
+    assert coord.get(coord.keys.attempt("j-1"))[0] is None
+    with pytest.raises(Conflict, match="attempt 1 was killed"):
+        second.deploy(deployment(learners=1))
+    assert coord.get(coord.keys.killed("redo"))[0] is None
+    second.deploy(deployment("redo", learners=1))
+    assert [p.job_id for p in backend.launched] == ["j-1", "redo", "redo"]
+
+
 def test_halt_writes_the_halt_request_for_the_attempt(lcm, coord):
     lcm.halt("j-1", 3)
     halt = HaltRequest.parse(coord.get(coord.keys.halt("j-1"))[0])

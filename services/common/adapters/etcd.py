@@ -161,8 +161,9 @@ class Coordinator:
         """Nothing for an unfenced connection; a fenced one raises `FenceRefused` once its fence fell."""
 
     def _write(self, op, compare: list | None = None) -> bool:  # noqa: ANN001 - a pyetcd transaction op
-        """One write, under `compare` when given: whether it was made."""
-        ok, _ = self._call(self._client.transaction, compare=compare or [], success=[op], failure=[])
+        """One write (or a list of them, made together), under `compare` when given: whether it was made."""
+        ops = op if isinstance(op, list) else [op]
+        ok, _ = self._call(self._client.transaction, compare=compare or [], success=ops, failure=[])
         return bool(ok)
 
     def put(self, key: str, value: dict, lease: Lease | None = None) -> None:
@@ -193,8 +194,14 @@ class Coordinator:
     def delete(self, key: str) -> None:
         self._write(self._client.transactions.delete(key))
 
-    def delete_prefix(self, prefix: str) -> None:
-        self._write(self._client.transactions.delete(prefix, range_end=prefix_range_end(prefix.encode())))
+    def delete_prefix(self, prefix: str, *, put: tuple[str, dict] | None = None, lease: Lease | None = None) -> None:
+        """Delete every key under `prefix`; with `put` (a key outside it and its value, under `lease` when given),
+        write that key in the same transaction: a reader sees both or neither."""
+        t = self._client.transactions
+        ops = [t.delete(prefix, range_end=prefix_range_end(prefix.encode()))]
+        if put is not None:
+            ops.append(t.put(put[0], json.dumps(put[1]), lease=lease.id if lease else None))
+        self._write(ops)
 
     def grant_lease(self, ttl: int) -> Lease:
         return Lease(self._call(self._client.lease, ttl), ttl)
@@ -313,13 +320,14 @@ class FencedCoordinator(Coordinator):
             self._refuse()
         t = self._client.transactions
         ours = t.create(self.fence_key) == self.term
+        ops = op if isinstance(op, list) else [op]
         if compare is None:
-            ok, _ = self._call(self._client.transaction, compare=[ours], success=[op], failure=[])
+            ok, _ = self._call(self._client.transaction, compare=[ours], success=ops, failure=[])
             if not ok:
                 self._refuse()
             return True
         # the write's own condition nested under the fence: the outer comparison fails only when the fence fell
-        inner = t.txn(compare=compare, success=[op], failure=[])
+        inner = t.txn(compare=compare, success=ops, failure=[])
         ok, responses = self._call(self._client.transaction, compare=[ours], success=[inner], failure=[])
         if not ok:
             self._refuse()

@@ -56,6 +56,14 @@ class AttemptInfo(_Value):
     checkpoint_uri: str = ""
 
 
+class AttemptKilled(_Value):
+    """The highest attempt of a job the LCM removed (KillJob, or a later attempt replacing it): a deploy of it,
+    or of an older one, resent late, must start nothing."""
+
+    attempt: int = Field(ge=1)
+    killed_at: float = Field(default_factory=time.time)
+
+
 class LearnerStatus(_Value):
     """A learner's state as its controller last wrote it.
 

@@ -8,6 +8,16 @@ an attempt is replaced or the job is killed. Deploys are idempotent per
 (job, attempt); an older attempt than the recorded one is a Conflict; a
 newer one replaces it.
 
+The removal of an attempt outlives its record: in the same etcd transaction
+that deletes the job's prefix, the job's `<prefix>/lcm/killed/<job>` key
+(`AttemptKilled`) records the highest attempt removed, under a lease of
+`killed_ttl` seconds (TF_KILLED_TTL, an hour by default: longer than any
+dispatcher retries a lost deploy). A deploy of that attempt or an older one,
+resent late (e.g. through a leader change after the KillJob), is a Conflict
+and starts nothing; a later attempt deploys. Being in etcd, the key is seen
+by every replica and survives an LCM restart, and, written through the
+fenced coordinator, never by a deposed leader.
+
 Its records (`records.py`) survive an LCM restart; the next LCM reconciles
 them with what the backend observes (`reconcile`): an attempt with
 something running, whose monitor never delivered its last state, or that
@@ -24,12 +34,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 
-from trainforge_services.common.adapters.etcd import Coordinator, FenceRefused
-from trainforge_services.common.contracts.etcd import AttemptInfo, GateOpen, HaltRequest
+from trainforge_services.common.adapters.etcd import Coordinator, FenceRefused, Lease
+from trainforge_services.common.contracts.etcd import AttemptInfo, AttemptKilled, GateOpen, HaltRequest
 from trainforge_services.common.contracts.ids import check_job_id
-from trainforge_services.common.errors import Conflict, ResourceExhausted
+from trainforge_services.common.errors import Conflict, ResourceExhausted, Unavailable
 from trainforge_services.common.settings import LcmSettings
 from trainforge_services.lcm.backends.base import (
     AttemptPlan,
@@ -49,6 +60,7 @@ from trainforge_services.lcm.lifecycle.types import RunningJob
 log = logging.getLogger(__name__)
 
 START_TIMEOUT = 300.0
+KILLED_TTL = 3600
 SUPERVISE_INTERVAL = 2.0
 
 
@@ -57,13 +69,16 @@ class Lifecycle:
 
     def __init__(self, backend: Backend, coordinator: Coordinator, state_dir: str | Path, *, lease_ttl: int = 10,
                  start_timeout: float = START_TIMEOUT, supervise_interval: float = SUPERVISE_INTERVAL,
-                 own_coordinator: bool = False):
+                 killed_ttl: int = KILLED_TTL, own_coordinator: bool = False):
         self.backend = backend
         self._coord = coordinator
         self._keys = coordinator.keys
         self._own_coordinator = own_coordinator
         self._lease_ttl = lease_ttl
         self._start_timeout = start_timeout
+        self._killed_ttl = killed_ttl
+        self._killed_lease: tuple[Lease, float] | None = None  # shared by the marks of a tenth of the TTL
+        self._killed_lease_lock = threading.Lock()
         self._records = attempt_records(Path(state_dir).resolve())
         self._lock = threading.Lock()
         self._job_locks: dict[str, threading.Lock] = {}
@@ -82,7 +97,8 @@ class Lifecycle:
         """A lifecycle on `backend`; it closes the coordinator only when it made it."""
         own = coordinator is None
         coord = coordinator or Coordinator(settings.etcd_endpoints, settings.etcd_prefix)
-        return cls(backend, coord, settings.state_dir, lease_ttl=settings.lease_ttl, own_coordinator=own, **kw)
+        return cls(backend, coord, settings.state_dir, lease_ttl=settings.lease_ttl,
+                   killed_ttl=settings.killed_ttl, own_coordinator=own, **kw)
 
     @property
     def name(self) -> str:
@@ -123,6 +139,11 @@ class Lifecycle:
                 # a deploy of this attempt resent late is answered from it and never runs the attempt again
                 log.info("adopted job %s attempt %d: it ended; its monitor delivered the end", record.job_id,
                          record.attempt)
+            elif record.killing:
+                # a kill (or a replacement by a later attempt) cut short: finished, so the attempt is marked
+                # killed as well; a launch cut short that was being redone is only cleared (asked again, it runs)
+                self._remove(record, mark=not record.redoing)
+                log.info("finished removing job %s attempt %d", record.job_id, record.attempt)
             else:
                 self.backend.stop(record.job_id)
                 self._records.forget(record.job_id)
@@ -137,16 +158,22 @@ class Lifecycle:
         its monitor has yet to deliver the end) starts nothing but a dead
         monitor, and returns the same handles; one after the attempt ended
         starts nothing at all. A launch cut short is redone. A later attempt
-        replaces an earlier one; an earlier attempt than the recorded one is a
+        replaces an earlier one; an earlier attempt than the recorded one, or
+        one no later than the last killed (the job's `killed` key), is a
         Conflict.
         """
         with self._job_lock(job.job_id):
             self._coord.confirm()  # a deposed leader starts and stops nothing
             existing = self._records.get(job.job_id)
+            if existing is not None and job.attempt < existing.attempt:
+                raise Conflict(f"job {job.job_id}: attempt {job.attempt} is older than the deployed "
+                               f"attempt {existing.attempt}")
+            killed = self._killed(job.job_id)
+            if killed >= job.attempt:
+                log.info("job %s attempt %d refused: attempt %d was killed", job.job_id, job.attempt, killed)
+                raise Conflict(f"job {job.job_id} attempt {killed} was killed; a new run needs attempt {killed + 1}"
+                               + (f" (asked: attempt {job.attempt})" if job.attempt != killed else ""))
             if existing is not None:
-                if job.attempt < existing.attempt:
-                    raise Conflict(f"job {job.job_id}: attempt {job.attempt} is older than the deployed "
-                                   f"attempt {existing.attempt}")
                 view = self.backend.observe(existing.plan)
                 if job.attempt == existing.attempt and launched(existing, view):
                     # deployed already (a resent request): never a second run of the same attempt. A dead
@@ -161,7 +188,8 @@ class Lifecycle:
                         self._supervision.revive_monitor(existing, view, spaced=False)
                     return self.backend.observe(existing.plan).handles
                 log.info("job %s: replacing attempt %d with attempt %d", job.job_id, existing.attempt, job.attempt)
-                self._remove(existing)
+                # the same attempt again (a launch cut short, redone) is not marked killed: it is what runs next
+                self._remove(existing, mark=job.attempt > existing.attempt)
             plan = self._reserve(job)
             try:
                 self._coord.put(self._keys.attempt(job.job_id), AttemptInfo(
@@ -245,15 +273,48 @@ class Lifecycle:
 
     # -- kill and halt ----------------------------------------------------------------
 
-    def _remove(self, record: AttemptRecord | None, job_id: str = "") -> int:
-        """Mark the record `killing`, stop everything of the job, clear its etcd keys, forget it."""
+    def _killed(self, job_id: str) -> int:
+        """The highest attempt of the job removed within `killed_ttl` (0: none)."""
+        marker = AttemptKilled.parse_or_none(self._coord.get(self._keys.killed(job_id))[0])
+        return marker.attempt if marker else 0
+
+    def _remove(self, record: AttemptRecord | None, job_id: str = "", *, mark: bool = True) -> int:
+        """Mark the record `killing`, stop everything of the job, clear its etcd keys and mark its attempt
+        killed (one transaction), forget it.
+
+        Without a record (a repeated KillJob, or a state directory lost) the attempt is the one the job's
+        etcd `attempt` key names, if any; the mark never goes down. `mark=False`: a launch cut short, cleared
+        to be redone as the same attempt.
+        """
         job_id = record.job_id if record else job_id
         if record is not None and not record.killing:
-            self._records.put(record.model_copy(update={"killing": True}))
+            self._records.put(record.model_copy(update={"killing": True, "redoing": not mark}))
         killed = self.backend.stop(job_id)
-        self._coord.delete_prefix(self._keys.job(job_id))
+        attempt = 0
+        if mark:
+            info = None if record else AttemptInfo.parse_or_none(self._coord.get(self._keys.attempt(job_id))[0])
+            attempt = record.attempt if record else info.attempt if info else 0
+        if attempt > self._killed(job_id):
+            marker = AttemptKilled(attempt=attempt)
+            try:
+                self._coord.delete_prefix(self._keys.job(job_id), put=(self._keys.killed(job_id), marker.value()),
+                                          lease=self._lease_for_marks())
+            except Unavailable:
+                self._killed_lease = None  # e.g. the lease is gone: the retried KillJob takes a new one
+                raise
+        else:
+            self._coord.delete_prefix(self._keys.job(job_id))
         self._records.forget(job_id)
         return killed
+
+    def _lease_for_marks(self) -> Lease:
+        """The lease of the `killed` marks: one per tenth of `killed_ttl`, not one per kill, so etcd holds about
+        ten such leases however many jobs end; a mark lives 0.9 to 1 times the TTL."""
+        with self._killed_lease_lock:
+            now = time.monotonic()
+            if self._killed_lease is None or now - self._killed_lease[1] > self._killed_ttl / 10:
+                self._killed_lease = (self._coord.grant_lease(self._killed_ttl), now)
+            return self._killed_lease[0]
 
     def mark_killing(self, job_id: str) -> None:
         """Record that the job is being removed (what `kill` does first; tests use it to crash halfway)."""

@@ -2,7 +2,8 @@
 
 `<state_dir>/lcm/jobs/<job>.json` holds the attempt's plan, whether it is
 being removed (`killing`, set before anything is stopped, so an LCM that
-crashes halfway never revives what it was removing), which ranks' lost
+crashes halfway never revives what it was removing; `redoing` when it is
+removed only to launch the same attempt again, so it is not marked killed), which ranks' lost
 controllers were already reported and, for an elastic attempt, how many
 learners the Trainer granted it (`granted`; 0: only those it started with). Which processes run is the backend's
 business, not recorded here.
@@ -24,6 +25,7 @@ class AttemptRecord(BaseModel):
 
     plan: AttemptPlan
     killing: bool = False
+    redoing: bool = False
     reported_dead: tuple[int, ...] = ()
     granted: int = 0
     created_at: float = Field(default_factory=time.time)

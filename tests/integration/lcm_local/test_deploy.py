@@ -101,6 +101,37 @@ def test_kill_stops_every_process_and_removes_the_etcd_keys_and_the_record(
     assert lcm.kill(f"never-{unique}") == 0
 
 
+def test_a_killed_attempt_resent_after_its_kill_starts_nothing_even_after_a_restart(
+        lifecycles, fake, coordinator, tmp_path, unique):
+    lcm = lifecycles(supervise_interval=600)
+    job = f"j-{unique}"
+    pids = pids_of(lcm.deploy(deployment(job, attempt=2, learners=1)))
+    fake.wait_runs(2)
+    assert lcm.kill(job) == 2 and all(gone(p) for p in pids)
+    mark, meta = coordinator._client.get(coordinator.keys.killed(job))  # noqa: SLF001 - the key's lease
+    assert json.loads(mark)["attempt"] == 2
+    assert 3500 < coordinator._client.get_lease_info(meta.lease_id).TTL <= 3600  # noqa: SLF001
+    assert coordinator.list(coordinator.keys.job(job))[0] == {}
+
+    # a deploy of that attempt still in flight through the KillJob (its answer lost, resent)
+    with pytest.raises(Conflict, match=f"job {job} attempt 2 was killed; a new run needs attempt 3"):
+        lcm.deploy(deployment(job, attempt=2, learners=1))
+    lcm.close()
+    # the next LCM (restarted, or a new leader on the same etcd) knows it too
+    again = lifecycles(supervise_interval=600)
+    for attempt in (2, 1):
+        with pytest.raises(Conflict, match="attempt 2 was killed"):
+            again.deploy(deployment(job, attempt=attempt, learners=1))
+    assert len(fake.runs()) == 2 and again.running_jobs() == []
+    assert coordinator.get(coordinator.keys.attempt(job))[0] is None
+    assert not (tmp_path / "state" / "lcm" / "jobs" / f"{job}.json").exists()
+    # the job's next attempt deploys
+    fresh = pids_of(again.deploy(deployment(job, attempt=3, learners=1)))
+    fake.wait_runs(4)
+    assert not any(gone(p) for p in fresh) and set(fresh).isdisjoint(pids)
+    assert coordinator.get(coordinator.keys.attempt(job))[0]["attempt"] == 3
+
+
 def test_kill_escalates_to_sigkill_after_the_grace_period(lifecycles, fake, unique, monkeypatch):
     monkeypatch.setenv("FAKE_MODE", "ignore-term")
     lcm = lifecycles(kill_grace=0.5)
@@ -172,8 +203,9 @@ def test_gpus_are_handed_out_once_and_freed_by_kill(lifecycles, fake, tmp_path, 
     lcm = lifecycles(local_gpus=3)
     a, b = f"a-{unique}", f"b-{unique}"
 
-    def spec(job: str, rank: int) -> dict:
-        return json.loads((tmp_path / "state" / "work" / job / "1" / f"learner-{rank}.json").read_text())
+    def spec(job: str, rank: int, attempt: int = 1) -> dict:
+        path = tmp_path / "state" / "work" / job / str(attempt) / f"learner-{rank}.json"
+        return json.loads(path.read_text())
 
     lcm.deploy(deployment(a, learners=2, gpus=1))
     assert (spec(a, 0)["gpu_ids"], spec(a, 1)["gpu_ids"]) == ([0], [1])
@@ -183,8 +215,8 @@ def test_gpus_are_handed_out_once_and_freed_by_kill(lifecycles, fake, tmp_path, 
     assert spec(b, 0)["gpu_ids"] == [2]
     lcm.kill(a)
     lcm.kill(b)
-    lcm.deploy(deployment(b, learners=1, gpus=3))
-    assert spec(b, 0)["gpu_ids"] == [0, 1, 2]
+    lcm.deploy(deployment(b, attempt=2, learners=1, gpus=3))  # a killed attempt never runs again: the next one
+    assert spec(b, 0, attempt=2)["gpu_ids"] == [0, 1, 2]
 
 
 def test_max_learners_is_enforced(lifecycles, fake, unique):

@@ -17,7 +17,7 @@ from tests.servers import wait_for
 from trainforge_services.common.adapters.etcd import Coordinator, FenceRefused
 from trainforge_services.common.contracts.etcd import AttemptInfo, HaltRequest
 from trainforge_services.common.election import FOLLOWING
-from trainforge_services.common.errors import Unavailable
+from trainforge_services.common.errors import Conflict, Unavailable
 from trainforge_services.lcm.backends.local import LocalBackend
 from trainforge_services.lcm.lifecycle import Lifecycle
 from trainforge_services.lcm.replicas import LeaderLifecycle
@@ -48,6 +48,9 @@ def test_every_write_of_a_fenced_connection_is_refused_once_its_election_key_is_
         "replace": lambda: stale.replace(attempt_key, coordinator.get(attempt_key)[1], {"attempt": 1}),
         "delete": lambda: stale.delete(halt_key),
         "delete_prefix": lambda: stale.delete_prefix(coordinator.keys.job(job)),
+        "delete_prefix and mark killed": lambda: stale.delete_prefix(
+            coordinator.keys.job(job), put=(coordinator.keys.killed(job), {"attempt": 2}),
+            lease=coordinator.grant_lease(60)),
         "confirm": stale.confirm,
     }
     for name, write in writes.items():
@@ -57,6 +60,7 @@ def test_every_write_of_a_fenced_connection_is_refused_once_its_election_key_is_
     assert AttemptInfo.model_validate(coordinator.get(attempt_key)[0]).attempt == 2
     assert coordinator.get(halt_key)[0] is not None
     assert coordinator.get(coordinator.keys.learner_status(job, 0))[0] is None
+    assert coordinator.get(coordinator.keys.killed(job))[0] is None, "a deposed leader marked an attempt killed"
     new.delete_prefix(coordinator.keys.job(job))  # the leader's own writes go through
     assert coordinator.list(coordinator.keys.job(job))[0] == {}
 
@@ -109,6 +113,11 @@ def test_a_stale_lcm_leader_writes_nothing_and_the_new_leader_takes_over(lcm_set
         new.halt(job, 1)
         assert HaltRequest.model_validate(coordinator.get(coordinator.keys.halt(job))[0]).attempt == 1
         assert new.kill(job) == 2
+        # the deploy the old leader served, resent to the new one after the KillJob, starts nothing
+        runs = len(fake.runs())
+        with pytest.raises(Conflict, match=f"job {job} attempt 1 was killed; a new run needs attempt 2"):
+            new.deploy(deployment(job, learners=1))
+        assert len(fake.runs()) == runs and new.running_jobs() == []
     finally:
         for r in (a, b):
             r.close()
