@@ -80,6 +80,8 @@ def test_halt_checkpoints_frees_the_job_and_resume_continues_from_the_checkpoint
     assert "continues from its checkpoint at step 120" in resumed.reason
     assert service.resume(TEAM, job, "user:k1").attempt == 2  # a retried resume changes nothing
     running(service, store, job, attempt=2)
+    # DEPLOYING is stored before the dispatcher's deploy call reaches the stand-in LCM
+    wait_for(lambda: (job, 2) in lcm.checkpoint_uris, 10, "the deploy to reach the LCM")
     assert lcm.checkpoint_uris[(job, 2)] == f"store://jobs/{job}/checkpoints/"
     assert lcm.checkpoint_uris[(job, 1)] == ""
     # a late report of the halted attempt is ignored
@@ -130,6 +132,8 @@ def test_a_failed_attempt_restarts_with_growing_backoff_then_fails(trainer):
     assert queued.not_before > queued.history[-1].ts
     assert lcm.kill_tries == [job]  # the failed attempt was removed before the next was queued
     running(service, store, job, attempt=2)
+    # DEPLOYING is stored before the dispatcher's deploy call reaches the stand-in LCM
+    wait_for(lambda: (job, 2) in lcm.checkpoint_uris, 10, "the deploy to reach the LCM")
     assert lcm.checkpoint_uris[(job, 2)] == f"store://jobs/{job}/checkpoints/"
 
     doc = service.report(job, 2, JobState.FAILED, "learner 0 lost", "monitor")

@@ -121,6 +121,8 @@ def test_the_owner_reclaims_its_quota_by_halting_the_borrower_which_comes_back_o
 
     finish(service, store, owner)
     running(service, store, borrower, attempt=2)
+    # DEPLOYING is stored before the dispatcher's deploy call reaches the stand-in LCM
+    wait_for(lambda: (borrower, 2) in lcm.checkpoint_uris, 10, "the deploy to reach the LCM")
     assert lcm.checkpoint_uris[(borrower, 2)] == f"store://jobs/{borrower}/checkpoints/"
     again = store.find(borrower)
     assert (again.preempted, again.preempted_for, again.borrowed) == ("", "", Usage(cpus=2))
