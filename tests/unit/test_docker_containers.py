@@ -143,6 +143,9 @@ def test_the_container_env_puts_the_platform_before_the_images_pythonpath(tmp_pa
     assert str(containers.HELPER) in {target for _, target, _ in box.mounts}
     assert env["PATH"] == "/venv/bin:/usr/bin" and env["TF_RANK"] == "0"
     assert env["TINI_KILL_PROCESS_GROUP"] == "1"
+    # the job's own PYTHONPATH (the manifest's) is kept, between the platform's and the image's
+    mine = container_env(box, {"PYTHONPATH": "/opt/image-libs"}, {"PYTHONPATH": "/work/src"})
+    assert mine["PYTHONPATH"] == ":".join(p for p in (containers.HELPER_PATH, "/work/src", "/opt/image-libs") if p)
     assert human_bytes(256 * 2**20) == "256Mi" and human_bytes(2 * 2**30) == "2Gi" and human_bytes(1000) == "1000B"
 
 

@@ -46,9 +46,11 @@ def human_bytes(n: int) -> str:
 
 
 def container_env(plan: ContainerPlan, image_env: dict[str, str], env: dict[str, str]) -> dict[str, str]:
-    """The learner's environment in the container: ours, the platform's code first on the image's PYTHONPATH."""
+    """The learner's environment in the container: ours, on PYTHONPATH the platform's code, then the job's own
+    entries (the manifest's PYTHONPATH; a host folder the image lacks is skipped by Python), then the image's."""
     out = dict(env)
-    out["PYTHONPATH"] = os.pathsep.join(p for p in (plan.pythonpath, image_env.get("PYTHONPATH", "")) if p)
+    out["PYTHONPATH"] = os.pathsep.join(
+        p for p in (plan.pythonpath, env.get("PYTHONPATH", ""), image_env.get("PYTHONPATH", "")) if p)
     out["PATH"] = os.pathsep.join(p for p in (env.get("PATH", ""), image_env.get("PATH", "")) if p)
     if "PET_RDZV_ENDPOINT" in env:
         # an elastic job's torchrun agent names itself by this address (the worker group's MASTER_ADDR when
