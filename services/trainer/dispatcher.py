@@ -60,6 +60,7 @@ from trainforge_services.trainer.queuenotes import QueueNotes
 from trainforge_services.trainer.quotas import QuotaStore
 from trainforge_services.trainer.record import JobRecord
 from trainforge_services.trainer.rules import ACTOR, Lifecycle, Rule
+from trainforge_services.trainer.stamps import STAMPS
 from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,10 @@ class Dispatcher(LcmCalls):
         self._calls = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainer-lcm")
         self._notes = QueueNotes(store)
         # the queued and active jobs as of the last pass, kept from what changed (jobmirror.py)
-        self._jobs = JobMirror(store, dict.fromkeys([*_QUEUE_FIELDS, *_HELD_FIELDS]))
+        # without a gate this is the only replica, the only writer of the jobs: the copy reads each change
+        # about once (stamps.py)
+        self._jobs = JobMirror(store, dict.fromkeys([*_QUEUE_FIELDS, *_HELD_FIELDS]),
+                               settled=STAMPS.settled if gate is None else None)
         self._mirror_term: int | None = None
         # the reason and position each waiting job was last given (what its record says, once written)
         self._noted: dict[str, tuple[str, int]] = {}
