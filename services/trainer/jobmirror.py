@@ -37,7 +37,8 @@ What this copy may get wrong, and why that is safe:
   `settled` (services/trainer/stamps.py) tells the copy a time before which
   every one of its writes was acknowledged, taken just before each read: the
   next read goes back to it (less `EXACT_MARGIN`, for the wall clock's small
-  steps) and no further, and no read goes back `MARGIN`. Each job is read
+  steps) and no further, and no read goes back `MARGIN`; when the clock
+  stepped back further than that, the next read is a full one. Each job is read
   about once per change instead of on every pass for 1-7 s after it: in a
   burst of 120 submits/s with 300 queued the pass's read took 48-86 ms (the
   store loads every matching document, ~0.3 ms each), nearly all of the pass.
@@ -99,7 +100,9 @@ class JobMirror:
         The ids of the jobs read again (None: all were)."""
         started = self._clock()
         settled = self._settled() if self._settled is not None else 0.0
-        if full or self._since is None or \
+        # the wall clock stepped back: writes since then carry stamps before the last read's
+        stepped_back = settled < self._settled_at - EXACT_MARGIN
+        if full or self._since is None or stepped_back or \
                 started - self._full_at >= max(self._resync, RESYNC_FACTOR * self._full_took):
             jobs = self._store.in_states([JobState.QUEUED, *states.ACTIVE], fields=self._fields)
             jobs += self._store.pending_cleanups(fields=self._fields)  # an ACTIVE one twice: the same record

@@ -161,3 +161,16 @@ def test_the_only_writer_sees_a_write_that_was_out_across_a_read(store, mongo_db
     clock.now += 1
     assert "late" in mirror.refresh() and set(mirror.queued) == {"a", "late"}
     assert mirror.refresh() == set()  # and once only
+
+
+def test_the_only_writer_reads_everything_again_when_the_clock_steps_back(store):
+    clock = Clock()
+    clock.now = time.time()
+    stamps = Stamps(clock)
+    mirror = JobMirror(store, FIELDS, resync=3600, clock=clock, settled=stamps.settled)
+    queued(store, "a")
+    assert mirror.refresh() is None
+    clock.now += 1
+    assert mirror.refresh() is not None
+    clock.now -= 5  # stamps now come before the last read's
+    assert mirror.refresh() is None and set(mirror.queued) == {"a"}
