@@ -60,6 +60,7 @@ from trainforge_services.trainer.queuenotes import QueueNotes
 from trainforge_services.trainer.quotas import QuotaStore
 from trainforge_services.trainer.record import JobRecord
 from trainforge_services.trainer.rules import ACTOR, Lifecycle, Rule
+from trainforge_services.trainer.stamps import STAMPS
 from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,8 @@ class Dispatcher(LcmCalls):
         # (services/trainer/fence.py). No gate: the only replica.
         self._pass_lock = threading.Lock()
         self._decided = 0.0  # when the running pass had decided (before its reservations)
+        self._read = 0.0  # when the running pass had read what changed
+        self._read_jobs = 0  # how many jobs that read returned
         self._gate = gate
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -111,7 +114,10 @@ class Dispatcher(LcmCalls):
         self._calls = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainer-lcm")
         self._notes = QueueNotes(store)
         # the queued and active jobs as of the last pass, kept from what changed (jobmirror.py)
-        self._jobs = JobMirror(store, dict.fromkeys([*_QUEUE_FIELDS, *_HELD_FIELDS]))
+        # without a gate this is the only replica, the only writer of the jobs: the copy reads each change
+        # about once (stamps.py)
+        self._jobs = JobMirror(store, dict.fromkeys([*_QUEUE_FIELDS, *_HELD_FIELDS]),
+                               settled=STAMPS.settled if gate is None else None)
         self._mirror_term: int | None = None
         # the reason and position each waiting job was last given (what its record says, once written)
         self._noted: dict[str, tuple[str, int]] = {}
@@ -200,14 +206,20 @@ class Dispatcher(LcmCalls):
     def run_once(self) -> Plan:
         self._scan_cleanups()
         with self._pass_lock:
-            started = self._decided = time.perf_counter()
+            started = self._decided = self._read = time.perf_counter()
+            cpu = time.thread_time()
             result = self._pass()
             if result.dispatch or result.wait or result.reject:
                 # the timing line bench/burst.py and bench/scale_sim.py read: the whole pass, and the part
-                # before its reservations (reading what changed, deciding), which does not grow with them
-                log.info("admission pass: %d queued, %d dispatched in %.1f ms (decided in %.1f ms)",
+                # before its reservations (reading what changed, deciding), which does not grow with them;
+                # then the read of what changed alone, and the CPU this thread used (wall far above it: the
+                # pass waited, on the store or for a core)
+                ended = time.perf_counter()
+                log.info("admission pass: %d queued, %d dispatched in %.1f ms (decided in %.1f ms); "
+                         "read %d jobs in %.1f ms, cpu %.1f ms",
                          len(result.dispatch) + len(result.wait) + len(result.reject), len(result.dispatch),
-                         (time.perf_counter() - started) * 1000, (self._decided - started) * 1000)
+                         (ended - started) * 1000, (self._decided - started) * 1000,
+                         self._read_jobs, (self._read - started) * 1000, (time.thread_time() - cpu) * 1000)
             return result
 
     def _pass(self) -> Plan:
@@ -215,6 +227,8 @@ class Dispatcher(LcmCalls):
         # a replica that just became the leader reads everything once: its copy may be from an older term
         term_now = self._gate.term if self._gate is not None else None
         changed = self._jobs.refresh(full=term_now != self._mirror_term)
+        self._read = time.perf_counter()
+        self._read_jobs = len(changed) if changed is not None else len(self._jobs.queued) + len(self._jobs.active)
         self._mirror_term = term_now
         # what a job read again says is what its record holds (a requeued job's new reason, say)
         if changed is None:

@@ -33,6 +33,18 @@ What this copy may get wrong, and why that is safe:
   within `WIDE_EVERY` seconds. Missing a write for that long is safe by the
   points above (a queued job dispatched later, a freed job counted a little
   longer, a stale reservation refused by its compare-and-set).
+- Where this Trainer is the only writer of the jobs (no leader election),
+  `settled` (services/trainer/stamps.py) tells the copy a time before which
+  every one of its writes was acknowledged, taken just before each read: the
+  next read goes back to it (less `EXACT_MARGIN`, for the wall clock's small
+  steps) and no further, and no read goes back `MARGIN`; when the clock
+  stepped back further than that, the next read is a full one. Each job is read
+  about once per change instead of on every pass for 1-7 s after it: in a
+  burst of 120 submits/s with 300 queued the pass's read took 48-86 ms (the
+  store loads every matching document, ~0.3 ms each), nearly all of the pass.
+  A write by another process (a script writing the store directly) is still
+  seen if it committed within `EXACT_MARGIN` of its stamp, else at the next
+  full read.
 - A write delayed past `MARGIN` (a writer's clock behind, a stall) is
   missed until the next full read, at most `RESYNC` seconds later (or
   `RESYNC_FACTOR` times as long as the last full read took, if longer: on a
@@ -57,12 +69,13 @@ SHORT_MARGIN = 1.0
 WIDE_EVERY = 2.0
 RESYNC = 30.0
 RESYNC_FACTOR = 20
+EXACT_MARGIN = 0.1
 
 
 class JobMirror:
     def __init__(self, store: JobStore, fields: Iterable[str], *, margin: float = MARGIN, resync: float = RESYNC,
                  clock: Callable[[], float] = time.time, short_margin: float = SHORT_MARGIN,
-                 wide_every: float = WIDE_EVERY):
+                 wide_every: float = WIDE_EVERY, settled: Callable[[], float] | None = None):
         self._store = store
         self._fields = tuple(fields)
         self._margin, self._resync, self._clock = margin, resync, clock
@@ -77,13 +90,19 @@ class JobMirror:
         self._since: float | None = None  # when the last read started
         self._full_at = 0.0
         self._full_took = 0.0
+        # this process's writes as the only ones (stamps.py): reads go back to what the last one had settled
+        self._settled = settled
+        self._settled_at = 0.0  # what `settled` said just before the last read
 
     def refresh(self, full: bool = False) -> set[str] | None:
         """Bring the copy up to date: only what changed, or everything when `full`, never read, or stale.
 
         The ids of the jobs read again (None: all were)."""
         started = self._clock()
-        if full or self._since is None or \
+        settled = self._settled() if self._settled is not None else 0.0
+        # the wall clock stepped back: writes since then carry stamps before the last read's
+        stepped_back = settled < self._settled_at - EXACT_MARGIN
+        if full or self._since is None or stepped_back or \
                 started - self._full_at >= max(self._resync, RESYNC_FACTOR * self._full_took):
             jobs = self._store.in_states([JobState.QUEUED, *states.ACTIVE], fields=self._fields)
             jobs += self._store.pending_cleanups(fields=self._fields)  # an ACTIVE one twice: the same record
@@ -91,6 +110,9 @@ class JobMirror:
             self._full_at, self._full_took = started, self._clock() - started
             self._wide_since = started
             changed = None
+        elif self._settled is not None:
+            jobs = self._store.changed_since(self._settled_at - EXACT_MARGIN, fields=self._fields)
+            changed = {job.id for job in jobs}
         else:
             wide = started - self._wide_since >= self._wide_every
             since = self._wide_since - self._margin if wide else self._since - self._short
@@ -100,7 +122,7 @@ class JobMirror:
             changed = {job.id for job in jobs}
         for job in jobs:
             self._put(job)
-        self._since = started
+        self._since, self._settled_at = started, settled
         return changed
 
     def moved(self, job_id: str, job: JobRecord | None) -> None:

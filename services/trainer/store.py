@@ -25,7 +25,8 @@ team's jobs (`usage_rows`).
 Every write a dispatcher's pass decides on (insert, transition, cleanup done,
 fields set) stamps `changed_at`, so the leader's copy of the queue
 (services/trainer/jobmirror.py) reads only what changed (`changed_since`);
-queue notes do not.
+queue notes do not. The stamp is taken from `STAMPS` (services/trainer/
+stamps.py), which knows which of this process's stamps are not acknowledged.
 
 Idempotent submits: a job submitted with an idempotency key stores it, and a
 unique index on (team, idempotency_key), partial to the jobs that have one,
@@ -56,6 +57,7 @@ from trainforge_services.common.states import JobState
 from trainforge_services.trainer.admission import Usage
 from trainforge_services.trainer.fence import Deposed
 from trainforge_services.trainer.record import GATE_CLOSED, GATE_OPEN, JobRecord
+from trainforge_services.trainer.stamps import STAMPS
 from trainforge_services.trainer.storedocs import (
     fields_projection,
     grown_seconds,
@@ -132,11 +134,12 @@ class JobStore:
         idempotency key (whichever insert got there first); Conflict when the
         id is taken.
         """
-        doc = new_job_document(job_id, team, manifest, code_uri=code_uri, submitted_by=submitted_by,
-                               idempotency_key=idempotency_key, experiment_id=experiment_id, trial=trial,
-                               admitted=admitted, gated=gated)
         try:
-            self._jobs.insert_one(doc)
+            with STAMPS.taken() as now:
+                doc = new_job_document(job_id, team, manifest, code_uri=code_uri, submitted_by=submitted_by,
+                                       idempotency_key=idempotency_key, experiment_id=experiment_id, trial=trial,
+                                       admitted=admitted, gated=gated, now=now)
+                self._jobs.insert_one(doc)
         except DuplicateKeyError:
             # the unique index means "submitted before" for a key, "taken" for an id
             first = self.find_by_key(team, idempotency_key) if idempotency_key else None
@@ -198,11 +201,11 @@ class JobStore:
     def open_gate(self, job_id: str) -> JobRecord | None:
         """Open a gated job's gate (compare-and-set: "closed" -> "open"); the job after it, or None when its
         gate was not closed (opened before, or the job was never gated). Not a transition: the state stays."""
-        now = time.time()
-        doc = self._jobs.find_one_and_update(
-            {"_id": job_id, "gate": GATE_CLOSED},
-            {"$set": {"gate": GATE_OPEN, "updated_at": now, "changed_at": now}},
-            return_document=ReturnDocument.AFTER)
+        with STAMPS.taken() as now:
+            doc = self._jobs.find_one_and_update(
+                {"_id": job_id, "gate": GATE_CLOSED},
+                {"$set": {"gate": GATE_OPEN, "updated_at": now, "changed_at": now}},
+                return_document=ReturnDocument.AFTER)
         return to_record(doc)
 
     @mapped
@@ -314,8 +317,12 @@ class JobStore:
                set_fields: Mapping | None, fence: int | None) -> Mapping | None:
         """One compare-and-set of `to` on the state (and fence stamp) `current` holds; the job after it, or None
         when it no longer holds them."""
+        with STAMPS.taken() as now:
+            return self._write_at(now, match, current, to, reason, actor, set_fields, fence)
+
+    def _write_at(self, now: float, match: dict, current: Mapping, to: JobState, reason: str, actor: str,
+                  set_fields: Mapping | None, fence: int | None) -> Mapping | None:
         frm = JobState(current["state"])
-        now = time.time()
         update = {**to_document(set_fields or {}), "state": int(to), "reason": reason, "updated_at": now,
                   "changed_at": now,
                   f"history.{history_key()}": history_event(frm, to, reason, actor, now,
@@ -350,11 +357,12 @@ class JobStore:
     def stamp_fence(self, term: int) -> int:
         """Stamp every QUEUED job, and every ACTIVE elastic one (a grant is fenced too), with a new dispatcher
         leader's term (services/trainer/fence.py); how many."""
-        stamp = {"$set": {"fence": term, "changed_at": time.time()}}  # the leader's copy rereads them
         which = [{"state": int(JobState.QUEUED)}] + [{"state": int(s), "max_learners": {"$gt": 0}}
                                                      for s in sorted(states.ACTIVE)]
-        return sum(self._jobs.update_many({**w, "fence": older}, stamp).modified_count
-                   for w in which for older in ({"$exists": False}, {"$lt": term}))
+        with STAMPS.taken() as now:
+            stamp = {"$set": {"fence": term, "changed_at": now}}  # the leader's copy rereads them
+            return sum(self._jobs.update_many({**w, "fence": older}, stamp).modified_count
+                       for w in which for older in ({"$exists": False}, {"$lt": term}))
 
     @mapped
     def grant(self, job_id: str, attempt: int, was: Usage, grown: Usage, *, fence: int | None = None,
@@ -365,7 +373,11 @@ class JobStore:
         per-day usage (services/api/usage.py) integrates what the job held. With `fence` (the dispatcher
         leader's term, services/trainer/fence.py) the write also requires the job's fence stamp to be the one
         read and no newer, and stamps it; a newer stamp raises `Deposed`."""
-        now = time.time()
+        with STAMPS.taken() as now:
+            return self._grant_at(now, job_id, attempt, was, grown, fence, reason, actor)
+
+    def _grant_at(self, now: float, job_id: str, attempt: int, was: Usage, grown: Usage, fence: int | None,
+                  reason: str, actor: str) -> bool:
         match = {"_id": job_id, "attempt": attempt, "state": int(JobState.RUNNING)}
         current = self._jobs.find_one(match, {"grown": 1, "grown_since": 1, "fence": 1})
         if current is None or Usage.from_doc(current.get("grown") or {}) != was:
@@ -394,8 +406,9 @@ class JobStore:
     @mapped
     def cleanup_done(self, job_id: str, attempt: int) -> None:
         """The learners of `attempt` (and any earlier one) are gone."""
-        self._jobs.update_one({"_id": job_id, "attempt": attempt},
-                              {"$set": {"cleanup_pending": False, "changed_at": time.time()}})
+        with STAMPS.taken() as now:
+            self._jobs.update_one({"_id": job_id, "attempt": attempt},
+                                  {"$set": {"cleanup_pending": False, "changed_at": now}})
 
     @mapped
     def set_fields(self, job_id: str, fields: Mapping[str, Any], *, state: JobState,
@@ -404,10 +417,10 @@ class JobStore:
         match: dict = {"_id": job_id, "state": int(state)}
         if attempt is not None:
             match["attempt"] = attempt
-        now = time.time()
-        return to_record(self._jobs.find_one_and_update(
-            match, {"$set": {**to_document(fields), "updated_at": now, "changed_at": now}},
-            return_document=ReturnDocument.AFTER))
+        with STAMPS.taken() as now:
+            return to_record(self._jobs.find_one_and_update(
+                match, {"$set": {**to_document(fields), "updated_at": now, "changed_at": now}},
+                return_document=ReturnDocument.AFTER))
 
     @mapped
     def note_event(self, job_id: str, attempt: int, state: JobState, reason: str, actor: str) -> bool:

@@ -123,10 +123,10 @@ ADMITTED_BY = "trainer"
 
 def new_job_document(job_id: str, team: str, manifest: Manifest, *, code_uri: str, submitted_by: str,
                      idempotency_key: str, experiment_id: str, trial: int, admitted: str,
-                     gated: bool) -> dict[str, Any]:
+                     gated: bool, now: float | None = None) -> dict[str, Any]:
     """A new job's document: PENDING, or with `admitted` (the QUEUED reason) already admitted, its history
-    then holding submitted -> PENDING and PENDING -> QUEUED, in that order."""
-    now = time.time()
+    then holding submitted -> PENDING and PENDING -> QUEUED, in that order; stamped `now` (default: now)."""
+    now = time.time() if now is None else now
     history = {history_key(): history_event(JobState.JOB_STATE_UNSPECIFIED, JobState.PENDING, "submitted",
                                             submitted_by or "user", now)}
     if admitted:

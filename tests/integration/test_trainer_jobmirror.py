@@ -15,6 +15,7 @@ from tests.integration.test_trainer_store import MANIFEST, queued
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.fence import Deposed
 from trainforge_services.trainer.jobmirror import JobMirror
+from trainforge_services.trainer.stamps import STAMPS, Stamps
 from trainforge_services.trainer.store import JobStore
 
 FIELDS = ("team", "resources", "attempt", "reason", "cleanup_pending")
@@ -131,3 +132,45 @@ def test_a_late_commit_is_missed_by_the_short_reads_and_seen_by_the_next_wide_on
     assert "b" not in mirror.refresh() and set(mirror.queued) == {"a"}  # back 1 s only
     clock.now += 1.0
     assert "b" in mirror.refresh() and set(mirror.queued) == {"a", "b"}  # 2 s after the last wide read
+
+
+def test_the_only_writer_reads_each_change_once(store, mongo_db):
+    # without a leader election the Trainer is the only writer: reads go back to what was settled, not `margin`
+    mirror = JobMirror(store, FIELDS, resync=3600, settled=STAMPS.settled)
+    queued(store, "a")
+    mongo_db[store._jobs.name].update_one({"_id": "a"}, {"$set": {"changed_at": time.time() - 3}})
+    assert mirror.refresh() is None and set(mirror.queued) == {"a"}
+    queued(store, "b")
+    assert mirror.refresh() == {"b"}  # "a" (changed 3 s ago, before the last read) is not read again
+    store.transition("b", JobState.DEPLOYING, "reserved", "trainer")
+    assert mirror.refresh() == {"b"} and set(mirror.active) == {"b"}
+
+
+def test_the_only_writer_sees_a_write_that_was_out_across_a_read(store, mongo_db):
+    clock = Clock()
+    clock.now = time.time()
+    stamps = Stamps(clock)
+    mirror = JobMirror(store, FIELDS, resync=3600, clock=clock, settled=stamps.settled)
+    queued(store, "a")
+    assert mirror.refresh() is None
+    with stamps.taken() as stamp:  # a write of this process the store has not answered yet
+        clock.now += 3
+        assert "late" not in mirror.refresh()  # read 3 s after its stamp, while it is out
+        queued(store, "late")  # it commits after that read, stamped before it
+        mongo_db[store._jobs.name].update_one({"_id": "late"}, {"$set": {"changed_at": stamp}})
+    clock.now += 1
+    assert "late" in mirror.refresh() and set(mirror.queued) == {"a", "late"}
+    assert mirror.refresh() == set()  # and once only
+
+
+def test_the_only_writer_reads_everything_again_when_the_clock_steps_back(store):
+    clock = Clock()
+    clock.now = time.time()
+    stamps = Stamps(clock)
+    mirror = JobMirror(store, FIELDS, resync=3600, clock=clock, settled=stamps.settled)
+    queued(store, "a")
+    assert mirror.refresh() is None
+    clock.now += 1
+    assert mirror.refresh() is not None
+    clock.now -= 5  # stamps now come before the last read's
+    assert mirror.refresh() is None and set(mirror.queued) == {"a"}

@@ -69,3 +69,37 @@ def test_bad_memory_sizes(value):
 @pytest.mark.parametrize(("value", "expected"), [("10s", 10), ("2m", 120), ("500ms", 0.5), (3, 3.0)])
 def test_durations(value, expected):
     assert parse_duration(value) == expected
+
+
+YAML_TEXT = """
+name: mnist
+resources: {cpus: 0.5, memory: 64Mi}
+command: python train.py --lr {{lr}}
+params: {lr: 0.01, note: "a: b"}
+"""
+
+
+def test_json_text_yaml_text_and_a_yaml_flow_mapping_give_the_same_manifest():
+    from_yaml = parse_manifest(YAML_TEXT)
+    json_text = from_yaml.model_dump_json()
+    assert parse_manifest(json_text) == from_yaml
+    assert parse_manifest(json_text.encode()) == from_yaml
+    assert parse_manifest("  \n" + json_text) == from_yaml
+    # starts with "{" but is YAML, not JSON: read by the YAML parser
+    flow = ('{name: mnist, resources: {cpus: 0.5, memory: 64Mi}, command: "python train.py --lr {{lr}}", '
+            'params: {lr: 0.01, note: "a: b"}}')
+    assert parse_manifest(flow) == from_yaml
+
+
+def test_non_json_constants_mean_what_yaml_says():
+    # NaN is not JSON; YAML 1.1 reads it as a string, so the param is the text "NaN", as before
+    m = parse_manifest('{"name": "x", "command": "run {{v}}", "params": {"v": NaN}}')
+    assert m.params == {"v": "NaN"}
+
+
+def test_a_broken_document_still_names_where_it_broke():
+    for text in ('{"name": "x", "command": ', "name: x\ncommand: [unclosed\n"):
+        with pytest.raises(InvalidArgument) as e:
+            parse_manifest(text)
+        assert "not valid YAML or JSON" in e.value.message
+        assert "line" in e.value.message
