@@ -258,6 +258,7 @@ class ProcessWatch:
         # namespace init is one of these while the kernel tears the namespace down, and the learner's tree
         # must not look like two trees then: the walk below passes through them.
         opaque: dict[int, int] = {}
+        controllers: dict[int, tuple[tuple[str, int, str], int]] = {}  # pid -> (key, parent pid)
         for proc in psutil.process_iter(["status", "ppid"]):
             try:
                 if proc.info["status"] == psutil.STATUS_ZOMBIE:
@@ -277,10 +278,16 @@ class ProcessWatch:
                     if spec is None:
                         continue
                     job, attempt, role = spec["job_id"], spec["attempt"], f"controller-{spec['role']}"
-                    units.setdefault((job, attempt, role), set()).add(proc.pid)
+                    controllers[proc.pid] = ((job, attempt, role), proc.info["ppid"])
             except (psutil.Error, OSError, KeyError, ValueError):
                 continue
             alive.setdefault(job, {}).setdefault(attempt, []).append(f"{role}:{proc.pid}")
+        # A controller's own child between its fork and its exec (the learner's guard or sandbox entry, about
+        # to start) still shows the controller's command line and environment: a copy of a controller is
+        # one whose parent is not a controller of the same unit.
+        for pid, (key, parent) in controllers.items():
+            if not (parent in controllers and controllers[parent][0] == key):
+                units.setdefault(key, set()).add(pid)
         # one copy of a learner is one tree of processes with its environment: count the trees' roots
         for pid, (key, parent) in learners.items():
             root, through = pid, 0
