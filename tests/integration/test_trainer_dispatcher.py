@@ -30,6 +30,7 @@ class ScriptedLcm:
         self.deploy_tries = 0
         self.deploys: list[tuple[str, int]] = []
         self.kill_tries: list[str] = []
+        self.kill_attempts: list[tuple[str, int]] = []  # every KillJob: (job, the attempt it names)
         self.halts: list[tuple[str, int]] = []
         self.gated: set[tuple[str, int]] = set()  # attempts deployed with `gated`
         self.gates: list[tuple[str, int]] = []  # every OpenGate that succeeded
@@ -63,9 +64,10 @@ class ScriptedLcm:
                 raise Unavailable("the LCM is restarting")
             self.gates.append((job_id, attempt))
 
-    def kill_job(self, job_id, reason=""):  # noqa: ANN001
+    def kill_job(self, job_id, reason="", attempt=0):  # noqa: ANN001
         with self._lock:
             self.kill_tries.append(job_id)
+            self.kill_attempts.append((job_id, attempt))
             if len(self.kill_tries) <= self.kill_failures:
                 raise Unavailable("LCM restarting")
         return 1
