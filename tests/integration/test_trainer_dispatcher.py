@@ -222,6 +222,25 @@ def test_a_deploy_that_waits_says_why_in_the_jobs_reason(store):
     assert store.find("j").state == JobState.DEPLOYING
 
 
+def test_a_job_cancelled_before_its_deploy_reached_the_lcm_has_that_attempt_killed(store):
+    """The KillJob names the attempt whose deploy is still on its way, so the LCM marks it killed although it
+    holds nothing of the job yet (services/lcm/lifecycle/core.py refuses that deploy when it arrives)."""
+    lcm = ScriptedLcm(Capacity(Usage(cpus=4, memory=8 * GI, learners=4)), deploy_failures=10**6)
+    dispatcher = Dispatcher(store, lcm, kill_backoff=0.01)
+    queue(store, "j", cpus=1)
+    try:
+        dispatcher.run_once()
+        wait_for(lambda: "restarting" in store.find("j").reason, 10, "the deploy to wait")
+        assert store.find("j").attempt == 1
+        assert store.transition("j", JobState.CANCELLED, "cancelled by user:k1", "user").cleanup_pending
+        dispatcher.job_finished("j", "cancelled")
+        wait_for(lambda: not store.find("j").cleanup_pending, 10, "the cleanup to be recorded")
+        assert lcm.kill_attempts == [("j", 1)]
+    finally:
+        dispatcher.stop()
+    assert lcm.deploys == [] and store.find("j").state == JobState.CANCELLED
+
+
 @pytest.mark.parametrize("error", [Unavailable, ResourceExhausted], ids=["restarting", "still-removing-ended"])
 def test_a_deploy_waits_out_an_lcm_that_refuses_for_now(store, error):
     """An LCM restarting, or one that still counts learners of ended jobs until their KillJob (full): the

@@ -276,6 +276,7 @@ def test_a_deploy_the_lcm_refuses_because_its_attempt_was_killed_loses_nothing(m
         else:  # its learners failed before the deploy's answer came back: restarted as attempt 2
             service.report(job, 1, JobState.FAILED, "learner 0 exited with code 1", "monitor")
         wait_for(lambda: lcm.kill_tries == [job], 10, "the KillJob")
+        assert lcm.kill_attempts == [(job, 1)]  # the attempt whose deploy the LCM refuses when it arrives
         if then == "restarted":
             wait_for(lambda: lcm.deploys == [(job, 2)], 10, "attempt 2 to deploy")
         else:
