@@ -10,10 +10,11 @@ newer one replaces it.
 
 The removal of an attempt outlives its record: in the same etcd transaction
 that deletes the job's prefix, the job's `<prefix>/lcm/killed/<job>` key
-(`AttemptKilled`) records the highest attempt removed, under a lease of
+(`AttemptKilled`) records the highest attempt removed (or named by the
+KillJob: marked even before that attempt's deploy arrived), under a lease of
 `killed_ttl` seconds (TF_KILLED_TTL, an hour by default: longer than any
 dispatcher retries a lost deploy). A deploy of that attempt or an older one,
-resent late (e.g. through a leader change after the KillJob), is a Conflict
+resent or arriving late (e.g. through a leader change after the KillJob), is a Conflict
 and starts nothing; a later attempt deploys. Being in etcd, the key is seen
 by every replica and survives an LCM restart, and, written through the
 fenced coordinator, never by a deposed leader.
