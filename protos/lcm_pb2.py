@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from trainforge_protos import common_pb2 as trainforge__protos_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btrainforge_protos/lcm.proto\x12\rtrainforge.v1\x1a\x1etrainforge_protos/common.proto\"\xb5\x02\n\x10\x44\x65ployJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x15\n\rmanifest_json\x18\x04 \x01(\t\x12\x10\n\x08\x63ode_uri\x18\x05 \x01(\t\x12\x16\n\x0e\x63heckpoint_uri\x18\x06 \x01(\t\x12\x42\n\nsecret_env\x18\x07 \x03(\x0b\x32..trainforge.v1.DeployJobRequest.SecretEnvEntry\x12,\n\nteam_quota\x18\x08 \x01(\x0b\x32\x18.trainforge.v1.TeamQuota\x12\r\n\x05gated\x18\t \x01(\x08\x1a\x30\n\x0eSecretEnvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x92\x02\n\tTeamQuota\x12\x11\n\x04gpus\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x11\n\x04\x63pus\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x06memory\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12\x11\n\x04jobs\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12>\n\x0cgpus_by_type\x18\x05 \x03(\x0b\x32(.trainforge.v1.TeamQuota.GpusByTypeEntry\x12\x13\n\x06\x65gress\x18\x06 \x01(\tH\x04\x88\x01\x01\x1a\x31\n\x0fGpusByTypeEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x42\x07\n\x05_gpusB\x07\n\x05_cpusB\t\n\x07_memoryB\x07\n\x05_jobsB\t\n\x07_egress\"H\n\x0fSyncTeamRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\'\n\x05quota\x18\x02 \x01(\x0b\x32\x18.trainforge.v1.TeamQuota\"$\n\x10SyncTeamResponse\x12\x10\n\x08mirrored\x18\x01 \x01(\x08\"$\n\x11\x44\x65ployJobResponse\x12\x0f\n\x07handles\x18\x01 \x03(\t\"0\n\x0eKillJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"4\n\x11LcmHaltJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\"\x14\n\x12LcmHaltJobResponse\"2\n\x0fOpenGateRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\"\x12\n\x10OpenGateResponse\"C\n\x0eGrowJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08learners\x18\x03 \x01(\x05\"\"\n\x0fGrowJobResponse\x12\x0f\n\x07granted\x18\x01 \x01(\x08\"!\n\x0fKillJobResponse\x12\x0e\n\x06killed\x18\x01 \x01(\x05\"\x14\n\x12GetCapacityRequest\"Z\n\x08\x43\x61pacity\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\'\n\x05total\x18\x02 \x01(\x0b\x32\x18.trainforge.v1.Resources\x12\x14\n\x0cmax_learners\x18\x03 \x01(\x05\"\x12\n\x10LcmHealthRequest\"#\n\x11LcmHealthResponse\x12\x0e\n\x06status\x18\x01 \x01(\t2\xf8\x04\n\x10LifecycleManager\x12N\n\tDeployJob\x12\x1f.trainforge.v1.DeployJobRequest\x1a .trainforge.v1.DeployJobResponse\x12H\n\x07KillJob\x12\x1d.trainforge.v1.KillJobRequest\x1a\x1e.trainforge.v1.KillJobResponse\x12N\n\x07HaltJob\x12 .trainforge.v1.LcmHaltJobRequest\x1a!.trainforge.v1.LcmHaltJobResponse\x12K\n\x08OpenGate\x12\x1e.trainforge.v1.OpenGateRequest\x1a\x1f.trainforge.v1.OpenGateResponse\x12H\n\x07GrowJob\x12\x1d.trainforge.v1.GrowJobRequest\x1a\x1e.trainforge.v1.GrowJobResponse\x12I\n\x0bGetCapacity\x12!.trainforge.v1.GetCapacityRequest\x1a\x17.trainforge.v1.Capacity\x12K\n\x08SyncTeam\x12\x1e.trainforge.v1.SyncTeamRequest\x1a\x1f.trainforge.v1.SyncTeamResponse\x12K\n\x06Health\x12\x1f.trainforge.v1.LcmHealthRequest\x1a .trainforge.v1.LcmHealthResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btrainforge_protos/lcm.proto\x12\rtrainforge.v1\x1a\x1etrainforge_protos/common.proto\"\xb5\x02\n\x10\x44\x65ployJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x15\n\rmanifest_json\x18\x04 \x01(\t\x12\x10\n\x08\x63ode_uri\x18\x05 \x01(\t\x12\x16\n\x0e\x63heckpoint_uri\x18\x06 \x01(\t\x12\x42\n\nsecret_env\x18\x07 \x03(\x0b\x32..trainforge.v1.DeployJobRequest.SecretEnvEntry\x12,\n\nteam_quota\x18\x08 \x01(\x0b\x32\x18.trainforge.v1.TeamQuota\x12\r\n\x05gated\x18\t \x01(\x08\x1a\x30\n\x0eSecretEnvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x92\x02\n\tTeamQuota\x12\x11\n\x04gpus\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x11\n\x04\x63pus\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x06memory\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12\x11\n\x04jobs\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12>\n\x0cgpus_by_type\x18\x05 \x03(\x0b\x32(.trainforge.v1.TeamQuota.GpusByTypeEntry\x12\x13\n\x06\x65gress\x18\x06 \x01(\tH\x04\x88\x01\x01\x1a\x31\n\x0fGpusByTypeEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x42\x07\n\x05_gpusB\x07\n\x05_cpusB\t\n\x07_memoryB\x07\n\x05_jobsB\t\n\x07_egress\"H\n\x0fSyncTeamRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\'\n\x05quota\x18\x02 \x01(\x0b\x32\x18.trainforge.v1.TeamQuota\"$\n\x10SyncTeamResponse\x12\x10\n\x08mirrored\x18\x01 \x01(\x08\"$\n\x11\x44\x65ployJobResponse\x12\x0f\n\x07handles\x18\x01 \x03(\t\"A\n\x0eKillJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\"4\n\x11LcmHaltJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\"\x14\n\x12LcmHaltJobResponse\"2\n\x0fOpenGateRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\"\x12\n\x10OpenGateResponse\"C\n\x0eGrowJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x10\n\x08learners\x18\x03 \x01(\x05\"\"\n\x0fGrowJobResponse\x12\x0f\n\x07granted\x18\x01 \x01(\x08\"!\n\x0fKillJobResponse\x12\x0e\n\x06killed\x18\x01 \x01(\x05\"\x14\n\x12GetCapacityRequest\"Z\n\x08\x43\x61pacity\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\'\n\x05total\x18\x02 \x01(\x0b\x32\x18.trainforge.v1.Resources\x12\x14\n\x0cmax_learners\x18\x03 \x01(\x05\"\x12\n\x10LcmHealthRequest\"#\n\x11LcmHealthResponse\x12\x0e\n\x06status\x18\x01 \x01(\t2\xf8\x04\n\x10LifecycleManager\x12N\n\tDeployJob\x12\x1f.trainforge.v1.DeployJobRequest\x1a .trainforge.v1.DeployJobResponse\x12H\n\x07KillJob\x12\x1d.trainforge.v1.KillJobRequest\x1a\x1e.trainforge.v1.KillJobResponse\x12N\n\x07HaltJob\x12 .trainforge.v1.LcmHaltJobRequest\x1a!.trainforge.v1.LcmHaltJobResponse\x12K\n\x08OpenGate\x12\x1e.trainforge.v1.OpenGateRequest\x1a\x1f.trainforge.v1.OpenGateResponse\x12H\n\x07GrowJob\x12\x1d.trainforge.v1.GrowJobRequest\x1a\x1e.trainforge.v1.GrowJobResponse\x12I\n\x0bGetCapacity\x12!.trainforge.v1.GetCapacityRequest\x1a\x17.trainforge.v1.Capacity\x12K\n\x08SyncTeam\x12\x1e.trainforge.v1.SyncTeamRequest\x1a\x1f.trainforge.v1.SyncTeamResponse\x12K\n\x06Health\x12\x1f.trainforge.v1.LcmHealthRequest\x1a .trainforge.v1.LcmHealthResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -51,29 +51,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DEPLOYJOBRESPONSE']._serialized_start=779
   _globals['_DEPLOYJOBRESPONSE']._serialized_end=815
   _globals['_KILLJOBREQUEST']._serialized_start=817
-  _globals['_KILLJOBREQUEST']._serialized_end=865
-  _globals['_LCMHALTJOBREQUEST']._serialized_start=867
-  _globals['_LCMHALTJOBREQUEST']._serialized_end=919
-  _globals['_LCMHALTJOBRESPONSE']._serialized_start=921
-  _globals['_LCMHALTJOBRESPONSE']._serialized_end=941
-  _globals['_OPENGATEREQUEST']._serialized_start=943
-  _globals['_OPENGATEREQUEST']._serialized_end=993
-  _globals['_OPENGATERESPONSE']._serialized_start=995
-  _globals['_OPENGATERESPONSE']._serialized_end=1013
-  _globals['_GROWJOBREQUEST']._serialized_start=1015
-  _globals['_GROWJOBREQUEST']._serialized_end=1082
-  _globals['_GROWJOBRESPONSE']._serialized_start=1084
-  _globals['_GROWJOBRESPONSE']._serialized_end=1118
-  _globals['_KILLJOBRESPONSE']._serialized_start=1120
-  _globals['_KILLJOBRESPONSE']._serialized_end=1153
-  _globals['_GETCAPACITYREQUEST']._serialized_start=1155
-  _globals['_GETCAPACITYREQUEST']._serialized_end=1175
-  _globals['_CAPACITY']._serialized_start=1177
-  _globals['_CAPACITY']._serialized_end=1267
-  _globals['_LCMHEALTHREQUEST']._serialized_start=1269
-  _globals['_LCMHEALTHREQUEST']._serialized_end=1287
-  _globals['_LCMHEALTHRESPONSE']._serialized_start=1289
-  _globals['_LCMHEALTHRESPONSE']._serialized_end=1324
-  _globals['_LIFECYCLEMANAGER']._serialized_start=1327
-  _globals['_LIFECYCLEMANAGER']._serialized_end=1959
+  _globals['_KILLJOBREQUEST']._serialized_end=882
+  _globals['_LCMHALTJOBREQUEST']._serialized_start=884
+  _globals['_LCMHALTJOBREQUEST']._serialized_end=936
+  _globals['_LCMHALTJOBRESPONSE']._serialized_start=938
+  _globals['_LCMHALTJOBRESPONSE']._serialized_end=958
+  _globals['_OPENGATEREQUEST']._serialized_start=960
+  _globals['_OPENGATEREQUEST']._serialized_end=1010
+  _globals['_OPENGATERESPONSE']._serialized_start=1012
+  _globals['_OPENGATERESPONSE']._serialized_end=1030
+  _globals['_GROWJOBREQUEST']._serialized_start=1032
+  _globals['_GROWJOBREQUEST']._serialized_end=1099
+  _globals['_GROWJOBRESPONSE']._serialized_start=1101
+  _globals['_GROWJOBRESPONSE']._serialized_end=1135
+  _globals['_KILLJOBRESPONSE']._serialized_start=1137
+  _globals['_KILLJOBRESPONSE']._serialized_end=1170
+  _globals['_GETCAPACITYREQUEST']._serialized_start=1172
+  _globals['_GETCAPACITYREQUEST']._serialized_end=1192
+  _globals['_CAPACITY']._serialized_start=1194
+  _globals['_CAPACITY']._serialized_end=1284
+  _globals['_LCMHEALTHREQUEST']._serialized_start=1286
+  _globals['_LCMHEALTHREQUEST']._serialized_end=1304
+  _globals['_LCMHEALTHRESPONSE']._serialized_start=1306
+  _globals['_LCMHEALTHRESPONSE']._serialized_end=1341
+  _globals['_LIFECYCLEMANAGER']._serialized_start=1344
+  _globals['_LIFECYCLEMANAGER']._serialized_end=1976
 # @@protoc_insertion_point(module_scope)

@@ -80,12 +80,14 @@ class DeployJobResponse(_message.Message):
     def __init__(self, handles: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class KillJobRequest(_message.Message):
-    __slots__ = ("job_id", "reason")
+    __slots__ = ("job_id", "reason", "attempt")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     reason: str
-    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    attempt: int
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class LcmHaltJobRequest(_message.Message):
     __slots__ = ("job_id", "attempt")

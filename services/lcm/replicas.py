@@ -113,8 +113,8 @@ class LeaderLifecycle:
     def deploy(self, job: JobDeployment) -> list[Handle]:
         return self._as_leader(lambda lc: lc.deploy(job))
 
-    def kill(self, job_id: str) -> int:
-        return self._as_leader(lambda lc: lc.kill(job_id))
+    def kill(self, job_id: str, attempt: int = 0) -> int:
+        return self._as_leader(lambda lc: lc.kill(job_id, attempt))
 
     def halt(self, job_id: str, attempt: int) -> None:
         self._as_leader(lambda lc: lc.halt(job_id, attempt))

@@ -41,8 +41,11 @@ class LcmServicer(lcm_pb2_grpc.LifecycleManagerServicer):
     @handler
     def KillJob(self, request: lcm_pb2.KillJobRequest, context: Ctx) -> lcm_pb2.KillJobResponse:
         check_job_id(request.job_id)
-        log.info("killing job %s%s", request.job_id, f": {request.reason}" if request.reason else "")
-        return lcm_pb2.KillJobResponse(killed=self._lifecycle.kill(request.job_id))
+        if request.attempt:
+            check_attempt(request.attempt)
+        log.info("killing job %s%s%s", request.job_id, f" attempt {request.attempt}" if request.attempt else "",
+                 f": {request.reason}" if request.reason else "")
+        return lcm_pb2.KillJobResponse(killed=self._lifecycle.kill(request.job_id, request.attempt))
 
     @handler
     def HaltJob(self, request: lcm_pb2.LcmHaltJobRequest, context: Ctx) -> lcm_pb2.LcmHaltJobResponse:

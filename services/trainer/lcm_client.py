@@ -30,8 +30,12 @@ class Lcm(Protocol):
     def open_gate(self, job_id: str, attempt: int) -> None:
         """Let a gated job's learners start; idempotent (a job's gate is never closed again)."""
 
-    def kill_job(self, job_id: str, reason: str = "") -> int:
-        """Remove everything of a job; idempotent. How many processes/pods were killed."""
+    def kill_job(self, job_id: str, reason: str = "", attempt: int = 0) -> int:
+        """Remove everything of a job; idempotent. How many processes/pods were killed.
+
+        attempt: the job's current attempt (0: not known); the LCM marks it killed even if its deploy has not
+        reached it yet, so that deploy is refused when it arrives.
+        """
 
     def halt_job(self, job_id: str, attempt: int) -> None:
         """Ask one attempt's learners to checkpoint and exit; idempotent."""
@@ -78,8 +82,8 @@ class GrpcLcm:
             request.team_quota.CopyFrom(team_quota_to_proto(self._quota_of(team)))
         return list(self._call(self._stub.DeployJob, request, self._timeout).handles)
 
-    def kill_job(self, job_id: str, reason: str = "") -> int:
-        request = lcm_pb2.KillJobRequest(job_id=job_id, reason=reason)
+    def kill_job(self, job_id: str, reason: str = "", attempt: int = 0) -> int:
+        request = lcm_pb2.KillJobRequest(job_id=job_id, reason=reason, attempt=attempt)
         return self._call(self._stub.KillJob, request, self._timeout).killed
 
     def halt_job(self, job_id: str, attempt: int) -> None:

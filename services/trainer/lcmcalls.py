@@ -109,7 +109,7 @@ class LcmCalls:
             return
         if current.state not in states.ACTIVE:
             # ended or halted while the deploy ran: its KillJob may have come before the deploy
-            self._kill(job_id, current.reason)
+            self._kill(job_id, current.reason, attempt)
         elif current.state == JobState.HALTING:
             # the halt key may have been written before the deploy reset the job's etcd keys
             self._halt(job_id, attempt)
@@ -167,7 +167,9 @@ class LcmCalls:
             current = self._store.find(job_id)
             if current is None or not current.cleanup_pending:
                 return
-            if not self._kill(job_id, current.reason):
+            # the attempt that ran: a HALTED job resumed before its cleanup is QUEUED as the next one already
+            ran = current.attempt - 1 if current.state in (JobState.PENDING, JobState.QUEUED) else current.attempt
+            if not self._kill(job_id, current.reason, max(ran, 0)):
                 backoff = self._backoffs.setdefault(job_id, Backoff(2 * self._kill_backoff, _MAX_RETRY))
                 self._retry_at[job_id] = time.monotonic() + backoff.next()
                 return
@@ -179,13 +181,15 @@ class LcmCalls:
                 self._cleaning.discard(job_id)
         self.wake()
 
-    def _kill(self, job_id: str, reason: str) -> bool:
+    def _kill(self, job_id: str, reason: str, attempt: int) -> bool:
+        """KillJob, naming the job's current attempt (0 before its first deploy), so the LCM refuses that
+        attempt's deploy if it arrives after the kill."""
         def failed(e: BaseException, tries: int, delay: float) -> None:
             message = e.message if isinstance(e, TrainforgeError) else str(e)
             log.warning("job %s: KillJob failed (try %d of %d): %s", job_id, tries, self._kill_attempts, message)
 
         try:
-            killed = retry_call(lambda: self._lcm.kill_job(job_id, reason), retry_on=Exception,
+            killed = retry_call(lambda: self._lcm.kill_job(job_id, reason, attempt), retry_on=Exception,
                                 attempts=self._kill_attempts, initial=self._kill_backoff, maximum=_MAX_RETRY,
                                 stop_event=self._stopping, on_retry=failed)
         except Exception as e:  # noqa: BLE001 - tried again later; the job record is already final

@@ -44,8 +44,8 @@ class SecretResolvingLcm:
     def open_gate(self, job_id: str, attempt: int) -> None:
         self._inner.open_gate(job_id, attempt)
 
-    def kill_job(self, job_id: str, reason: str = "") -> int:
-        return self._inner.kill_job(job_id, reason)
+    def kill_job(self, job_id: str, reason: str = "", attempt: int = 0) -> int:
+        return self._inner.kill_job(job_id, reason, attempt)
 
     def halt_job(self, job_id: str, attempt: int) -> None:
         self._inner.halt_job(job_id, attempt)

@@ -17,7 +17,7 @@ class IdleLcm:
     def deploy_job(self, *args: object, **kwargs: object) -> list[str]:
         return ["pid:1"]
 
-    def kill_job(self, job_id: str, reason: str = "") -> int:
+    def kill_job(self, job_id: str, reason: str = "", attempt: int = 0) -> int:
         return 0
 
     def halt_job(self, job_id: str, attempt: int) -> None:

@@ -23,6 +23,7 @@ from trainforge_services.common import rpc
 from trainforge_services.common.errors import Conflict, InvalidArgument, ResourceExhausted
 from trainforge_services.common.manifest import Manifest
 from trainforge_services.lcm.server import serve
+from trainforge_services.trainer.lcm_client import GrpcLcm
 
 MANIFEST = Manifest(name="mnist-ddp", learners=2, command="python train.py --lr {{lr}}", params={"lr": 0.1},
                     resources={"cpus": 1, "memory": "1Gi"})
@@ -103,6 +104,33 @@ def test_backend_refusals_reach_the_caller_as_domain_errors(lcm, fake, unique): 
     with pytest.raises(Conflict, match="older than the deployed attempt 2"):
         rpc.call(lcm.DeployJob, deploy_request(f"j-{unique}", attempt=1))
     rpc.call(lcm.KillJob, lcm_pb2.KillJobRequest(job_id=f"j-{unique}"))
+
+
+def test_a_kill_naming_an_attempt_refuses_its_deploy_that_arrives_later(lifecycles, lcm_settings, fake,  # noqa: F811
+                                                                        coordinator, unique):
+    """The Trainer's client (GrpcLcm) cancels a job whose deploy has not reached the LCM: that attempt is
+    marked killed in etcd, its late deploy is a Conflict that runs nothing, and the next attempt deploys."""
+    sizes = dict(local_cpus=4, local_memory=2**33, local_max_learners=8)
+    server, port = serve(lcm_settings(**sizes), lifecycles(**sizes))
+    client = GrpcLcm(f"127.0.0.1:{port}", timeout=10)
+    job = f"j-{unique}"
+    try:
+        assert client.kill_job(job, "cancelled", attempt=2) == 0
+        assert coordinator.get(coordinator.keys.killed(job))[0]["attempt"] == 2
+        with pytest.raises(Conflict, match=f"job {job} attempt 2 was killed; a new run needs attempt 3"):
+            client.deploy_job(job, "team-a", 2, MANIFEST.model_dump_json(), "")
+        assert fake.runs() == [] and coordinator.get(coordinator.keys.attempt(job))[0] is None
+        with pytest.raises(InvalidArgument, match="attempt must be 1 or more"):
+            client.kill_job(job, attempt=-1)
+        assert client.kill_job(job) == 0  # naming no attempt keeps the mark
+        assert coordinator.get(coordinator.keys.killed(job))[0]["attempt"] == 2
+        handles = client.deploy_job(job, "team-a", 3, MANIFEST.model_dump_json(), "")
+        assert len(handles) == 3
+        fake.wait_runs(3)
+        assert client.kill_job(job, "test over", attempt=3) == 3
+        assert coordinator.get(coordinator.keys.killed(job))[0]["attempt"] == 3
+    finally:
+        server.stop(0).wait()
 
 
 # -- the LCM as a process ---------------------------------------------------------

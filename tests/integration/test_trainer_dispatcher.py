@@ -30,6 +30,7 @@ class ScriptedLcm:
         self.deploy_tries = 0
         self.deploys: list[tuple[str, int]] = []
         self.kill_tries: list[str] = []
+        self.kill_attempts: list[tuple[str, int]] = []  # every KillJob: (job, the attempt it names)
         self.halts: list[tuple[str, int]] = []
         self.gated: set[tuple[str, int]] = set()  # attempts deployed with `gated`
         self.gates: list[tuple[str, int]] = []  # every OpenGate that succeeded
@@ -63,9 +64,10 @@ class ScriptedLcm:
                 raise Unavailable("the LCM is restarting")
             self.gates.append((job_id, attempt))
 
-    def kill_job(self, job_id, reason=""):  # noqa: ANN001
+    def kill_job(self, job_id, reason="", attempt=0):  # noqa: ANN001
         with self._lock:
             self.kill_tries.append(job_id)
+            self.kill_attempts.append((job_id, attempt))
             if len(self.kill_tries) <= self.kill_failures:
                 raise Unavailable("LCM restarting")
         return 1
@@ -218,6 +220,25 @@ def test_a_deploy_that_waits_says_why_in_the_jobs_reason(store):
     finally:
         dispatcher.stop()
     assert store.find("j").state == JobState.DEPLOYING
+
+
+def test_a_job_cancelled_before_its_deploy_reached_the_lcm_has_that_attempt_killed(store):
+    """The KillJob names the attempt whose deploy is still on its way, so the LCM marks it killed although it
+    holds nothing of the job yet (services/lcm/lifecycle/core.py refuses that deploy when it arrives)."""
+    lcm = ScriptedLcm(Capacity(Usage(cpus=4, memory=8 * GI, learners=4)), deploy_failures=10**6)
+    dispatcher = Dispatcher(store, lcm, kill_backoff=0.01)
+    queue(store, "j", cpus=1)
+    try:
+        dispatcher.run_once()
+        wait_for(lambda: "restarting" in store.find("j").reason, 10, "the deploy to wait")
+        assert store.find("j").attempt == 1
+        assert store.transition("j", JobState.CANCELLED, "cancelled by user:k1", "user").cleanup_pending
+        dispatcher.job_finished("j", "cancelled")
+        wait_for(lambda: not store.find("j").cleanup_pending, 10, "the cleanup to be recorded")
+        assert lcm.kill_attempts == [("j", 1)]
+    finally:
+        dispatcher.stop()
+    assert lcm.deploys == [] and store.find("j").state == JobState.CANCELLED
 
 
 @pytest.mark.parametrize("error", [Unavailable, ResourceExhausted], ids=["restarting", "still-removing-ended"])

@@ -73,6 +73,7 @@ def test_halt_checkpoints_frees_the_job_and_resume_continues_from_the_checkpoint
     assert (JobState(halted.state), halted.checkpoint_step) == (JobState.HALTED, 120)
     wait_for(lambda: not store.find(job).cleanup_pending, 10, "the learners to be removed")
     assert lcm.kill_tries == [job]
+    assert lcm.kill_attempts == [(job, 1)]  # the KillJob names the halted attempt
     assert service.team_usage(TEAM).active_jobs == 0  # nothing held while halted
 
     resumed = service.resume(TEAM, job, "user:k1")
@@ -89,6 +90,24 @@ def test_halt_checkpoints_frees_the_job_and_resume_continues_from_the_checkpoint
     path = [(JobState(e.from_state).name, JobState(e.to_state).name) for e in store.find(job).history]
     assert path[-5:] == [("RUNNING", "HALTING"), ("HALTING", "HALTED"), ("HALTED", "QUEUED"),
                          ("QUEUED", "DEPLOYING"), ("DEPLOYING", "RUNNING")]
+
+
+def test_a_job_resumed_before_its_cleanup_has_the_halted_attempt_killed_not_the_next(trainer):
+    """Resumed while KillJob still fails, the job is QUEUED as attempt 2: the retried KillJob names attempt 1
+    (the one that ran), so the LCM marks only that killed and attempt 2 deploys."""
+    service, store, lcm = trainer
+    lcm.kill_failures = 10**6
+    job = submit(service)
+    running(service, store, job)
+    service.halt(TEAM, job, "user:k1")
+    service.report(job, 1, JobState.HALTED, "all 2 learners halted at step 7", "monitor", checkpoint_step=7)
+    wait_for(lambda: len(lcm.kill_tries) >= 1, 10, "a KillJob to fail")
+    resumed = service.resume(TEAM, job, "user:k1")
+    assert (JobState(resumed.state), resumed.attempt, resumed.cleanup_pending) == (JobState.QUEUED, 2, True)
+    lcm.kill_failures = 0
+    running(service, store, job, attempt=2)
+    wait_for(lambda: (job, 2) in lcm.deploys, 10, "the deploy to reach the LCM")
+    assert lcm.kill_attempts and set(lcm.kill_attempts) == {(job, 1)}
 
 
 def test_what_cannot_be_halted_or_resumed_says_why(trainer):
@@ -131,6 +150,7 @@ def test_a_failed_attempt_restarts_with_growing_backoff_then_fails(trainer):
     assert (queued.attempt, queued.restarts) == (2, 1)
     assert queued.not_before > queued.history[-1].ts
     assert lcm.kill_tries == [job]  # the failed attempt was removed before the next was queued
+    assert lcm.kill_attempts == [(job, 1)]
     running(service, store, job, attempt=2)
     # DEPLOYING is stored before the dispatcher's deploy call reaches the stand-in LCM
     wait_for(lambda: (job, 2) in lcm.checkpoint_uris, 10, "the deploy to reach the LCM")
@@ -256,6 +276,7 @@ def test_a_deploy_the_lcm_refuses_because_its_attempt_was_killed_loses_nothing(m
         else:  # its learners failed before the deploy's answer came back: restarted as attempt 2
             service.report(job, 1, JobState.FAILED, "learner 0 exited with code 1", "monitor")
         wait_for(lambda: lcm.kill_tries == [job], 10, "the KillJob")
+        assert lcm.kill_attempts == [(job, 1)]  # the attempt whose deploy the LCM refuses when it arrives
         if then == "restarted":
             wait_for(lambda: lcm.deploys == [(job, 2)], 10, "attempt 2 to deploy")
         else:

@@ -225,6 +225,30 @@ def test_the_killed_mark_never_goes_down_and_a_repeated_kill_keeps_it(lifecycles
         again.deploy(deployment("j-2", attempt=4))
 
 
+def test_a_kill_naming_an_attempt_marks_it_before_its_deploy_arrives(lcm, backend, coord):
+    # cancelled while its deploy was still on the way: the LCM holds nothing of the job yet
+    assert lcm.kill("j-1", attempt=3) == 0
+    assert coord.get(coord.keys.killed("j-1"))[0]["attempt"] == 3
+    with pytest.raises(Conflict, match="job j-1 attempt 3 was killed; a new run needs attempt 4"):
+        lcm.deploy(deployment(attempt=3))
+    assert backend.launched == [] and coord.get(coord.keys.attempt("j-1"))[0] is None
+    # a kill naming no attempt (or a lower one) keeps the mark; the next attempt deploys
+    lcm.kill("j-1")
+    lcm.kill("j-1", attempt=2)
+    assert coord.get(coord.keys.killed("j-1"))[0]["attempt"] == 3
+    lcm.deploy(deployment(attempt=4))
+    assert [p.attempt for p in backend.launched] == [4]
+    # the mark is the highest of the named attempt, the record's and the etcd attempt key's
+    lcm.kill("j-1", attempt=1)
+    assert coord.get(coord.keys.killed("j-1"))[0]["attempt"] == 4
+    coord.put(coord.keys.attempt("j-2"), AttemptInfo(attempt=6, learners=1).value())
+    lcm.kill("j-2", attempt=5)
+    assert coord.get(coord.keys.killed("j-2"))[0]["attempt"] == 6
+    with pytest.raises(InvalidArgument, match="attempt must be 1 or more"):
+        lcm.kill("j-3", attempt=-1)
+    assert coord.get(coord.keys.killed("j-3"))[0] is None
+
+
 def test_the_killed_marks_share_a_lease_for_a_tenth_of_its_ttl(lcm, coord):
     for job in ("a", "b"):
         lcm.deploy(deployment(job, learners=1))

@@ -10,10 +10,11 @@ newer one replaces it.
 
 The removal of an attempt outlives its record: in the same etcd transaction
 that deletes the job's prefix, the job's `<prefix>/lcm/killed/<job>` key
-(`AttemptKilled`) records the highest attempt removed, under a lease of
+(`AttemptKilled`) records the highest attempt removed (or named by the
+KillJob: marked even before that attempt's deploy arrived), under a lease of
 `killed_ttl` seconds (TF_KILLED_TTL, an hour by default: longer than any
 dispatcher retries a lost deploy). A deploy of that attempt or an older one,
-resent late (e.g. through a leader change after the KillJob), is a Conflict
+resent or arriving late (e.g. through a leader change after the KillJob), is a Conflict
 and starts nothing; a later attempt deploys. Being in etcd, the key is seen
 by every replica and survives an LCM restart, and, written through the
 fenced coordinator, never by a deposed leader.
@@ -278,13 +279,15 @@ class Lifecycle:
         marker = AttemptKilled.parse_or_none(self._coord.get(self._keys.killed(job_id))[0])
         return marker.attempt if marker else 0
 
-    def _remove(self, record: AttemptRecord | None, job_id: str = "", *, mark: bool = True) -> int:
+    def _remove(self, record: AttemptRecord | None, job_id: str = "", *, mark: bool = True,
+                named: int = 0) -> int:
         """Mark the record `killing`, stop everything of the job, clear its etcd keys and mark its attempt
         killed (one transaction), forget it.
 
-        Without a record (a repeated KillJob, or a state directory lost) the attempt is the one the job's
-        etcd `attempt` key names, if any; the mark never goes down. `mark=False`: a launch cut short, cleared
-        to be redone as the same attempt.
+        The attempt marked is the highest of `named` (the attempt the KillJob names; 0: none), the record's
+        and the one the job's etcd `attempt` key names, if any (a record may be missing: a repeated KillJob,
+        a state directory lost, or a deploy that has not arrived yet); the mark never goes down.
+        `mark=False`: a launch cut short, cleared to be redone as the same attempt.
         """
         job_id = record.job_id if record else job_id
         if record is not None and not record.killing:
@@ -292,8 +295,8 @@ class Lifecycle:
         killed = self.backend.stop(job_id)
         attempt = 0
         if mark:
-            info = None if record else AttemptInfo.parse_or_none(self._coord.get(self._keys.attempt(job_id))[0])
-            attempt = record.attempt if record else info.attempt if info else 0
+            info = AttemptInfo.parse_or_none(self._coord.get(self._keys.attempt(job_id))[0])
+            attempt = max(named, record.attempt if record else 0, info.attempt if info else 0)
         if attempt > self._killed(job_id):
             marker = AttemptKilled(attempt=attempt)
             try:
@@ -322,15 +325,19 @@ class Lifecycle:
         if record is not None and not record.killing:
             self._records.put(record.model_copy(update={"killing": True}))
 
-    def kill(self, job_id: str) -> int:
+    def kill(self, job_id: str, attempt: int = 0) -> int:
         """Stop and remove everything of a job, all attempts, and its etcd keys. Idempotent.
 
+        `attempt`: the job's current attempt as the caller knows it (0: not known); it is marked killed even
+        when nothing of the job is here yet, so its deploy, arriving later, is refused (a Conflict).
         Returns how many processes (or pods) were still running.
         """
         check_job_id(job_id)
+        if attempt:
+            check_attempt(attempt)
         with self._job_lock(job_id):
             self._coord.confirm()
-            killed = self._remove(self._records.get(job_id), job_id)
+            killed = self._remove(self._records.get(job_id), job_id, named=attempt)
         log.info("job %s killed: %d process(es) were running", job_id, killed)
         return killed
 
