@@ -63,21 +63,24 @@ def test_insert_stores_a_pending_job_with_its_first_history_entry(store, mongo_d
     assert [(e.from_state, e.to_state, e.actor) for e in doc.history] == [(0, JobState.PENDING, "k1")]
 
 
+class Commands(monitoring.CommandListener):
+    """The names of the commands a client sent, without its handshakes and pings."""
+
+    def __init__(self):
+        self.names: list[str] = []
+
+    def started(self, event):  # noqa: ANN001
+        if event.command_name not in ("hello", "ismaster", "isMaster", "ping", "endSessions"):
+            self.names.append(event.command_name)
+
+    def succeeded(self, event):  # noqa: ANN001
+        pass
+
+    def failed(self, event):  # noqa: ANN001
+        pass
+
+
 def test_an_admitted_insert_is_one_write_holding_both_history_entries(store, mongo_server, unique):
-    class Commands(monitoring.CommandListener):
-        def __init__(self):
-            self.names: list[str] = []
-
-        def started(self, event):  # noqa: ANN001
-            if event.command_name not in ("hello", "ismaster", "isMaster", "ping", "endSessions"):
-                self.names.append(event.command_name)
-
-        def succeeded(self, event):  # noqa: ANN001
-            pass
-
-        def failed(self, event):  # noqa: ANN001
-            pass
-
     seen = Commands()
     client = pymongo.MongoClient(mongo_server.url, event_listeners=[seen])
     try:
@@ -98,20 +101,6 @@ def test_an_admitted_insert_is_one_write_holding_both_history_entries(store, mon
 
 def test_a_transition_on_the_document_just_read_is_one_write_and_a_stale_one_is_read_again(store, mongo_server,
                                                                                            unique):
-    class Commands(monitoring.CommandListener):
-        def __init__(self):
-            self.names: list[str] = []
-
-        def started(self, event):  # noqa: ANN001
-            if event.command_name not in ("hello", "ismaster", "isMaster", "ping", "endSessions"):
-                self.names.append(event.command_name)
-
-        def succeeded(self, event):  # noqa: ANN001
-            pass
-
-        def failed(self, event):  # noqa: ANN001
-            pass
-
     queued(store)
     store.transition("j1", JobState.DEPLOYING, "reserved", "trainer", attempt=1)
     seen = Commands()
