@@ -52,7 +52,7 @@ from trainforge_services.common.settings import ControllerSettings
 from trainforge_services.common.states import LearnerState
 
 from .checkpoints import CheckpointSync, copy_uri
-from .gate import HELD, wait_for_gate
+from .gate import HELD, GateWatchFailed, wait_for_gate
 from .halt import Halting
 from .lagreport import LagReporter
 from .learner import (
@@ -82,6 +82,8 @@ HALT_POLL = 0.5
 # The archive's writes are flushed at least this often while the learner prints (see LogArchive).
 ARCHIVE_FLUSH_SECONDS = 0.005
 READERS_SECONDS = 10.0
+# How long a held learner whose hold was given up may take to exit before its group is killed.
+HOLD_EXIT_SECONDS = 5.0
 # How often an environment build's progress is published as the PREPARING status, and how much of a line.
 ENV_PROGRESS_SECONDS = 1.0
 MAX_PROGRESS_CHARS = 300
@@ -266,18 +268,20 @@ class Controller:
             env, entry = sandbox.env(env), partial(sandbox.argv, command)
         elif spec.launcher:
             program = [*spec.launcher, "/bin/sh", "-c", command]
-        if spec.gated and not self._pass_gate(archive):
-            if self._halt.is_set():
-                return self._halt.conclude(archive, None, "before the learner started")
-            return Outcome(LearnerState.LEARNER_FAILED, message=f"{self._stop.reason} (learner not started)")
         learner = self._learner = LearnerProcess(command, spec.workdir, env, archive,
                                                  python=self.python, program=program, entry=entry,
                                                  cpus=self._placement.learner
-                                                 if self._placement and self.settings.place_cpus == "all" else None)
+                                                 if self._placement and self.settings.place_cpus == "all" else None,
+                                                 held=spec.gated)
         try:
             learner.start()
         except OSError as e:
             return Outcome(LearnerState.LEARNER_FAILED, message=f"starting the learner failed: {text(e)}")
+        if spec.gated:
+            log.info("learner held (pid %d): %s", learner.pid, learner.command)
+            not_started = self._pass_gate(archive, learner)
+            if not_started is not None:
+                return not_started
         log.info("learner started (pid %d): %s", learner.pid, learner.command)
         self._halt.publish_unless_halting(LearnerState.LEARNER_RUNNING)  # a halt published meanwhile stands
         # In a root sandbox the memory cgroup enforces the limit, behind a launcher the container's; the watchdog
@@ -326,13 +330,34 @@ class Controller:
         log.info("uploaded %d output files to %s", len(uploaded), outputs)
         return Outcome(LearnerState.LEARNER_COMPLETED, 0, outputs_uri=outputs)
 
-    def _pass_gate(self, archive: LogArchive) -> bool:
-        """A gated learner (a prestarted trial): everything is ready; wait for the job's gate (gate.py)."""
+    def _pass_gate(self, archive: LogArchive, learner: LearnerProcess) -> Outcome | None:
+        """A gated learner (a prestarted trial): its process is started and held just before the command (the
+        guard's or the sandbox entry's hold); wait for the job's gate (gate.py), then release it. None once
+        the command started; else how the attempt ends, with nothing of the user's run and nothing left."""
         self._halt.publish_unless_halting(LearnerState.LEARNER_PREPARING, message=HELD)
-        opened = wait_for_gate(self._coord, self.spec.job_id, self._stop.is_set)
+        failure = ""
+        try:
+            opened = wait_for_gate(self._coord, self.spec.job_id,
+                                   lambda: self._stop.is_set() or learner.poll() is not None)
+        except GateWatchFailed as e:
+            opened, failure = False, str(e)
         if opened:
             system_line(archive, "the gate opened: starting the learner")
-        return opened
+            if learner.release():
+                return None
+        learner.give_up_hold()  # the held process exits without starting the command
+        returncode = learner.wait(HOLD_EXIT_SECONDS)
+        if not learner.finish_output(READERS_SECONDS):  # SIGKILLs the group if it is still there
+            log.warning("the held learner's output pipes did not close")
+        if self._halt.is_set():
+            return self._halt.conclude(archive, None, "before the learner started")
+        if self._stop.is_set():
+            return Outcome(LearnerState.LEARNER_FAILED, message=f"{self._stop.reason} (learner not started)")
+        if failure:
+            return Outcome(LearnerState.LEARNER_FAILED, message=f"{failure} (learner not started)")
+        how = describe_exit(returncode) if returncode is not None else "it did not exit"
+        return Outcome(LearnerState.LEARNER_FAILED,
+                       message=f"the held learner process ended before its command started ({how})")
 
     def _environment(self, archive: LogArchive) -> str:
         """The learner's interpreter: the platform's, or the job's own environment (services/controller/pyenv.py)."""

@@ -12,6 +12,12 @@ current value (a gate opened before the controller started counts), and a
 put wakes the waiter as soon as etcd delivers it. A stop request (a halt,
 a cancel's SIGTERM) ends the wait within `poll` seconds. A gate is per job
 and never closed again, so any well-formed value opens it.
+
+The watch rides out etcd restarts itself (Coordinator.watch_prefix). If it
+fails anyway (an error it does not handle, or it ends), it is started again
+from a fresh read of the key, up to WATCH_RETRIES times; after that the wait
+raises GateWatchFailed with the error, and the controller fails the attempt
+with that reason rather than holding its learner until someone stops it.
 """
 
 from __future__ import annotations
@@ -27,12 +33,23 @@ log = logging.getLogger(__name__)
 
 # what a held learner's PREPARING status says (the job monitor makes it the job's reason)
 HELD = "held: prepared; its learner starts when the experiment frees a slot (prestart)"
+# How often a failed watch of the gate key is started again, and the pause before each new start.
+WATCH_RETRIES = 3
+WATCH_RETRY_PAUSE = 0.5
 
 
-def wait_for_gate(coord: Coordinator, job_id: str, stopped: Callable[[], bool], *, poll: float = 0.2) -> bool:
-    """Block until the job's gate is open (True) or `stopped()` says to give up (False)."""
+class GateWatchFailed(Exception):
+    """The gate key could not be watched (after WATCH_RETRIES new starts); the message says why."""
+
+
+def wait_for_gate(coord: Coordinator, job_id: str, stopped: Callable[[], bool], *, poll: float = 0.2,
+                  retries: int = WATCH_RETRIES, retry_pause: float = WATCH_RETRY_PAUSE) -> bool:
+    """Block until the job's gate is open (True) or `stopped()` says to give up (False); raises
+    GateWatchFailed when the key's watch failed `retries + 1` times."""
     key = coord.keys.gate(job_id)
     opened = threading.Event()
+    failed: list[str] = []  # set (with why) once the watch is given up; `done` wakes the waiter
+    done = threading.Event()
     stop_watch = StopEvent()
 
     def is_open(value: dict | None) -> bool:
@@ -42,23 +59,45 @@ def wait_for_gate(coord: Coordinator, job_id: str, stopped: Callable[[], bool], 
             log.warning("ignoring the value at %s: not a gate", key)
         return False
 
-    def watch() -> None:
+    def watch_once() -> str:
+        """'' once the gate opened or the wait is over; else why this watch ended."""
         try:
-            for event in coord.watch_prefix(key, stop=stop_watch):
+            for event in coord.watch_prefix(key, stop=stop_watch):  # a new watch starts with a fresh read
                 if event.kind == "resync":
                     found = is_open((event.snapshot or {}).get(key))
                 else:
                     found = event.kind == "put" and event.key == key and is_open(event.value)
                 if found:
                     opened.set()
+                    return ""
+        except Exception as e:  # noqa: BLE001 - reported to the waiter, which must not hang on it
+            log.warning("watching the gate key %s failed: %s: %s", key, type(e).__name__, e)
+            return f"{type(e).__name__}: {e}"
+        return "" if stop_watch.is_set() else "the watch ended"
+
+    def watch() -> None:
+        try:
+            for attempt in range(retries + 1):
+                why = watch_once()
+                if not why:
                     return
-        except Exception:  # noqa: BLE001 - the waiter gives up on a stop; without one it would hang
-            log.exception("watching the gate key failed")
+                if attempt < retries:
+                    if stop_watch.wait(retry_pause * (attempt + 1)):
+                        return  # the wait is over
+                    log.info("watching the gate key %s again (%d of %d)", key, attempt + 1, retries)
+            failed.append(f"watching the job's gate failed {retries + 1} times (last: {why})")
+        finally:
+            done.set()
 
     thread = threading.Thread(target=watch, name="gate-watch", daemon=True)
     thread.start()
     try:
-        while not opened.wait(poll):
+        while not opened.is_set():
+            done.wait(poll)
+            if opened.is_set():
+                break
+            if failed:
+                raise GateWatchFailed(failed[0])
             if stopped():
                 return False
         return True

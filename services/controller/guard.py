@@ -17,6 +17,15 @@ it is cleared by fork, and it fires when the *thread* that started the child
 exits. The pipe has none of these limits, and a controller that died before
 the guard even started is seen at once (the read returns end-of-file).
 
+Held (a prestarted trial's learner, docs/EXPERIMENTS.md "Prestarted trials"):
+`guard.py <fd> --hold <hold fd> <program> ...` starts, watches its lifeline
+and then blocks reading `<hold fd>`, the read end of a second pipe whose
+only write end the controller holds, before it starts the command. A byte
+on it (the job's gate opened) starts the command at once; end-of-file (the
+controller gave up the hold: a cancel, a halt, or it died) exits with
+EXIT_NOT_STARTED without ever starting it. So everything of the learner's
+start but the command itself is paid while the trial waits for its slot.
+
 Signals the controller sends to the group (SIGTERM on a halt) are meant for
 the learner: the guard catches them and goes on waiting, so its exit still
 tells how the command ended. Only the standard library is used, and the
@@ -33,6 +42,8 @@ import threading
 
 # The controller's signals for the learner; caught (not ignored, which the command would inherit).
 _FORWARDED = (signal.SIGTERM, signal.SIGINT)
+# the exit code of a held guard whose hold was given up: the command never started
+EXIT_NOT_STARTED = 125
 # Python ignores these at start-up; the command gets them back as the kernel's default.
 _RESET = (signal.SIGPIPE, signal.SIGXFSZ, *_FORWARDED)
 
@@ -43,20 +54,33 @@ def _kill_group_when_closed(fd: int) -> None:
     os.killpg(0, signal.SIGKILL)
 
 
+def released(hold: int) -> bool:
+    """Block on the hold pipe: True once the controller wrote to it, False at end-of-file (given up)."""
+    try:
+        return bool(os.read(hold, 1))
+    finally:
+        os.close(hold)  # the learner never sees it
+
+
 def main(argv: list[str]) -> int:
+    hold = None
+    if len(argv) > 3 and argv[2] == "--hold" and argv[3].isdigit():
+        hold, argv = int(argv[3]), argv[:2] + argv[4:]
     if len(argv) < 3 or not argv[1].isdigit():
-        print("usage: guard.py <lifeline fd> <program> [args...]", file=sys.stderr)
+        print("usage: guard.py <lifeline fd> [--hold <fd>] <program> [args...]", file=sys.stderr)
         return 127
     fd, command = int(argv[1]), argv[2:]
     for sig in _FORWARDED:
         signal.signal(sig, lambda *_: None)
     os.set_inheritable(fd, False)  # the lifeline is the guard's, not the learner's
+    threading.Thread(target=_kill_group_when_closed, args=(fd,), daemon=True).start()
+    if hold is not None and not released(hold):
+        return EXIT_NOT_STARTED
     try:
         pid = os.posix_spawn(command[0], command, os.environ, setsigdef=_RESET, setsigmask=())
     except OSError as e:
         print(f"cannot start {command[0]}: {e}", file=sys.stderr)
         return 127
-    threading.Thread(target=_kill_group_when_closed, args=(fd,), daemon=True).start()
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     if code < 0:  # die of the same signal, so the controller sees what the command saw

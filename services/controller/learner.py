@@ -149,10 +149,12 @@ GUARD = Path(__file__).with_name("guard.py")
 
 
 def guarded_argv(command: str, lifeline: int, python: str = sys.executable,
-                 program: list[str] | None = None) -> list[str]:
+                 program: list[str] | None = None, hold: int | None = None) -> list[str]:
     """argv of a learner: `/bin/sh -c command` (or `program`, the shell wrapped in a sandbox) under the
-    guard (the platform's interpreter, isolated), which watches the pipe end `lifeline`."""
-    return [python, "-I", "-S", str(GUARD), str(lifeline), *(program or ["/bin/sh", "-c", command])]
+    guard (the platform's interpreter, isolated), which watches the pipe end `lifeline`; with `hold`, the
+    guard waits for a byte on that pipe end before it starts the command."""
+    held = ["--hold", str(hold)] if hold is not None else []
+    return [python, "-I", "-S", str(GUARD), str(lifeline), *held, *(program or ["/bin/sh", "-c", command])]
 
 
 class LearnerProcess:
@@ -166,18 +168,27 @@ class LearnerProcess:
     services/controller/sandbox/enter.py), no guard runs: `entry(fd)` is the
     argv of a program that leads the group and watches the lifeline `fd`
     itself, with the same promise.
+
+    With `held` (a prestarted trial, docs/EXPERIMENTS.md "Prestarted
+    trials"), `start()` starts the guard or entry - its interpreter, the
+    sandbox, the output pipes - but that process then waits on a hold pipe
+    before it starts the command: `release()` starts the command,
+    `give_up_hold()` makes the process exit without starting it.
     """
 
     def __init__(self, command: str, cwd: Path, env: dict[str, str], archive: LogArchive, *,
                  python: str = sys.executable, program: list[str] | None = None,
-                 entry: Callable[[int], list[str]] | None = None, cpus: frozenset[int] | None = None):
+                 entry: Callable[[int, int | None], list[str]] | None = None, cpus: frozenset[int] | None = None,
+                 held: bool = False):
         self.command, self.cwd, self.env, self.archive = command, Path(cwd), env, archive
+        self.held = held
         self.python, self.program, self.entry = python, program, entry
         self.cpus = cpus  # the learner's CPUs (priority.plan_placement); None: the controller's own
         self.proc: subprocess.Popen | None = None
         self._readers: list[SpooledStream] = []
         self._lifeline: int | None = None  # the write end the guard watches; closed only when we are done
         self._pidfd: int | None = None  # readable once the guard exited (wait() wakes at once, no polling)
+        self._hold: int | None = None  # a held learner's hold pipe (write end): a byte starts the command
 
     @property
     def pid(self) -> int:
@@ -187,29 +198,52 @@ class LearnerProcess:
 
     def start(self) -> None:
         read_end, write_end = os.pipe()  # both close-on-exec: only the guard (or entry) gets the read end
+        hold_r, hold_w = os.pipe() if self.held else (None, None)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         own = self._pin_self(self.cpus)  # the child inherits the forking thread's affinity
         try:
-            argv = (self.entry(read_end) if self.entry is not None
-                    else guarded_argv(self.command, read_end, self.python, self.program))
+            argv = (self.entry(read_end, hold_r) if self.entry is not None
+                    else guarded_argv(self.command, read_end, self.python, self.program, hold_r))
             self.proc = subprocess.Popen(
                 argv, cwd=self.cwd, env=self.env,
                 stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, start_new_session=True,
-                close_fds=True, pass_fds=(read_end,))
+                close_fds=True, pass_fds=(read_end,) if hold_r is None else (read_end, hold_r))
         except BaseException:
-            for fd in (write_end, out_r, err_r):
-                os.close(fd)
+            for fd in (write_end, hold_w, out_r, err_r):
+                if fd is not None:
+                    os.close(fd)
             raise
         finally:
             self._pin_self(own)
-            for fd in (read_end, out_w, err_w):
-                os.close(fd)
-        self._lifeline = write_end
+            for fd in (read_end, hold_r, out_w, err_w):
+                if fd is not None:
+                    os.close(fd)
+        self._lifeline, self._hold = write_end, hold_w
         self._pidfd = _pidfd_of(self.proc.pid)
         for stream, fd in (("stdout", out_r), ("stderr", err_r)):
             spool = self.archive.path.with_name(f"{self.archive.path.name}.{stream}.spool")
             self._readers.append(SpooledStream(stream, fd, self.archive, spool, MAX_LINE_BYTES).start())
+
+    def release(self) -> bool:
+        """A held learner: start its command now. False when the held process is gone (nothing to start)."""
+        if self._hold is None:
+            raise RuntimeError("the learner is not held")
+        try:
+            os.write(self._hold, b"\n")
+            return True
+        except BrokenPipeError:
+            return False
+        finally:
+            os.close(self._hold)
+            self._hold = None
+
+    def give_up_hold(self) -> None:
+        """A held learner that will not run: close the hold pipe, so the held process exits without starting
+        the command (guard.EXIT_NOT_STARTED). Then wait() sees it exit; finish_output() reaps the rest."""
+        if self._hold is not None:
+            os.close(self._hold)
+            self._hold = None
 
     @staticmethod
     def _pin_self(cpus: frozenset[int] | set[int] | None) -> set[int] | None:
@@ -277,6 +311,7 @@ class LearnerProcess:
         """After the learner exited: stop what it left running and read its last lines."""
         self.signal_group(signal.SIGKILL)
         self._close_pidfd()
+        self.give_up_hold()
         if self._lifeline is not None:
             os.close(self._lifeline)
             self._lifeline = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,20 @@ def test_sweep_overhead_bench_smoke(tmp_path):
         assert row in out, out
     assert "ray tune: not measured" in out
     assert "prestart 1: trial phases" in out and "deploying -> running" in out
+
+
+def test_gate_trace_bench_smoke():
+    # one slot, so every trial but the first is held behind its gate and traced
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gate_trace.py"), "--trials", "3",
+                           "--parallel", "1", "--seconds", "0.2"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert out.startswith("machine: ") and "3 trials of 0.2 s, 1 at once, prestart 1: makespan" in out, out
+    # trial 0 takes the free slot; a held trial whose gate opened while it was still queued is deployed ungated
+    assert re.search(r"\n[12] of 3 trials were held", out), out
+    for row in ("gate open -> user's first line", "user's last line -> STORING stamp",
+                "a user's last line -> next gate open"):
+        assert row in out, out
 
 
 def test_the_ray_tune_peer_runs_the_same_trials_when_the_bench_venv_is_there():

@@ -6,6 +6,9 @@ must not start before a running trial's learner ended, no more than
 `max_parallel` learners may ever run at once, a Trainer SIGKILLed while a
 trial is held must lose nothing and start nothing twice, and cancelling an
 experiment must cancel its held trial without its learner ever starting.
+While held, the trial's learner process (the guard, or the sandbox's
+entry) is already started and waiting on its hold pipe (`--hold`), and no
+process of the user's command runs; a cancel leaves none of it behind.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
+
+import psutil
 
 from tests.chaos_support import most_at_once
 from tests.e2e.test_embedded_stack import cli_json, run_cli
@@ -54,14 +59,28 @@ def held(env: dict, job_id: str) -> dict | None:
 
 
 def learner_span(env: dict, job_id: str) -> tuple[float, float]:
-    """(start, end) as the learner itself printed them."""
-    marks = {}
+    """(start, end) as the learner itself printed them; the learner must have run exactly once."""
+    marks: dict[str, list[float]] = {}
     for line in run_cli(env, "logs", job_id).stdout.splitlines():
         parts = line.split()
         for i, word in enumerate(parts[:-1]):
             if word in ("START", "END"):
-                marks[word] = float(parts[i + 1])
-    return marks["START"], marks["END"]
+                marks.setdefault(word, []).append(float(parts[i + 1]))
+    assert len(marks["START"]) == 1 and len(marks["END"]) == 1, (job_id, marks)
+    return marks["START"][0], marks["END"][0]
+
+
+def processes_of(job_id: str) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """(the job's held learner processes, its processes running the user's command), by TF_JOB_ID."""
+    held_procs, user = [], []
+    for p in psutil.process_iter():
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE or p.environ().get("TF_JOB_ID") != job_id:
+                continue
+            (held_procs if "--hold" in p.cmdline() else user).append(p)
+        except psutil.Error:
+            continue
+    return held_procs, user
 
 
 def test_a_held_trial_starts_only_when_a_slot_frees_and_a_trainer_kill_loses_nothing(stack, tmp_path):
@@ -98,12 +117,16 @@ def test_cancelling_an_experiment_cancels_its_held_trial_before_its_learner_star
     exp = cli_json(env, "submit", str(write_recipe(tmp_path, "cancel", trials=3, max_parallel=1, seconds=60)))
     ids = [f"{exp['id']}-{i}" for i in range(3)]
     wait_for(lambda: held(env, ids[1]), 240, "trial 1 to be deployed and held", interval=0.5)
+    holding = wait_for(lambda: processes_of(ids[1])[0], 30, "trial 1's learner process, held")
+    assert processes_of(ids[1])[1] == [], "nothing of trial 1's command runs while it is held"
     run_cli(env, "experiment", exp["id"], "--cancel")
     wait_for(lambda: all(job(env, i)["state"] == "cancelled" for i in ids[:2]), 120,
              "the running and the held trial to be cancelled", interval=1.0)
     history = job(env, ids[1])["history"]
     assert "running" not in [h["to"] for h in history], history
     assert "START" not in run_cli(env, "logs", ids[1], check=False).stdout
+    wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in holding)
+             and processes_of(ids[1]) == ([], []), 30, "nothing of the held trial left running")
     final = wait_for(lambda: (x := cli_json(env, "experiment", exp["id"]))["state"] == "cancelled" and x, 120,
                      "the experiment to be cancelled", interval=1.0)
     assert all(t["job_id"] in (None, "", *ids[:2]) for t in final["trials"]), final["trials"]  # nothing more started

@@ -1,16 +1,27 @@
-"""A gated learner (a prestarted trial) as a real controller process against real etcd: it prepares, says it is
-held, and starts its learner only once the job's `gate` key is written; a halt while held ends it HALTED."""
+"""A gated learner (a prestarted trial) as a real controller process against real etcd: it prepares, starts
+the learner's process (the guard, or the sandbox's entry with the whole sandbox) held just before the user's
+command, says it is held, and starts the command only once the job's `gate` key is written; a halt, a cancel or
+the controller's death while held ends it with nothing of the user's run and nothing left running. A gate
+key whose watch keeps failing fails the attempt with that reason."""
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 
+import psutil
+import pytest
+
 from tests.integration.test_controller_halt import halt
-from tests.integration.test_controller_run import controller_log, launch, pack, status  # noqa: F401
+from tests.integration.test_controller_run import ListSink, Run, controller_log, launch, pack, status  # noqa: F401
 from tests.servers import wait_for
 from trainforge_services.common.contracts.etcd import GateOpen
+from trainforge_services.common.contracts.specs import LearnerSpec
+from trainforge_services.common.settings import ControllerSettings
 from trainforge_services.common.states import LearnerState
-from trainforge_services.controller.gate import HELD
+from trainforge_services.controller.controller import Controller
+from trainforge_services.controller.gate import HELD, GateWatchFailed, wait_for_gate
 
 LEARNER = '''
 import pathlib, time
@@ -32,19 +43,86 @@ def marker(run):  # noqa: ANN001, ANN201
     return run.spec_path.parent / f"learner-{run.rank}" / "started"
 
 
-def test_a_gated_learner_waits_held_until_the_gate_opens(launch, coordinator):  # noqa: F811
-    run = start(launch)
-    wait_for(lambda: is_held(coordinator, run), 60, "the controller to say it is held")
-    # held: the learner has not started, and stays so while no gate is written (watched for a second)
+def descendants(run) -> list[psutil.Process]:  # noqa: ANN001
+    try:
+        return [p for p in psutil.Process(run.proc.pid).children(recursive=True)
+                if p.status() != psutil.STATUS_ZOMBIE]
+    except psutil.Error:
+        return []
+
+
+def held_process(run) -> psutil.Process | None:  # noqa: ANN001
+    """The controller's child started with --hold (the guard or the sandbox's entry), None while there is none."""
+    for p in descendants(run):
+        try:
+            if "--hold" in p.cmdline():
+                return p
+        except psutil.Error:
+            continue
+    return None
+
+
+def user_code_running(run) -> bool:  # noqa: ANN001
+    """Whether the shell or the user's program runs (the held process names the command in its own argv)."""
+    for p in descendants(run):
+        try:
+            argv = p.cmdline()
+            if "learner.py" in " ".join(argv) and "--hold" not in argv:
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
+@pytest.mark.parametrize("isolation", ["none", "auto"])
+def test_a_gated_learner_waits_held_until_the_gate_opens(launch, coordinator, isolation):  # noqa: F811
+    run = start(launch, isolation=isolation)
+    wait_for(lambda: is_held(coordinator, run) and held_process(run), 60,
+             "the controller to say it is held, its learner's process started and held")
+    # held: the learner's process is there, the user's command has not started, and stays so while no gate is
+    # written (watched for a second)
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline:
         assert not marker(run).exists() and is_held(coordinator, run), controller_log(run)
+        assert held_process(run) is not None and not user_code_running(run)
         time.sleep(0.1)
     opened = time.time()
     coordinator.put(coordinator.keys.gate(run.job), GateOpen(attempt=1).value())
     assert run.wait(60) == 0, controller_log(run)
-    assert status(coordinator, run)["state"] == LearnerState.LEARNER_COMPLETED, controller_log(run)
+    doc = status(coordinator, run)
+    assert doc["state"] == LearnerState.LEARNER_COMPLETED, controller_log(run)
+    assert doc["tail"] == ["learner started"], doc
     assert float(marker(run).read_text()) >= opened
+    assert doc["isolation"] == "none" if isolation == "none" else doc["isolation"] in ("sandbox", "none")
+
+
+@pytest.mark.parametrize("isolation", ["none", "auto"])
+def test_a_cancel_while_held_ends_it_without_running_anything(launch, coordinator, isolation):  # noqa: F811
+    run = start(launch, isolation=isolation)
+    held = wait_for(lambda: is_held(coordinator, run) and held_process(run), 60, "the learner's process held")
+    group = [held, *held.children(recursive=True)]
+    run.proc.send_signal(signal.SIGTERM)  # what a cancel does to the controller
+    assert run.wait(60) == 0, controller_log(run)
+    doc = status(coordinator, run)
+    assert doc["state"] == LearnerState.LEARNER_FAILED, doc
+    assert doc["message"] == "the controller received SIGTERM (learner not started)", doc
+    assert not marker(run).exists()
+    wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in group), 10,
+             "the held process to be gone")
+
+
+@pytest.mark.parametrize("isolation", ["none", "auto"])
+def test_the_controller_killed_while_held_leaves_nothing_running(launch, coordinator, isolation):  # noqa: F811
+    run = start(launch, isolation=isolation)
+    held = wait_for(lambda: is_held(coordinator, run) and held_process(run), 60, "the learner's process held")
+    group = [held, *held.children(recursive=True)]
+    run.proc.kill()
+    run.proc.wait(10)
+    wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in group), 10,
+             "the held process to die with its controller")
+    coordinator.put(coordinator.keys.gate(run.job), GateOpen(attempt=1).value())  # too late: nobody to start
+    time.sleep(0.5)  # a started command would write its marker at once; nothing is left that could
+    assert not marker(run).exists()
 
 
 def test_a_gate_opened_before_the_controller_started_lets_it_start_at_once(launch, coordinator, unique):  # noqa: F811
@@ -64,3 +142,62 @@ def test_a_halt_while_held_ends_halted_without_starting_the_learner(launch, coor
     doc = status(coordinator, run)
     assert doc["state"] == LearnerState.LEARNER_HALTED and "before the learner started" in doc["message"], doc
     assert not marker(run).exists()
+
+
+def broken_for(coordinator, key: str, failures: int | None):  # noqa: ANN001, ANN201
+    """The real coordinator's watch_prefix, failing for `key` the first `failures` times (None: always)."""
+    real = coordinator.watch_prefix
+    calls = [0]
+
+    def watch_prefix(prefix, *args, **kw):  # noqa: ANN001, ANN202
+        if prefix == key:
+            calls[0] += 1
+            if failures is None or calls[0] <= failures:
+                raise RuntimeError(f"watch stream broke ({calls[0]})")
+        return real(prefix, *args, **kw)
+
+    return watch_prefix, calls
+
+
+def test_a_failed_gate_watch_is_started_again_and_still_sees_the_gate(coordinator, unique, monkeypatch):
+    job = f"rewatch-{unique}"
+    watch, calls = broken_for(coordinator, coordinator.keys.gate(job), 2)
+    monkeypatch.setattr(coordinator, "watch_prefix", watch)
+    coordinator.put(coordinator.keys.gate(job), GateOpen(attempt=1).value())
+    assert wait_for_gate(coordinator, job, lambda: False, retry_pause=0.05) is True
+    assert calls[0] == 3
+
+
+def test_a_gate_watch_that_keeps_failing_raises_with_why(coordinator, unique, monkeypatch):
+    job = f"nowatch-{unique}"
+    watch, calls = broken_for(coordinator, coordinator.keys.gate(job), None)
+    monkeypatch.setattr(coordinator, "watch_prefix", watch)
+    with pytest.raises(GateWatchFailed, match=r"watching the job's gate failed 3 times "
+                                              r"\(last: RuntimeError: watch stream broke \(3\)\)"):
+        wait_for_gate(coordinator, job, lambda: False, retries=2, retry_pause=0.05)
+    assert calls[0] == 3
+
+
+def test_a_held_learner_whose_gate_cannot_be_watched_fails_the_attempt(coordinator, store_settings, tmp_path,
+                                                                      unique, monkeypatch):
+    job = f"gatefail-{unique}"
+    watch, _ = broken_for(coordinator, coordinator.keys.gate(job), None)
+    monkeypatch.setattr(coordinator, "watch_prefix", watch)
+    monkeypatch.setattr("trainforge_services.controller.gate.WATCH_RETRY_PAUSE", 0.05)
+    workdir = tmp_path / "attempt" / "learner-0"
+    spec = LearnerSpec.model_validate({
+        "job_id": job, "attempt": 1, "rank": 0, "world_size": 1, "gated": True,
+        "manifest": {"name": "t", "command": "touch ran"}, "code_uri": "",
+        "workdir": str(workdir), "lease_ttl": 4})
+    controller = Controller(spec, ControllerSettings(**store_settings.model_dump(), isolation="none"),
+                            coordinator=coordinator, sink=ListSink())
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(controller.run()), daemon=True)
+    thread.start()
+    thread.join(60)
+    assert result == [0], "the controller did not end on its own"
+    doc = status(coordinator, Run(None, job, 0, 1, tmp_path))
+    assert doc["state"] == LearnerState.LEARNER_FAILED, doc
+    assert doc["message"].startswith("watching the job's gate failed 4 times (last: RuntimeError: watch stream "
+                                     "broke (4)) (learner not started)"), doc
+    assert not (workdir / "ran").exists()

@@ -14,6 +14,7 @@ import pytest
 from tests.servers import wait_for
 from trainforge_services.common.contracts.specs import LearnerSpec
 from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.controller import guard
 from trainforge_services.controller.learner import (
     GUARD,
     LearnerProcess,
@@ -136,9 +137,9 @@ def test_watchdog_kills_the_process_group_over_its_memory_limit(tmp_path):
     archive.close()
 
 
-def started(tmp_path, command: str) -> tuple[LearnerProcess, LogArchive]:
+def started(tmp_path, command: str, *, held: bool = False) -> tuple[LearnerProcess, LogArchive]:
     archive = LogArchive(tmp_path / "a.jsonl", job="j", team="t", learner=0, attempt=1)
-    learner = LearnerProcess(command, tmp_path, {"PATH": "/usr/bin:/bin"}, archive)
+    learner = LearnerProcess(command, tmp_path, {"PATH": "/usr/bin:/bin"}, archive, held=held)
     learner.start()
     return learner, archive
 
@@ -163,6 +164,65 @@ def test_the_learner_runs_under_the_guard_with_the_platform_interpreter():
     argv = guarded_argv("python train.py --lr 0.1", 7, python="/opt/tf/bin/python")
     assert argv[:3] == ["/opt/tf/bin/python", "-I", "-S"] and argv[3].endswith("services/controller/guard.py")
     assert argv[4:] == ["7", "/bin/sh", "-c", "python train.py --lr 0.1"]
+    held = guarded_argv("python train.py --lr 0.1", 7, python="/opt/tf/bin/python", hold=9)
+    assert held[4:] == ["7", "--hold", "9", "/bin/sh", "-c", "python train.py --lr 0.1"]
+
+
+def held_guard_up(learner: LearnerProcess) -> bool:
+    """The held guard is past its interpreter's start and blocked reading its hold pipe (the group is it alone)."""
+    try:
+        proc = psutil.Process(learner.pid)
+        return proc.status() == psutil.STATUS_SLEEPING and len(group(learner.pid)) == 1
+    except psutil.Error:
+        return False
+
+
+def test_a_held_learner_starts_its_command_only_when_released(tmp_path):
+    learner, archive = started(tmp_path, "touch ran; echo user-code; exit 3", held=True)
+    wait_for(lambda: held_guard_up(learner), 10, "the held guard")
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:  # held: the guard alone, nothing of the command's
+        assert learner.poll() is None and not (tmp_path / "ran").exists() and len(group(learner.pid)) == 1
+        time.sleep(0.05)
+    assert learner.release()
+    assert learner.wait(10) == 3  # the command's own exit, as without a hold
+    assert learner.finish_output(10)
+    archive.close()
+    assert (tmp_path / "ran").exists() and lines(tmp_path) == ["user-code"]
+
+
+def test_a_held_learner_given_up_exits_without_running_its_command(tmp_path):
+    learner, archive = started(tmp_path, "touch ran; sleep 30", held=True)
+    wait_for(lambda: held_guard_up(learner), 10, "the held guard")
+    learner.give_up_hold()
+    assert learner.wait(10) == guard.EXIT_NOT_STARTED
+    assert learner.finish_output(10)
+    archive.close()
+    assert not (tmp_path / "ran").exists() and not group(learner.pid)
+
+
+def test_a_held_learner_dies_with_its_controller_without_running_its_command(tmp_path):
+    learner, archive = started(tmp_path, "touch ran; sleep 30", held=True)
+    wait_for(lambda: held_guard_up(learner), 10, "the held guard")
+    os.close(learner._lifeline)  # noqa: SLF001 - the kernel closes both ends the controller held when it dies
+    learner._lifeline = None  # noqa: SLF001
+    learner.give_up_hold()
+    assert learner.wait(10) in (-signal.SIGKILL, guard.EXIT_NOT_STARTED)
+    wait_for(lambda: not group(learner.pid), 10, "the held group to end")
+    assert learner.finish_output(10)
+    archive.close()
+    assert not (tmp_path / "ran").exists()
+
+
+def test_releasing_a_held_learner_that_is_gone_says_so(tmp_path):
+    learner, archive = started(tmp_path, "touch ran", held=True)
+    wait_for(lambda: held_guard_up(learner), 10, "the held guard")
+    assert learner.signal_group(signal.SIGKILL)
+    assert learner.wait(10) == -signal.SIGKILL
+    assert learner.release() is False
+    assert learner.finish_output(10)
+    archive.close()
+    assert not (tmp_path / "ran").exists()
 
 
 @pytest.mark.parametrize(("command", "returncode"), [
@@ -238,7 +298,8 @@ def test_an_entry_replaces_the_guard_and_gets_the_lifeline(tmp_path):
     # the sandbox's entry (enter.py) leads the group and watches the lifeline itself: no guard is started
     seen: list[int] = []
 
-    def entry(fd: int) -> list[str]:
+    def entry(fd: int, hold: int | None) -> list[str]:
+        assert hold is None  # not held
         seen.append(fd)
         return ["/bin/sh", "-c", f"test -e /proc/self/fd/{fd} && echo has-lifeline; exec sleep 30"]
 

@@ -1,6 +1,6 @@
 """Puts one learner into its sandbox: run as root by the controller, in place of the guard and the shell.
 
-    python -I -S enter.py --lifeline <fd> <config.json> /bin/sh -c <command>
+    python -I -S enter.py --lifeline <fd> [--hold <fd>] <config.json> /bin/sh -c <command>
 
 It leads the learner's process group and keeps the guard's promise itself
 (services/controller/guard.py): `<fd>` is the read end of a pipe whose only
@@ -22,6 +22,12 @@ PID namespace: it builds the filesystem view on a private tmpfs (binds,
 capabilities and no_new_privs, and runs the command. When pid 1 exits, the
 kernel kills everything left in the namespace, so nothing a learner
 starts, even in a session of its own, outlives it.
+
+With `--hold` (a prestarted trial's learner, held until its gate opens; the
+guard's --hold, services/controller/guard.py), pid 1 builds the whole view,
+drops to the learner's uid and then blocks reading the hold pipe before it
+starts the command: a byte starts it, end-of-file exits EXIT_NOT_STARTED
+without running anything of the user's.
 
 pid 1 exits with the command's status as soon as the command is done,
 except after a SIGTERM (a stop or halt): the shell dies at once while the
@@ -72,6 +78,7 @@ LEARNER_UID = 1000  # the learner's uid in its own user namespace (userns mode)
 # Where the new root is built, inside the private mount namespace only.
 STAGE = "/run/trainforge/sandbox-root"
 EXIT_SETUP = 126  # the sandbox could not be built; the learner never ran
+EXIT_NOT_STARTED = 125  # held, and the hold was given up: the command never started (guard.py's)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -199,7 +206,15 @@ def _drop_privileges(uid: int, gid: int) -> None:
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
 
 
-def _pid1(cfg: dict, command: list[str]) -> int:
+def _released(hold: int) -> bool:
+    """Block on the hold pipe: True once the controller wrote to it, False at end-of-file (given up)."""
+    try:
+        return bool(os.read(hold, 1))
+    finally:
+        os.close(hold)  # the learner never sees it
+
+
+def _pid1(cfg: dict, command: list[str], hold: int | None = None) -> int:
     """pid 1 of the learner's PID namespace: build the view, drop root, run the command, reap."""
     stopping = False
 
@@ -228,6 +243,8 @@ def _pid1(cfg: dict, command: list[str]) -> int:
     except (SetupError, OSError) as e:
         print(f"trainforge sandbox: cannot build the learner's sandbox: {e}", file=sys.stderr)
         return EXIT_SETUP
+    if hold is not None and not _released(hold):
+        return EXIT_NOT_STARTED
     try:
         child = os.posix_spawn(command[0], command, os.environ,
                                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT),
@@ -283,21 +300,23 @@ def _wait_watching(pid: int, lifeline: int) -> int:
                 os.killpg(0, signal.SIGKILL)
 
 
-def _arguments(argv: list[str]) -> tuple[int | None, str, list[str]]:
-    """(lifeline fd or None, config path, command) from `[--lifeline FD] <config.json> <program> [args...]`."""
-    lifeline = None
-    if len(argv) > 2 and argv[1] == "--lifeline":
-        if not argv[2].isdigit():
-            raise ValueError(f"--lifeline needs a file descriptor number, not {argv[2]!r}")
-        lifeline, argv = int(argv[2]), argv[:1] + argv[3:]
+def _arguments(argv: list[str]) -> tuple[int | None, int | None, str, list[str]]:
+    """(lifeline fd or None, hold fd or None, config path, command) from
+    `[--lifeline FD] [--hold FD] <config.json> <program> [args...]`."""
+    fds: dict[str, int | None] = {"--lifeline": None, "--hold": None}
+    for flag in fds:
+        if len(argv) > 2 and argv[1] == flag:
+            if not argv[2].isdigit():
+                raise ValueError(f"{flag} needs a file descriptor number, not {argv[2]!r}")
+            fds[flag], argv = int(argv[2]), argv[:1] + argv[3:]
     if len(argv) < 3:
-        raise ValueError("usage: enter.py [--lifeline FD] <config.json> <program> [args...]")
-    return lifeline, argv[1], argv[2:]
+        raise ValueError("usage: enter.py [--lifeline FD] [--hold FD] <config.json> <program> [args...]")
+    return fds["--lifeline"], fds["--hold"], argv[1], argv[2:]
 
 
 def main(argv: list[str]) -> None:
     try:
-        lifeline, config, command = _arguments(argv)
+        lifeline, hold, config, command = _arguments(argv)
     except ValueError as e:
         print(e, file=sys.stderr)
         os._exit(EXIT_SETUP)
@@ -330,7 +349,7 @@ def main(argv: list[str]) -> None:
         if lifeline is not None:
             os.close(lifeline)
         try:
-            code = _pid1(cfg, command)
+            code = _pid1(cfg, command, hold)
         except BaseException as e:  # noqa: BLE001 - pid 1 must exit with a code, never a traceback
             print(f"trainforge sandbox: {type(e).__name__}: {e}", file=sys.stderr)
             code = EXIT_SETUP
@@ -339,6 +358,8 @@ def main(argv: list[str]) -> None:
         sys.stderr.flush()
         os._exit(code & 0xFF if code >= 0 else 128 - code)
     os.close(tell)
+    if hold is not None:
+        os.close(hold)  # pid 1's to read; here it would only keep the pipe open
     if lifeline is not None:
         status = _wait_watching(pid, lifeline)
     else:
