@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -56,10 +57,12 @@ def command(seconds: float) -> str:
 
 
 def bare_pool(trials: int, parallel: int, seconds: float, cmd: str | None = None) -> float:
+    # the same `python` the platform's learners get: their controller puts its interpreter's folder first on PATH
+    env = {**os.environ, "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])}
     t0 = time.perf_counter()
     line = cmd or command(seconds)
     with ThreadPoolExecutor(parallel) as pool:
-        list(pool.map(lambda _: subprocess.run(line, shell=True, check=True),  # noqa: S602 - fixed
+        list(pool.map(lambda _: subprocess.run(line, shell=True, check=True, env=env),  # noqa: S602 - fixed
                       range(trials)))
     return time.perf_counter() - t0
 
