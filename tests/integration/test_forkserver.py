@@ -34,6 +34,12 @@ PROBE = """
 import json, os, signal, sys, time
 
 
+def handler_name(sig):
+    handler = signal.getsignal(sig)
+    return {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored",
+            signal.default_int_handler: "python's"}.get(handler, repr(handler))
+
+
 def main():
     out = sys.argv[1]
     fds = {}
@@ -44,8 +50,8 @@ def main():
             pass
     report = {"argv": sys.argv, "cwd": os.getcwd(), "foo": os.environ.get("PROBE_FOO"), "pid": os.getpid(),
               "sid": os.getsid(0), "path0": sys.path[0], "fds": fds,
-              "term": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
-              "int": signal.getsignal(signal.SIGINT) is signal.default_int_handler}
+              "signals": {name: handler_name(getattr(signal, name)) for name in ("SIGTERM", "SIGINT", "SIGHUP",
+                                                                                   "SIGPIPE", "SIGCHLD")}}
     print("hello on stdout", flush=True)
     print("hello on stderr", file=sys.stderr, flush=True)
     with open(out + ".tmp", "w") as f:
@@ -132,7 +138,13 @@ def test_a_forked_child_runs_like_python_m_in_its_own_session(server, tmp_path, 
     assert seen["argv"] == [str(tmp_path / "pkgs" / "fsprobe" / "__main__.py"), str(tmp_path / "report.json")]
     assert seen["cwd"] == str(tmp_path / "work") and seen["path0"] == str(tmp_path / "work")
     assert seen["foo"] == "bar"
-    assert seen["term"] and seen["int"], "signal handlers differ from a fresh interpreter's"
+    # a fresh interpreter started here (signals ignored where this one was started stay ignored, e.g.
+    # SIGINT for a background job of a non-interactive shell) is the reference
+    fresh = subprocess.run([sys.executable, "-m", "fsprobe", str(tmp_path / "fresh.json"), "exit"], env=probe_env,
+                           cwd=tmp_path, capture_output=True, check=False)
+    assert fresh.returncode == 3, fresh.stderr
+    expected = json.loads((tmp_path / "fresh.json").read_text())["signals"]
+    assert seen["signals"] == expected, "signal handlers differ from a fresh interpreter's"
     assert seen["fds"]["0"] == os.devnull
     assert seen["fds"]["1"] == seen["fds"]["2"] == str(tmp_path / "probe.log")
     leaked = set(seen["fds"].values()) & socket_inodes(server.pid)
