@@ -146,13 +146,19 @@ def test_the_only_writer_reads_each_change_once(store, mongo_db):
     assert mirror.refresh() == {"b"} and set(mirror.active) == {"b"}
 
 
-def test_the_only_writer_sees_a_write_that_was_out_across_a_read(store, mongo_db):
+def only_writer(store: JobStore) -> tuple[Clock, Stamps, JobMirror]:
+    """The only Trainer's copy on a settable clock, after its first (full) read of one queued job "a"."""
     clock = Clock()
     clock.now = time.time()
     stamps = Stamps(clock)
     mirror = JobMirror(store, FIELDS, resync=3600, clock=clock, settled=stamps.settled)
     queued(store, "a")
     assert mirror.refresh() is None
+    return clock, stamps, mirror
+
+
+def test_the_only_writer_sees_a_write_that_was_out_across_a_read(store, mongo_db):
+    clock, stamps, mirror = only_writer(store)
     with stamps.taken() as stamp:  # a write of this process the store has not answered yet
         clock.now += 3
         assert "late" not in mirror.refresh()  # read 3 s after its stamp, while it is out
@@ -164,12 +170,7 @@ def test_the_only_writer_sees_a_write_that_was_out_across_a_read(store, mongo_db
 
 
 def test_the_only_writer_reads_everything_again_when_the_clock_steps_back(store):
-    clock = Clock()
-    clock.now = time.time()
-    stamps = Stamps(clock)
-    mirror = JobMirror(store, FIELDS, resync=3600, clock=clock, settled=stamps.settled)
-    queued(store, "a")
-    assert mirror.refresh() is None
+    clock, _, mirror = only_writer(store)
     clock.now += 1
     assert mirror.refresh() is not None
     clock.now -= 5  # stamps now come before the last read's
