@@ -55,7 +55,8 @@ class LcmCalls:
 
         DeployJob is idempotent per (job, attempt), so a call whose answer was
         lost (the LCM died mid-deploy) is simply made again; the restarted LCM
-        finishes what its predecessor started. A capacity refusal is waited
+        answers for an attempt its predecessor launched, and stops and launches
+        again one it cut short. A capacity refusal is waited
         out too: the pass only reserves what fits the capacity the LCM
         reported, so the LCM can only be full with attempts of jobs that
         already ended and are being removed (a burst of short jobs shows it);
