@@ -273,8 +273,7 @@ def _collect(r: int, job: _Pending) -> bool:
     return True
 
 
-def serve(path: Path, modules: set[str]) -> None:
-    parent = os.getppid()
+def serve(path: Path, modules: set[str], parent: int) -> None:
     path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     umask = os.umask(0o177)
@@ -338,7 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm", action="append", default=[],
                         help="a module to import too; its warm() is called when it has one (it must start nothing)")
     parser.add_argument("--title-room", default="", help="padding: room for the children's command lines")
+    parser.add_argument("--parent", type=int, default=0,
+                        help="the pid of the process it serves (default: its parent at start); it exits once that "
+                             "is no longer its parent, also when that died while the modules were imported")
     args = parser.parse_args(argv)
+    parent = args.parent or os.getppid()
     for module in args.preload:
         importlib.import_module(f"{module}.__main__")
         # what it imported stays; the module itself is run afresh as __main__ (runpy warns when it is in sys.modules)
@@ -347,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         warm = getattr(importlib.import_module(module), "warm", None)
         if warm:
             warm()
-    serve(args.socket, set(args.preload))
+    serve(args.socket, set(args.preload), parent)
     return 0
 
 

@@ -280,3 +280,20 @@ def test_a_sigkilled_lcm_leaves_its_forked_processes_running_and_the_next_adopts
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_a_server_whose_lcm_died_while_it_imported_exits(tmp_path, probe_env):
+    """The pid it serves comes with its command line: a parent gone before the imports ended is noticed too."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    sock = tmp_path / "fork.sock"
+    server = subprocess.Popen([sys.executable, "-m", "trainforge_services.common.forkserver", "--socket", str(sock),
+                               "--preload", "fsprobe", "--parent", str(gone.pid)], env=probe_env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = server.communicate(timeout=30)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert server.returncode == 0 and "parent gone" in out, out

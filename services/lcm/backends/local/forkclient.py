@@ -66,7 +66,7 @@ class ForkServer:
         self._start()
 
     def _start(self) -> None:
-        argv = [self._python, "-m", _SERVER, "--socket", str(self.path)]
+        argv = [self._python, "-m", _SERVER, "--socket", str(self.path), "--parent", str(os.getpid())]
         for module in self._modules:
             argv += ["--preload", module]
         for module in self._warm:
