@@ -121,8 +121,10 @@ def test_the_controller_killed_while_held_leaves_nothing_running(launch, coordin
     wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in group), 10,
              "the held process to die with its controller")
     coordinator.put(coordinator.keys.gate(run.job), GateOpen(attempt=1).value())  # too late: nobody to start
-    time.sleep(0.5)  # a started command would write its marker at once; nothing is left that could
-    assert not marker(run).exists()
+    deadline = time.monotonic() + 0.5  # a started command would write its marker at once: watch for it
+    while time.monotonic() < deadline:
+        assert not marker(run).exists()
+        time.sleep(0.05)
 
 
 def test_a_gate_opened_before_the_controller_started_lets_it_start_at_once(launch, coordinator, unique):  # noqa: F811
