@@ -2,7 +2,8 @@
 
 Every script starts its own stack (`trainforge up` in a temporary state dir) so
 what it measures is the code in this tree, and stops it (`trainforge down`)
-whatever happens. `extra_env` lets a script lift the API's rate limit or give
+whatever happens. The state dir is removed after a run that ended well; one
+that raised, or any with TF_BENCH_KEEP=1, keeps it and says where. `extra_env` lets a script lift the API's rate limit or give
 the local backend more room; the stack's services read those TF_* variables.
 """
 
@@ -13,6 +14,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -97,10 +99,17 @@ def stack(extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
     env = clean_env(extra_env)
     env["TF_STATE_DIR"] = str(state)
     cli(env, "up")
+    ok = False
     try:
         yield Stack(state, json.loads((state / "config.json").read_text()))
+        ok = True
     finally:
         cli(env, "down")
+        # a run that went wrong keeps its state (logs, archives) for a look; so does any run with TF_BENCH_KEEP=1
+        if ok and not os.environ.get("TF_BENCH_KEEP"):
+            shutil.rmtree(state, ignore_errors=True)
+        else:
+            print(f"stack state kept in {state}", file=sys.stderr)
 
 
 def platform_procs(state: Path) -> dict[str, list[psutil.Process]]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import warnings
 
@@ -42,8 +41,10 @@ from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 from trainforge_frameworks.torch.helper import (  # noqa: E402
     checkpoint_due,
     device,
+    exit_learner,
     init_distributed,
     install_halt_handler,
+    leave_distributed,
     load_checkpoint,
     output_dir,
     rank,
@@ -151,14 +152,6 @@ def agree(distributed: bool) -> tuple[bool, bool]:
     return bool(flags[0]), bool(flags[1])
 
 
-def leave(distributed: bool) -> None:
-    """Leave the process group together: a learner that tears its connections down while a peer is still
-    busy (rank 0 writing the results, say) can make gloo abort that peer."""
-    if distributed:
-        dist.barrier()
-        dist.destroy_process_group()
-
-
 def evaluate(model: nn.Module, data: TensorDataset, me: int, world: int, distributed: bool) -> float:
     """Accuracy over the whole test set; each rank scores every world-th sample."""
     model.eval()
@@ -242,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             if halt:
                 print(f"rank {me}: halt requested; checkpoint saved at step {epoch * per_epoch + batch}",
                       flush=True)
-                leave(distributed)
+                leave_distributed()
                 return 0
             images, labels = images.to(DEVICE), labels.to(DEVICE)
             optimizer.zero_grad()
@@ -271,9 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         metrics.update(test_accuracy=round(test_acc, 4), seconds=round(time.monotonic() - started, 2))
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         print(f"saved {out / 'model.pt'} and {out / 'metrics.json'}", flush=True)
-    leave(distributed)
+    leave_distributed()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_learner(main())

@@ -20,17 +20,20 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 CHECKPOINT_FILE = "checkpoint.pt"
 # Written after CHECKPOINT_FILE, so its presence marks a complete checkpoint: {"step": n, "saved_at": unix}.
 CHECKPOINT_META = "checkpoint.json"
 
 _halt_requested = threading.Event()
+# Whether this process joined a process group (init_distributed), for exit_learner().
+_joined_group = False
 # When the last checkpoint was saved (or this module loaded), for checkpoint_due().
 _last_save = time.monotonic()
 
@@ -108,10 +111,53 @@ def init_distributed(backend: str | None = None) -> bool:
         return False
     import torch.distributed as dist
 
+    global _joined_group
     backend = backend or distributed_backend()
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, init_method="env://", rank=rank(), world_size=world_size())
+    _joined_group = True
     return True
+
+
+def leave_distributed() -> None:
+    """Leave the process group together with the other learners (a no-op when none was joined).
+
+    A barrier first: a learner that tears its connections down while a peer
+    is still busy (rank 0 writing the results, say) can make gloo abort that
+    peer.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def exit_learner(code: int = 0) -> NoReturn:
+    """End this learner with exit status `code`, after flushing stdout and stderr.
+
+    For `if __name__ == "__main__": exit_learner(main())`. In a process that
+    joined a process group it ends with `os._exit`, skipping the interpreter's
+    teardown. After DistributedDataParallel, torch keeps the gloo group and
+    its threads alive past `destroy_process_group` (something in C++ still
+    holds the group), so they are torn down by the interpreter's exit while
+    the peers close their connections; a learner of the example that had
+    printed its final line was seen to abort there ("terminate called
+    without an active exception", status 134, once on a loaded 2-core
+    machine), failing a finished job. Call it only once the group was left and
+    everything the learner writes is written and closed (checkpoints from
+    `save_checkpoint` are already fsynced): atexit handlers do not run. A
+    process that never joined a group exits normally (`sys.exit`).
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed or broken stream: nothing more can reach it
+    if _joined_group:
+        os._exit(code)
+    sys.exit(code)
 
 
 def _fsync_dir(directory: Path) -> None:

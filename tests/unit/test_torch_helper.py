@@ -179,3 +179,55 @@ def test_checkpoint_due_counts_from_the_start_and_zero_means_never(learner_env, 
     assert helper.checkpoint_due() is False
     monkeypatch.setenv("TF_CHECKPOINT_INTERVAL", "300")
     assert helper.checkpoint_due() is False
+
+
+EXITING_LEARNER = """
+import atexit, sys
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from trainforge_frameworks.torch import helper
+
+atexit.register(lambda: print("atexit ran", flush=True))
+if helper.init_distributed("gloo"):
+    model = DistributedDataParallel(nn.Linear(4, 2))
+    model(torch.randn(3, 4)).sum().backward()
+    helper.leave_distributed()
+print("finished, no newline yet", end="")
+helper.exit_learner(int(sys.argv[1]))
+"""
+
+
+def _run_learners(tmp_path, world: int, code: int) -> list[tuple[int, str]]:
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    script = tmp_path / "learner.py"
+    script.write_text(EXITING_LEARNER)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo", "PYTHONWARNINGS": "ignore"}
+        if world == 1:
+            env.pop("WORLD_SIZE")
+        procs.append(subprocess.Popen([sys.executable, str(script), str(code)], env=env, cwd=tmp_path,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    return [(p.returncode, out) for p, out in zip(procs, outs, strict=True)]
+
+
+def test_exit_learner_after_ddp_flushes_and_skips_the_interpreter_teardown(tmp_path):
+    for status, out in _run_learners(tmp_path, 2, 3):
+        assert status == 3, out
+        assert "finished, no newline yet" in out and "atexit ran" not in out, out
+
+
+def test_exit_learner_without_a_process_group_exits_normally(tmp_path):
+    [(status, out)] = _run_learners(tmp_path, 1, 4)
+    assert status == 4, out
+    assert "finished, no newline yet" in out and "atexit ran" in out, out
