@@ -332,3 +332,25 @@ def test_a_full_read_asked_for_drops_the_one_under_way(held):
     held.release.set()
     mirror.close()
     assert not mirror.reading and set(mirror.queued) == {"a"}
+
+
+def test_the_full_read_pages_through_jobs_that_share_a_stamp(store, mongo_db):
+    """A new leader stamps every queued job at once: pages in `changed_at` order still read them all."""
+    mirror = JobMirror(store, FIELDS, resync=3600, settled=STAMPS.settled, clock=Ahead(), page=4)
+    for i in range(7):
+        queued(store, f"early{i}")
+        aged(mongo_db, store, 90 + i, f"early{i}")  # one stamp each: pages that move on by stamp
+    for i in range(10):
+        queued(store, f"same{i}")
+    aged(mongo_db, store, 60, *(f"same{i}" for i in range(10)))
+    for i in range(5):
+        queued(store, f"late{i}")
+    aged(mongo_db, store, 30, *(f"late{i}" for i in range(5)))
+    want = fresh_copy(store)
+    assert len(want) == 22
+    assert mirror.refresh() is None  # the first read is a full one (synchronous): empty the copy to see the merge
+    mirror.queued, mirror.as_queued = {}, {}
+    mirror._clock.by += 3600
+    mirror.refresh()
+    assert mirror.wait_read(30)
+    assert len(mirror.refresh()) == 22 and as_seen(mirror) == want
