@@ -156,6 +156,7 @@ class Dispatcher(LcmCalls):
             self._thread.join(timeout)
         self._calls.shutdown(wait=True)
         self._notes.stop(timeout)
+        self._jobs.close(timeout)
 
     def wake(self) -> None:
         self._wake.set()

@@ -93,6 +93,8 @@ class JobRecord(_Frozen):
     outputs_uri: str = ""
     created_at: float = 0.0
     updated_at: float = 0.0
+    # when a write the dispatcher's copy follows last changed it (services/trainer/store.py `changed_since`)
+    changed_at: float = 0.0
     active_since: float | None = None
     gpu_seconds: float = 0.0
     cpu_seconds: float = 0.0

@@ -255,3 +255,33 @@ def test_a_deploy_waits_out_an_lcm_that_refuses_for_now(store, error):
         dispatcher.stop()
     assert lcm.deploy_tries == 4
     assert store.find("j").state == JobState.DEPLOYING
+
+
+def test_passes_go_on_while_the_full_read_runs_and_its_merge_keeps_their_reservations(mongo_db, unique):
+    from tests.integration.test_trainer_jobmirror import HeldStore
+
+    held = HeldStore(mongo_db, collection=f"jobs_{unique}")
+    held.ensure_indexes()
+    lcm = ScriptedLcm(Capacity(Usage(gpus=0, cpus=4, memory=8 * GI, learners=4)))
+    dispatcher = Dispatcher(held, lcm)
+    for job_id in ("a", "b", "c"):
+        queue(held, job_id, cpus=2)
+    try:
+        assert dispatcher.run_once().dispatch == ["a", "b"]  # the first pass reads everything, before it
+        dispatcher._jobs._full_at = float("-inf")  # the periodic full read is due (30 s later)
+        assert dispatcher.run_once().dispatch == []  # starts it
+        assert held.paged.wait(30) and dispatcher._jobs.reading
+        # its pages are read and held: passes go on meanwhile, from what changed
+        queue(held, "d", cpus=2)
+        started = time.monotonic()
+        result = dispatcher.run_once()
+        assert result.dispatch == [] and set(result.wait) == {"c", "d"}
+        assert time.monotonic() - started < 20 and dispatcher._jobs.reading  # it did not wait for the read
+        held.release.set()
+        assert dispatcher._jobs.wait_read(30)
+        result = dispatcher.run_once()  # merges it: "a" and "b" still hold the room
+        assert not dispatcher._jobs.reading and result.dispatch == [] and set(result.wait) == {"c", "d"}
+        wait_for(lambda: sorted(lcm.deploys) == [("a", 1), ("b", 1)], 10, "the two deploys")
+    finally:
+        held.release.set()
+        dispatcher.stop()

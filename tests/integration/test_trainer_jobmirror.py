@@ -7,6 +7,7 @@ when asked or when its copy is older than RESYNC.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -80,9 +81,10 @@ def test_a_pass_records_its_own_moves_at_once(store):
     assert set(mirror.active) == {"a"} and not mirror.queued
 
 
-def test_a_stale_copy_is_read_again_whole(store, mongo_db):
+@pytest.mark.parametrize("background", [False, True])
+def test_a_stale_copy_is_read_again_whole(store, mongo_db, background):
     clock = Clock()
-    mirror = JobMirror(store, FIELDS, resync=30, clock=clock)
+    mirror = JobMirror(store, FIELDS, resync=30, clock=clock, background=background)
     queued(store, "a")
     mirror.refresh()
     # a write the stamps cannot show (as from a writer whose clock is far behind): only a full read sees it
@@ -93,7 +95,16 @@ def test_a_stale_copy_is_read_again_whole(store, mongo_db):
     mirror.refresh()
     assert set(mirror.queued) == {"a"}
     clock.now += 30
-    assert mirror.refresh() is None and set(mirror.queued) == {"a", "b"}
+    if not background:
+        assert mirror.refresh() is None and set(mirror.queued) == {"a", "b"}
+        return
+    # the full read runs off the pass: this pass reads what changed and starts it; a later one merges it
+    assert "b" not in mirror.refresh() and mirror.reading and set(mirror.queued) == {"a"}
+    assert mirror.wait_read(30)
+    assert "b" in mirror.refresh() and not mirror.reading and set(mirror.queued) == {"a", "b"}
+    clock.now += 1
+    mirror.refresh()
+    assert not mirror.reading  # the next is due 30 s after the last one started
 
 
 def test_a_reservation_on_the_copy_takes_one_write_and_falls_back_when_it_is_stale(store):
@@ -175,3 +186,171 @@ def test_the_only_writer_reads_everything_again_when_the_clock_steps_back(store)
     assert mirror.refresh() is not None
     clock.now -= 5  # stamps now come before the last read's
     assert mirror.refresh() is None and set(mirror.queued) == {"a"}
+
+
+class HeldStore(JobStore):
+    """The real store, whose background full read holds its pages (read) until `release` is set: what a pass
+    does meanwhile happens after the read has passed every job."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.paged = threading.Event()
+        self.release = threading.Event()
+
+    def live_page(self, *args, **kwargs):
+        page = super().live_page(*args, **kwargs)
+        self.paged.set()
+        assert self.release.wait(30), "the test never let the full read go on"
+        return page
+
+
+@pytest.fixture
+def held(mongo_db, unique) -> HeldStore:
+    s = HeldStore(mongo_db, collection=f"jobs_{unique}")
+    s.ensure_indexes()
+    return s
+
+
+def fresh_copy(store: JobStore) -> dict[str, tuple[JobState, float, bool]]:
+    """What a full read of the store right now puts in a copy: each job's state, stamp, cleanup flag."""
+    mirror = JobMirror(store, FIELDS, resync=3600, background=False)
+    assert mirror.refresh() is None
+    return as_seen(mirror)
+
+
+def as_seen(mirror: JobMirror) -> dict[str, tuple[JobState, float, bool]]:
+    jobs = {**mirror.releasing, **mirror.active, **mirror.queued}
+    assert set(mirror.as_queued) == set(mirror.queued)
+    return {j.id: (j.state, j.changed_at, j.cleanup_pending) for j in jobs.values()}
+
+
+class Ahead:
+    """The wall clock, moved ahead by `by` seconds (the store's stamps are not)."""
+
+    def __init__(self) -> None:
+        self.by = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.by
+
+
+def held_copy(held: HeldStore) -> JobMirror:
+    """The only Trainer's copy, on the store's own stamps (stamps.py), its clock settable ahead."""
+    return JobMirror(held, FIELDS, resync=3600, settled=STAMPS.settled, clock=Ahead())
+
+
+def aged(mongo_db, store: JobStore, seconds: float, *ids: str) -> None:
+    """Stamp these jobs (all: none named) `seconds` back: changed well before any read the test makes."""
+    match = {"_id": {"$in": list(ids)}} if ids else {}
+    mongo_db[store._jobs.name].update_many(match, {"$set": {"changed_at": time.time() - seconds}})
+
+
+def start_held_read(held: HeldStore, mirror: JobMirror) -> None:
+    """Bring the copy's full read due and start it; wait until its pages are read (and held)."""
+    mirror._clock.by += 3600
+    mirror.refresh()
+    assert mirror.reading and held.paged.wait(30)
+
+
+def test_changes_made_while_the_full_read_runs_are_kept_and_nothing_left_is_brought_back(held, mongo_db):
+    mirror = held_copy(held)
+    for job_id in ("reserved", "cancelled", "waits", "failed"):
+        queued(held, job_id)
+    running = queued(held, "running")
+    held.transition("running", JobState.DEPLOYING, "reserved", "trainer")
+    assert mirror.refresh() is None and set(mirror.queued) == {"reserved", "cancelled", "waits", "failed"}
+    start_held_read(held, mirror)
+    # the pages hold every job as it was; now a pass reserves one and rejects one, a user cancels one, a
+    # job ends (its learners not removed yet), and a new one is submitted
+    done = held.apply_transition("reserved", JobState.DEPLOYING, "reserved", "trainer", attempt=1,
+                                 seen=mirror.queued["reserved"])
+    assert done.changed
+    mirror.moved("reserved", done.job)
+    held.transition("failed", JobState.FAILED, "never fits", "trainer")
+    mirror.moved("failed", None)
+    held.transition("cancelled", JobState.CANCELLED, "cancelled", "user")
+    held.transition("running", JobState.CANCELLED, "cancelled", "user")
+    queued(held, "new")
+    assert {"cancelled", "running", "new"} <= mirror.refresh() and mirror.reading
+    held.release.set()
+    assert mirror.wait_read(30)
+    mirror.refresh()  # the merge
+    assert not mirror.reading
+    assert set(mirror.queued) == {"waits", "new"}
+    assert set(mirror.active) == {"reserved"} and mirror.active["reserved"].state == JobState.DEPLOYING
+    assert set(mirror.releasing) == {"running"}  # ended, and still counted until KillJob removed it
+    assert running.id not in mirror.active
+    assert as_seen(mirror) == fresh_copy(held)
+
+
+def test_the_merge_mends_what_the_reads_of_what_changed_missed(held, mongo_db):
+    """Writes stamped far back (another writer's clock behind) are missed by the reads of what changed;
+    the merged full read ends with the copy a fresh full read makes."""
+    mirror = held_copy(held)
+    queued(held, "a")
+    queued(held, "gone")
+    aged(mongo_db, held, 60)
+    assert mirror.refresh() is None
+    queued(held, "missed")
+    held.transition("gone", JobState.CANCELLED, "cancelled", "user")
+    aged(mongo_db, held, 30, "missed", "gone")
+    assert not {"missed", "gone"} & mirror.refresh() and set(mirror.queued) == {"a", "gone"}  # both missed
+    held.release.set()
+    start_held_read(held, mirror)
+    assert mirror.wait_read(30)
+    assert {"missed", "gone"} <= mirror.refresh()
+    assert set(mirror.queued) == {"a", "missed"}
+    assert as_seen(mirror) == fresh_copy(held)
+
+
+def test_a_job_deleted_while_the_full_read_runs_is_gone_after_the_next_one(held, mongo_db):
+    """A deletion is no change the copy can read (no stamp): the merge keeps the entry it has, and the
+    next full read, which does not find the job, drops it."""
+    mirror = held_copy(held)
+    queued(held, "a")
+    queued(held, "deleted")
+    aged(mongo_db, held, 60)
+    assert mirror.refresh() is None
+    start_held_read(held, mirror)
+    mongo_db[held._jobs.name].delete_one({"_id": "deleted"})
+    held.release.set()
+    assert mirror.wait_read(30)
+    mirror.refresh()
+    assert set(mirror.queued) == {"a", "deleted"}
+    start_held_read(held, mirror)  # the next full read (its pages no longer held)
+    assert mirror.wait_read(30)
+    mirror.refresh()
+    assert set(mirror.queued) == {"a"} and as_seen(mirror) == fresh_copy(held)
+
+
+def test_a_full_read_asked_for_drops_the_one_under_way(held):
+    mirror = held_copy(held)
+    queued(held, "a")
+    assert mirror.refresh() is None
+    start_held_read(held, mirror)
+    assert mirror.refresh(full=True) is None and not mirror.reading  # taking the lead: read now, whole
+    held.release.set()
+    mirror.close()
+    assert not mirror.reading and set(mirror.queued) == {"a"}
+
+
+def test_the_full_read_pages_through_jobs_that_share_a_stamp(store, mongo_db):
+    """A new leader stamps every queued job at once: pages in `changed_at` order still read them all."""
+    mirror = JobMirror(store, FIELDS, resync=3600, settled=STAMPS.settled, clock=Ahead(), page=4)
+    for i in range(7):
+        queued(store, f"early{i}")
+        aged(mongo_db, store, 90 + i, f"early{i}")  # one stamp each: pages that move on by stamp
+    for i in range(10):
+        queued(store, f"same{i}")
+    aged(mongo_db, store, 60, *(f"same{i}" for i in range(10)))
+    for i in range(5):
+        queued(store, f"late{i}")
+    aged(mongo_db, store, 30, *(f"late{i}" for i in range(5)))
+    want = fresh_copy(store)
+    assert len(want) == 22
+    assert mirror.refresh() is None  # the first read is a full one (synchronous): empty the copy to see the merge
+    mirror.queued, mirror.as_queued = {}, {}
+    mirror._clock.by += 3600
+    mirror.refresh()
+    assert mirror.wait_read(30)
+    assert len(mirror.refresh()) == 22 and as_seen(mirror) == want
