@@ -98,7 +98,10 @@ def hosts_file(names: dict[str, str]) -> str:
 
 
 def listen_in(netns_path: Path, addresses: list[tuple[str, int]]) -> list[socket.socket]:
-    """Listening TCP sockets created inside the namespace (by a thread that joins it and then ends)."""
+    """Listening TCP sockets created inside the namespace (by a thread that joins it and then ends); none, and no
+    thread, for no addresses."""
+    if not addresses:
+        return []
     made: list[socket.socket] = []
     failed: list[BaseException] = []
 
