@@ -132,8 +132,8 @@ def test_remove_falls_back_to_ip(job, monkeypatch):
     assert isolation.remove_netns(job) and not listed(job)
 
 
-def test_the_user_namespace_helpers_work_inside_a_namespace_of_its_own():
-    """lo_up and add_loopback_address as the unprivileged sandbox's helper uses them: in a user + network
+def test_the_user_namespace_functions_work_inside_a_namespace_of_its_own():
+    """lo_up and add_loopback_address as `userns.py listen` uses them: in a user + network
     namespace the process made itself (no `ip` on its PATH)."""
     script = ("import sys, socket; sys.path.insert(0, sys.argv[1]); import userns; userns.lo_up(); "
               "userns.add_loopback_address('10.254.7.8'); userns.add_loopback_address('10.254.7.8'); "
