@@ -19,7 +19,9 @@ them and services share only `services/common/`.
 
 from __future__ import annotations
 
+import ctypes
 import enum
+import errno
 import hashlib
 import logging
 import os
@@ -104,19 +106,37 @@ def remove_cgroups(paths: list[Path], timeout: float = 5.0) -> bool:
     return all([_rmdir_tree(p) for p in paths])
 
 
+def _unmount_netns(path: Path) -> None:
+    """`ip netns delete` in-process: detach the namespace's bind mount and remove its file; OSError if either fails
+    (a file never mounted is removed too)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.umount2(os.fsencode(path), 2) != 0:  # MNT_DETACH
+        err = ctypes.get_errno()
+        if err != errno.EINVAL:  # EINVAL: not a mount point (any more)
+            raise OSError(err, f"umount {path}: {os.strerror(err)}")
+    path.unlink(missing_ok=True)
+
+
 def remove_netns(job_id: str) -> bool:
-    """`ip netns delete tf-<job>`; True when it is gone (or never was)."""
+    """`ip netns delete tf-<job>` (in-process, `ip` where that fails); True when it is gone (or never was)."""
     (NETNS_LOCKS / netns_name(job_id)).unlink(missing_ok=True)
-    if not (NETNS_DIR / netns_name(job_id)).exists():
+    path = NETNS_DIR / netns_name(job_id)
+    if not path.exists():
         return True
+    try:
+        _unmount_netns(path)
+        return True
+    except OSError as e:
+        inproc = e
     try:
         out = subprocess.run(["ip", "netns", "delete", netns_name(job_id)], capture_output=True, text=True,
                              timeout=10, check=False)
     except (OSError, subprocess.SubprocessError) as e:
-        log.warning("cannot delete network namespace %s: %s", netns_name(job_id), e)
+        log.warning("cannot delete network namespace %s: in-process: %s; with ip: %s", netns_name(job_id), inproc, e)
         return False
-    if out.returncode != 0 and (NETNS_DIR / netns_name(job_id)).exists():
-        log.warning("cannot delete network namespace %s: %s", netns_name(job_id), out.stderr.strip())
+    if out.returncode != 0 and path.exists():
+        log.warning("cannot delete network namespace %s: in-process: %s; with ip: %s", netns_name(job_id), inproc,
+                    out.stderr.strip())
         return False
     return True
 

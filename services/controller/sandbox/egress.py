@@ -37,13 +37,14 @@ import ipaddress
 import logging
 import os
 import socket
-import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from trainforge_services.common.egress import Policy
+
+from . import netns
 
 log = logging.getLogger(__name__)
 
@@ -96,18 +97,11 @@ def hosts_file(names: dict[str, str]) -> str:
     return HOSTS_HEADER + "".join(f"{addr}\t{name}\n" for name, addr in sorted(names.items()))
 
 
-def _add_address(netns: str, addr: str) -> None:
-    """Put a non-loopback IPv4 destination on the namespace's loopback, so the learner's connect finds it."""
-    if ipaddress.IPv4Address(addr).is_loopback:
-        return
-    out = subprocess.run(["ip", "-n", netns, "addr", "add", f"{addr}/32", "dev", "lo"], capture_output=True,
-                         text=True, timeout=10, check=False)
-    if out.returncode != 0 and "exists" not in out.stderr:
-        raise OSError(f"ip -n {netns} addr add {addr}/32 dev lo failed: {out.stderr.strip()}")
-
-
 def listen_in(netns_path: Path, addresses: list[tuple[str, int]]) -> list[socket.socket]:
-    """Listening TCP sockets created inside the namespace (by a thread that joins it and then ends)."""
+    """Listening TCP sockets created inside the namespace (by a thread that joins it and then ends); none, and no
+    thread, for no addresses."""
+    if not addresses:
+        return []
     made: list[socket.socket] = []
     failed: list[BaseException] = []
 
@@ -184,7 +178,7 @@ class Egress:
                 self._listeners = self._listen([(a, p) for a, p, _ in self.routes])
             else:
                 for addr, _, _ in self.routes:
-                    _add_address(self.netns_name, addr)
+                    netns.add_address(self.netns_path, self.netns_name, addr)
                 self._listeners = listen_in(self.netns_path, [(a, p) for a, p, _ in self.routes])
         except OSError as e:
             raise EgressError(f"egress {self.policy}: {e.strerror or e}") from e

@@ -23,8 +23,8 @@ namespace needs a single-threaded process). So
     python -I -S userns.py listen <holder pid> <fd> <addr:port>...
 
 joins the holder's namespaces, puts a non-loopback IPv4 address on the
-namespace's loopback with `ip`, binds and listens, and passes the sockets
-back over the unix socket `<fd>` (SCM_RIGHTS); the controller accepts on
+namespace's loopback (one RTM_NEWADDR over rtnetlink, `ip` where that
+fails), binds and listens, and passes the sockets back over the unix socket `<fd>` (SCM_RIGHTS); the controller accepts on
 them and relays from the host side as in the root sandbox.
 
 Only the standard library is used; the script half runs isolated.
@@ -33,6 +33,7 @@ Only the standard library is used; the script half runs isolated.
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import ipaddress
 import os
@@ -46,6 +47,10 @@ from pathlib import Path
 
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+# rtnetlink: RTM_NEWADDR with an ack, created only if absent (what `ip addr add` asks for)
+RTM_NEWADDR, NLMSG_ERROR = 20, 2
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
+IFA_ADDRESS, IFA_LOCAL = 1, 2
 START_TIMEOUT = 10.0
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -80,13 +85,37 @@ def join(pid: int) -> None:
             os.close(fd)
 
 
+def lo_up() -> None:
+    """`ip link set lo up` in the calling thread's network namespace (SIOCSIFFLAGS)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack("16sH", fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sH", b"lo", 0)))[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | IFF_UP))
+
+
+def add_loopback_address(addr: str) -> None:
+    """`ip addr add <addr>/32 dev lo` in the calling thread's network namespace, as one RTM_NEWADDR over
+    rtnetlink (scope global, as `ip` gives an address outside 127/8); one already there is fine; OSError else."""
+    packed = socket.inet_aton(addr)
+    attrs = struct.pack("HH4s", 8, IFA_LOCAL, packed) + struct.pack("HH4s", 8, IFA_ADDRESS, packed)
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as s:
+        body = struct.pack("BBBBI", socket.AF_INET, 32, 0, 0, socket.if_nametoindex("lo")) + attrs
+        flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE
+        s.bind((0, 0))
+        s.settimeout(START_TIMEOUT)
+        s.send(struct.pack("IHHII", 16 + len(body), RTM_NEWADDR, flags, 1, 0) + body)
+        reply = s.recv(65536)
+    if len(reply) < 20 or struct.unpack_from("H", reply, 4)[0] != NLMSG_ERROR:
+        raise OSError(f"rtnetlink answered adding {addr}/32 to lo with something other than an ack")
+    err = -struct.unpack_from("i", reply, 16)[0]
+    if err not in (0, errno.EEXIST):
+        raise OSError(err, f"adding {addr}/32 to lo: {os.strerror(err)}")
+
+
 def _hold(pid_file: str) -> int:
     uid, gid = os.getuid(), os.getgid()
     _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNET), "unshare(user, net)")
     map_self(0, uid, gid)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        flags = struct.unpack("16sH", fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sH", b"lo", 0)))[1]
-        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | IFF_UP))
+    lo_up()
     tmp = f"{pid_file}.{os.getpid()}"
     with open(tmp, "w") as f:
         f.write(str(os.getpid()))
@@ -107,10 +136,16 @@ def _listen(pid: int, fd: int, routes: list[str]) -> int:
     for route in routes:
         addr, port = route.rsplit(":", 1)
         if not ipaddress.IPv4Address(addr).is_loopback:
-            out = subprocess.run(["ip", "addr", "add", f"{addr}/32", "dev", "lo"], capture_output=True, text=True,
-                                 timeout=10, check=False)
-            if out.returncode != 0 and "exists" not in out.stderr:
-                raise OSError(f"ip addr add {addr}/32 dev lo failed: {out.stderr.strip()}")
+            try:
+                add_loopback_address(addr)
+            except OSError as inproc:
+                try:
+                    out = subprocess.run(["ip", "addr", "add", f"{addr}/32", "dev", "lo"], capture_output=True,
+                                         text=True, timeout=10, check=False)
+                    if out.returncode != 0 and "exists" not in out.stderr:
+                        raise OSError(out.stderr.strip() or f"exit status {out.returncode}")
+                except (OSError, subprocess.SubprocessError) as e:
+                    raise OSError(f"cannot add {addr}/32 to lo: in-process: {inproc}; with ip: {e}") from e
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
