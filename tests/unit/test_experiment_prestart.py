@@ -33,8 +33,9 @@ class Jobs:
         self.jobs = {j.id: j for j in jobs}
         self.calls: list[tuple] = []
 
-    def of_experiment(self, experiment_id: str) -> list[JobRecord]:
-        return sorted((j for j in self.jobs.values() if j.experiment_id == experiment_id), key=lambda j: j.trial)
+    def of_experiment(self, experiment_id: str, states: frozenset[JobState] | None = None) -> list[JobRecord]:
+        return sorted((j for j in self.jobs.values() if j.experiment_id == experiment_id
+                       and (states is None or j.state in states)), key=lambda j: j.trial)
 
     def submit(self, team, manifest_source, *, job_id, experiment_id, trial, gated=False, **_):  # noqa: ANN001
         self.calls.append(("submit", trial, gated))
@@ -251,8 +252,8 @@ def test_a_hand_over_and_a_pass_never_spend_one_freed_slot_twice():
     reading, go_on = threading.Event(), threading.Event()
     read = store.of_experiment
 
-    def slow_read(experiment_id: str) -> list[JobRecord]:
-        found = read(experiment_id)
+    def slow_read(experiment_id: str, states: frozenset[JobState] | None = None) -> list[JobRecord]:
+        found = read(experiment_id, states)
         if threading.current_thread().name == "pass":
             reading.set()
             go_on.wait(10)

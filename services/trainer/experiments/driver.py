@@ -20,7 +20,9 @@ gate opens. They hold no slot while held. When a slot frees, the first held
 trial's gate is opened before any new trial is submitted (after the
 experiment's own resumes and ASHA's promotions), so the next learner starts
 without waiting for an admission and a deploy; the next held trial is then
-submitted. Opening is a compare-and-set on the job (`gate` "closed" ->
+submitted. Where nothing comes before it, the gate is opened in the
+transition that freed the slot (`hand_over`, called by the `TrialChanged`
+rule), not in the pass that transition wakes. Opening is a compare-and-set on the job (`gate` "closed" ->
 "open") written before the LCM is told, so a restart repeats the act, not
 the decision. A halt of the experiment cancels held trials (they have no
 learner to checkpoint) like queued ones; a cancel cancels them with the rest.
@@ -165,10 +167,11 @@ class ExperimentDriver:
 
     # -- one experiment -----------------------------------------------------------
 
-    def _trial_jobs(self, exp: ExperimentRecord) -> tuple[dict[int, JobRecord], list[JobRecord]]:
-        """The current generation's job per trial, and the jobs of earlier generations."""
+    def _trial_jobs(self, exp: ExperimentRecord, states: frozenset[JobState] | None = None,
+                    ) -> tuple[dict[int, JobRecord], list[JobRecord]]:
+        """The current generation's job per trial, and the jobs of earlier generations (only those in `states`)."""
         current, stray = {}, []
-        for job in self._jobs.of_experiment(exp.id):
+        for job in self._jobs.of_experiment(exp.id, states) if states is not None else self._jobs.of_experiment(exp.id):
             if job.id == exp.trial_job_id(job.trial):
                 current[job.trial] = job
             else:
@@ -206,9 +209,10 @@ class ExperimentDriver:
             spec = exp.parsed()
             if spec.prestart == 0 or spec.early_stopping is not None:
                 return None
-            jobs, _ = self._trial_jobs(exp)
-            if any(exp.progress(i).held for i in jobs):
+            if any(t.held for t in exp.trials.values()):
                 return None  # resumes with the experiment come first: the pass's
+            # only the trials that can hold a slot or wait at a gate: not the experiment's ended ones
+            jobs, _ = self._trial_jobs(exp, BUSY)
             free = spec.max_parallel - sum(1 for j in jobs.values() if holds_slot(j))
             waiting = sorted(i for i, j in jobs.items() if behind_gate(j))
             if free <= 0 or not waiting:
