@@ -134,6 +134,7 @@ def main() -> int:
     if args.state is not None:
         jobs = {p.name: {} for p in (args.state / "work").iterdir() if (p / "1" / "learner-0-1.log.jsonl").exists()}
         report(hops(collect(args.state, jobs)))
+        print(driver_passes(args.state))
         return 0
     recipe = {"kind": "experiment", "name": "chain-trace", "framework": "custom", "command": command(args.seconds),
               "resources": {"cpus": 0.5, "memory": "256Mi"},
@@ -162,7 +163,20 @@ def main() -> int:
     print(f"{args.trials} trials of {args.seconds:g} s, {args.parallel} at once, prestart 1: makespan "
           f"{makespan:.2f} s ({(makespan / ideal - 1) * 100:+.0f} % over the ideal {ideal:.2f} s); state {state}")
     report(rows)
+    print(driver_passes(state))
     return 0
+
+
+_PASS = re.compile(r"experiment pass: \d+ experiment\(s\) in (\d+(?:\.\d+)?) ms, cpu (\d+(?:\.\d+)?) ms")
+
+
+def driver_passes(state: Path) -> str:
+    """The experiment driver's passes in the run (the Trainer's timing lines; none in a tree without them)."""
+    found = [(float(ms), float(cpu)) for ms, cpu in _PASS.findall((state / "logs" / "trainer.log").read_text())]
+    if not found:
+        return "driver passes: no timing lines in the Trainer's log"
+    return (f"driver passes: {len(found)}, median {statistics.median(ms for ms, _ in found):.1f} ms, "
+            f"CPU {sum(cpu for _, cpu in found):.0f} ms in all")
 
 
 def report(rows: dict[str, list[float]]) -> None:
