@@ -15,7 +15,7 @@ that every service on the way leaves on this host (one clock, milliseconds):
 The predecessor of a held trial is the trial whose monitor reported STORING last before its gate's
 compare-and-set: the slot it took. Medians (min, max) of each hop are printed, in ms.
 
-Usage: .venv/bin/python bench/chain_trace.py [--trials 20] [--parallel 2] [--seconds 1]
+Usage: .venv/bin/python bench/chain_trace.py [--trials 20] [--parallel 2] [--seconds 1] [--cpus 0.5]
        .venv/bin/python bench/chain_trace.py --state /tmp/tf-bench-XXXX   (the logs a finished run left,
        bench/gate_trace.py's in another tree, say: every hop but the Trainer's STORING stamp)
 """
@@ -129,6 +129,7 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--cpus", type=float, default=0.5, help="each trial's `resources.cpus` (its CPU quota)")
     ap.add_argument("--state", type=Path, help="only read the logs of a finished run's stack (its state folder)")
     args = ap.parse_args()
     if args.state is not None:
@@ -137,7 +138,7 @@ def main() -> int:
         print(driver_passes(args.state))
         return 0
     recipe = {"kind": "experiment", "name": "chain-trace", "framework": "custom", "command": command(args.seconds),
-              "resources": {"cpus": 0.5, "memory": "256Mi"},
+              "resources": {"cpus": args.cpus, "memory": "256Mi"},
               "parameters": {"i": {"range": [0, args.trials - 1], "sampling": "int"}}, "mode": "grid",
               "max_parallel": args.parallel, "prestart": 1}
     with stack() as st:
