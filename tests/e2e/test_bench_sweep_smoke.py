@@ -71,3 +71,12 @@ def test_chain_trace_bench_smoke():
     again = subprocess.run([sys.executable, str(ROOT / "bench" / "chain_trace.py"), "--state", state],
                            capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert again.returncode == 0 and "-> the held controller's watch fires" in again.stdout, again.stdout + again.stderr
+
+
+def test_handover_latency_bench_smoke():
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "handover_latency.py"), "--trials", "3", "--rounds", "1"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("machine: "), proc.stdout
+    for mode in ("hand-over", "pass alone"):
+        assert re.search(rf"\n  {mode} +median +\d+\.\d .*n 2\)", proc.stdout), proc.stdout
