@@ -177,7 +177,8 @@ class ExperimentDriver:
                     ) -> tuple[dict[int, JobRecord], list[JobRecord]]:
         """The current generation's job per trial, and the jobs of earlier generations (only those in `states`)."""
         current, stray = {}, []
-        for job in self._jobs.of_experiment(exp.id, states) if states is not None else self._jobs.of_experiment(exp.id):
+        found = self._jobs.of_experiment(exp.id) if states is None else self._jobs.of_experiment(exp.id, states)
+        for job in found:
             if job.id == exp.trial_job_id(job.trial):
                 current[job.trial] = job
             else:
