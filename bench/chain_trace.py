@@ -158,13 +158,15 @@ def main() -> int:
                 stamps.setdefault(event["to"], event["timestamp"])
             histories[trial["job_id"]] = stamps
         state = st.state
-    rows = hops(collect(state, histories))
+        # read while the stack is up: a stack that ended well may remove its state folder (TF_BENCH_KEEP=1 keeps it)
+        rows = hops(collect(state, histories))
+        passes = driver_passes(state)
     print(machine_line())
     ideal = args.trials * args.seconds / args.parallel
     print(f"{args.trials} trials of {args.seconds:g} s, {args.parallel} at once, prestart 1: makespan "
           f"{makespan:.2f} s ({(makespan / ideal - 1) * 100:+.0f} % over the ideal {ideal:.2f} s); state {state}")
     report(rows)
-    print(driver_passes(state))
+    print(passes)
     return 0
 
 

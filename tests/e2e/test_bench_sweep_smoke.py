@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,8 +58,10 @@ def test_the_ray_tune_peer_runs_the_same_trials_when_the_bench_venv_is_there():
 
 def test_chain_trace_bench_smoke():
     # one slot: each held trial's predecessor is the trial before it; every hop of the chain is timed
+    # TF_BENCH_KEEP: the stack's state folder stays after the run, for the second read below
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "chain_trace.py"), "--trials", "3",
-                           "--parallel", "1", "--seconds", "0.2"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+                           "--parallel", "1", "--seconds", "0.2"], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**os.environ, "TF_BENCH_KEEP": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert out.startswith("machine: ") and "3 trials of 0.2 s, 1 at once, prestart 1: makespan" in out, out
@@ -68,9 +71,13 @@ def test_chain_trace_bench_smoke():
         assert hop in out, out
     assert re.search(r"driver passes: [1-9]\d*, median", out), out
     state = re.search(r"; state (\S+)", out).group(1)
-    again = subprocess.run([sys.executable, str(ROOT / "bench" / "chain_trace.py"), "--state", state],
-                           capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert again.returncode == 0 and "-> the held controller's watch fires" in again.stdout, again.stdout + again.stderr
+    try:
+        again = subprocess.run([sys.executable, str(ROOT / "bench" / "chain_trace.py"), "--state", state],
+                               capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert again.returncode == 0 and "-> the held controller's watch fires" in again.stdout, \
+            again.stdout + again.stderr
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def test_handover_latency_bench_smoke():
