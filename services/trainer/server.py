@@ -158,12 +158,13 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
     notifier = Notifier(Outbox(db), TeamWebhooks(db, box), max_tries=settings.webhook_max_tries,
                         initial_backoff=settings.webhook_backoff)
     experiments_wake = threading.Event()
+    trial_changed = TrialChanged(experiments_wake)
     listen = settings.listen_address or settings.trainer_address
     lead = (leadership(settings.etcd_endpoints, settings.etcd_prefix, Fence(db, "dispatcher"),
                        ttl=settings.leader_ttl, address=listen) if settings.elect else None)
     dispatcher = Dispatcher(store, lcm, quotas=quotas, interval=settings.dispatch_interval,
                             gate=lead.gate if lead is not None else None,
-                            rules=(*DEFAULT_RULES, Announce(notifier.enqueue), TrialChanged(experiments_wake)),
+                            rules=(*DEFAULT_RULES, Announce(notifier.enqueue), trial_changed),
                             preemption=Policy(settings.preempt_min_runtime, settings.preempt_max_per_job))
     service = JobService(store, dispatcher, quotas)
     if metrics is None:
@@ -174,6 +175,7 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
     experiments = ExperimentStore(db, experiment_collection)
     driver = ExperimentDriver(experiments, store, service, metrics, interval=settings.experiment_interval,
                               wake=experiments_wake)
+    trial_changed.hand_over = driver.hand_over  # a freed slot goes to the held trial in the transition that freed it
     experiment_service = ExperimentService(experiments, store, service, driver)
     # a test that names its own experiment collection gets its own workflow collection beside it
     workflow_store = WorkflowStore(db, WORKFLOW_COLLECTION if experiment_collection == EXPERIMENT_COLLECTION

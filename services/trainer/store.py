@@ -212,9 +212,12 @@ class JobStore:
         return to_record(doc)
 
     @mapped
-    def of_experiment(self, experiment_id: str) -> list[JobRecord]:
-        """An experiment's trials (without history and learners), in trial order."""
-        cursor = self._jobs.find({"experiment_id": experiment_id}, {"history": 0, "learners": 0})
+    def of_experiment(self, experiment_id: str, states: Iterable[JobState] | None = None) -> list[JobRecord]:
+        """An experiment's trials (without history and learners), in trial order; only those in `states` if given."""
+        query: dict[str, Any] = {"experiment_id": experiment_id}
+        if states is not None:
+            query["state"] = {"$in": [int(s) for s in states]}
+        cursor = self._jobs.find(query, {"history": 0, "learners": 0})
         return sorted(to_records(cursor), key=lambda j: (j.trial, j.created_at))
 
     @mapped

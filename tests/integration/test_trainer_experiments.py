@@ -317,6 +317,35 @@ def test_a_prestarted_trial_deploys_gated_holds_no_slot_and_its_gate_opens_when_
     assert {g for g, _ in env.lcm.gates} <= {ids[2], ids[3]}
 
 
+def test_a_freed_slot_goes_to_the_held_trial_in_the_report_that_freed_it(env):
+    """The hand-over (ExperimentDriver.hand_over): the held trial's gate is open once the predecessor's STORING
+    report returns, not a driver pass later; a report that frees no slot opens nothing."""
+    # without an objective no pass reads metrics, so none holds the decision for long (one that does, the
+    # hand-over leaves the decision to: the unit tests)
+    exp = env.submit(sweep(max_parallel=1, mode="grid", prestart=1, objective=None))
+    ids = [f"{exp.id}-{i}" for i in range(4)]
+    wait_for(lambda: env.deployed(ids[1]) and (ids[1], 1) in env.lcm.gated, 15, "trial 1 deployed gated")
+    env.run(ids[0])
+    assert env.job(ids[1]).gate == "closed" and slots_and_held(env, exp.id) == (1, 1)  # RUNNING frees no slot
+    env.storing(ids[0])
+    assert env.job(ids[1]).gate == "open"  # written in the STORING report's transition
+    wait_for(lambda: (ids[1], 1) in env.lcm.gates, 15, "the LCM to hear of the opened gate")
+    wait_for(lambda: env.job(ids[2]) is not None and env.job(ids[2]).gate == "closed", 15, "trial 2 prestarted")
+    for index in (1, 2, 3):
+        env.run(ids[index])
+        env.complete(ids[index - 1])
+        assert slots_and_held(env, exp.id)[0] <= 1
+        env.storing(ids[index])
+        if index < 3:
+            assert env.job(ids[index + 1]).gate == "open"
+        if index + 2 < 4:
+            wait_for(lambda: env.job(ids[index + 2]) is not None, 15, f"trial {index + 2} prestarted")  # noqa: B023
+    env.complete(ids[3])
+    wait_for(lambda: env.get(exp.id).state == ExperimentState.EXPERIMENT_COMPLETED, 15, "the experiment to complete")
+    # a gate opened while its trial still queued is deployed open instead: the LCM hears of no gate for it
+    assert {g for g, _ in env.lcm.gates} <= set(ids[1:]) and all(a == 1 for _, a in env.lcm.deploys)
+
+
 def test_an_opened_gate_reaches_the_lcm_after_a_trainer_restart(env):
     """The gate's opening is written first; a Trainer that stopped before the LCM heard of it tells it on restart."""
     exp = env.submit(sweep(max_parallel=1, mode="grid", prestart=1))

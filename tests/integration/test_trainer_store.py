@@ -270,3 +270,14 @@ def test_a_change_must_name_record_fields(store):
     queued(store)
     with pytest.raises(ValueError, match="not fields of a job record: bogus"):
         store.set_fields("j1", {"bogus": 1}, state=JobState.QUEUED)
+
+
+def test_an_experiments_trials_are_read_in_trial_order_and_by_state_when_asked(store):
+    for trial in (2, 0, 1):
+        store.insert(f"x-{trial}", "t", MANIFEST, experiment_id="x", trial=trial)
+    store.insert("other", "t", MANIFEST, experiment_id="y", trial=0)
+    store.transition("x-0", JobState.QUEUED, "admitted", "trainer")
+    store.transition("x-1", JobState.CANCELLED, "cancelled", "user")
+    assert [j.id for j in store.of_experiment("x")] == ["x-0", "x-1", "x-2"]
+    assert [j.id for j in store.of_experiment("x", [JobState.PENDING, JobState.QUEUED])] == ["x-0", "x-2"]
+    assert store.of_experiment("x", []) == []

@@ -7,12 +7,19 @@ cancel; halt) and what it wrote to the experiment's record.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from trainforge_services.common.contracts.experiments import ExperimentState, parse_experiment
 from trainforge_services.common.errors import InvalidArgument
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.experiments.driver import ExperimentDriver, behind_gate, holds_slot
+from trainforge_services.trainer.experiments.driver import (
+    ExperimentDriver,
+    TrialChanged,
+    behind_gate,
+    holds_slot,
+)
 from trainforge_services.trainer.experiments.store import ExperimentRecord, TrialProgress
 from trainforge_services.trainer.record import GATE_CLOSED, GATE_OPEN, JobRecord
 
@@ -26,8 +33,9 @@ class Jobs:
         self.jobs = {j.id: j for j in jobs}
         self.calls: list[tuple] = []
 
-    def of_experiment(self, experiment_id: str) -> list[JobRecord]:
-        return sorted((j for j in self.jobs.values() if j.experiment_id == experiment_id), key=lambda j: j.trial)
+    def of_experiment(self, experiment_id: str, states: frozenset[JobState] | None = None) -> list[JobRecord]:
+        return sorted((j for j in self.jobs.values() if j.experiment_id == experiment_id
+                       and (states is None or j.state in states)), key=lambda j: j.trial)
 
     def submit(self, team, manifest_source, *, job_id, experiment_id, trial, gated=False, **_):  # noqa: ANN001
         self.calls.append(("submit", trial, gated))
@@ -190,3 +198,92 @@ def test_prestart_above_max_parallel_is_refused_naming_the_field():
     with pytest.raises(InvalidArgument) as e:
         experiment(prestart=-1)
     assert any(d["field"] == "prestart" for d in e.value.details)
+
+
+# -- the hand-over: a freed slot goes to the held trial in the transition that freed it -------------------------
+
+
+def driver_on(exp: ExperimentRecord, jobs: list[JobRecord]) -> tuple[ExperimentDriver, Jobs]:
+    store = Jobs(jobs)
+    return ExperimentDriver(Experiments(exp), store, store, None), store  # type: ignore[arg-type]
+
+
+def test_a_trial_leaving_its_slot_opens_the_held_trials_gate_at_once_and_nothing_else():
+    jobs = [trial(0, JobState.STORING), trial(1, JobState.RUNNING), trial(2, JobState.DEPLOYING, GATE_CLOSED)]
+    driver, store = driver_on(experiment(max_parallel=2, prestart=1), jobs)
+    opened = driver.hand_over(store.jobs[f"{EXP}-0"])
+    assert opened is not None and opened.trial == 2 and store.calls == [("open", 2)]  # the next prestart: the pass's
+    assert sum(holds_slot(j) for j in store.jobs.values()) == 2
+
+
+def test_a_hand_over_never_opens_a_gate_while_the_slots_are_full():
+    # trial 0's STORING was handed over already (trial 2's gate is open): trial 3 stays held
+    jobs = [trial(0, JobState.STORING), trial(1, JobState.RUNNING), trial(2, JobState.DEPLOYING, GATE_OPEN),
+            trial(3, JobState.DEPLOYING, GATE_CLOSED)]
+    driver, store = driver_on(experiment(max_parallel=2, prestart=1), jobs)
+    assert driver.hand_over(store.jobs[f"{EXP}-0"]) is None and store.calls == []
+    # a stale event: the trial is back in a slot (restarting) and both slots are busy
+    jobs = [trial(0, JobState.RESTARTING), trial(1, JobState.RUNNING), trial(2, JobState.DEPLOYING, GATE_CLOSED)]
+    driver, store = driver_on(experiment(max_parallel=2, prestart=1), jobs)
+    assert driver.hand_over(trial(0, JobState.STORING)) is None and store.calls == []
+
+
+@pytest.mark.parametrize("case", ["early stopping", "resume with the experiment", "halted", "no prestart"])
+def test_a_hand_over_leaves_to_the_pass_what_the_pass_decides_first(case):
+    sweep: dict = {"max_parallel": 1, "prestart": 0 if case == "no prestart" else 1}
+    if case == "early stopping":
+        sweep["early_stopping"] = {"asha": {"resource": "step", "min_resource": 1, "reduction_factor": 3,
+                                            "max_resource": 9}}
+        sweep["objective"] = {"metric": "loss", "goal": "minimize"}
+    state = ExperimentState.EXPERIMENT_HALTED if case == "halted" else ExperimentState.EXPERIMENT_RUNNING
+    exp = experiment(state=state, **sweep)
+    jobs = [trial(0, JobState.STORING), trial(1, JobState.DEPLOYING, GATE_CLOSED)]
+    if case == "resume with the experiment":
+        exp = exp.model_copy(update={"trials": {3: TrialProgress(held=True)}})
+        jobs.append(trial(3, JobState.HALTED))
+    driver, store = driver_on(exp, jobs)
+    assert driver.hand_over(store.jobs[f"{EXP}-0"]) is None and store.calls == []
+
+
+def test_a_hand_over_and_a_pass_never_spend_one_freed_slot_twice():
+    jobs = [trial(0, JobState.STORING), trial(1, JobState.DEPLOYING, GATE_CLOSED)]
+    exp = experiment(max_parallel=1, prestart=1)
+    driver, store = driver_on(exp, jobs)
+    reading, go_on = threading.Event(), threading.Event()
+    read = store.of_experiment
+
+    def slow_read(experiment_id: str, states: frozenset[JobState] | None = None) -> list[JobRecord]:
+        found = read(experiment_id, states)
+        if threading.current_thread().name == "pass":
+            reading.set()
+            go_on.wait(10)
+        return found
+
+    store.of_experiment = slow_read  # type: ignore[method-assign]
+    passing = threading.Thread(target=driver.advance, args=(exp,), name="pass")
+    passing.start()
+    assert reading.wait(10)
+    assert driver.hand_over(store.jobs[f"{EXP}-0"], wait=0.05) is None  # the pass is deciding: left to it
+    handing = threading.Thread(target=lambda: results.append(driver.hand_over(store.jobs[f"{EXP}-0"])))
+    results: list = []
+    handing.start()
+    go_on.set()
+    passing.join(10)
+    handing.join(10)
+    # the pass opened trial 1's gate and prestarted trial 2; the hand-over, after it, found no free slot
+    assert results == [None]
+    assert [c for c in store.calls if c[0] == "open"] == [("open", 1)]
+    assert sum(holds_slot(j) for j in store.jobs.values()) == 1
+
+
+def test_only_a_trial_leaving_its_slot_hands_it_over():
+    wake = threading.Event()
+    rule = TrialChanged(wake)
+    handed: list[int] = []
+    rule.hand_over = lambda job: handed.append(job.trial)
+    rule.after(JobState.RUNNING, trial(0, JobState.STORING), None)
+    rule.after(JobState.RUNNING, trial(1, JobState.FAILED), None)
+    rule.after(JobState.STORING, trial(2, JobState.COMPLETED), None)  # its slot was handed over at STORING
+    rule.after(JobState.DEPLOYING, trial(3, JobState.RUNNING), None)
+    rule.after(JobState.RUNNING, JobRecord(id="plain", team="t", state=JobState.STORING), None)  # not a trial
+    assert handed == [0, 1] and wake.is_set()

@@ -20,7 +20,9 @@ gate opens. They hold no slot while held. When a slot frees, the first held
 trial's gate is opened before any new trial is submitted (after the
 experiment's own resumes and ASHA's promotions), so the next learner starts
 without waiting for an admission and a deploy; the next held trial is then
-submitted. Opening is a compare-and-set on the job (`gate` "closed" ->
+submitted. Where nothing comes before it, the gate is opened in the
+transition that freed the slot (`hand_over`, called by the `TrialChanged`
+rule), not in the pass that transition wakes. Opening is a compare-and-set on the job (`gate` "closed" ->
 "open") written before the LCM is told, so a restart repeats the act, not
 the decision. A halt of the experiment cancels held trials (they have no
 learner to checkpoint) like queued ones; a cancel cancels them with the rest.
@@ -45,6 +47,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -75,6 +78,8 @@ _HALTABLE = frozenset({JobState.DEPLOYING, JobState.RUNNING})
 # whose metrics may still change what the driver knows
 _REPORTING = frozenset({JobState.RUNNING, JobState.STORING, JobState.COMPLETED, JobState.HALTING,
                         JobState.HALTED})
+# How long a hand-over waits for a pass over an experiment to end before it leaves the decision to the pass
+HAND_OVER_WAIT = 0.5
 OPEN = (ExperimentState.EXPERIMENT_RUNNING, ExperimentState.EXPERIMENT_HALTED, ExperimentState.EXPERIMENT_CANCELLED)
 
 
@@ -90,10 +95,15 @@ class TrialChanged(Rule):
 
     def __init__(self, wake: threading.Event):
         self._wake = wake
+        # the driver's hand-over (ExperimentDriver.hand_over), set by the wiring once the driver exists
+        self.hand_over: Callable[[JobRecord], object] | None = None
 
     def after(self, frm: JobState, job: JobRecord, actions: object) -> None:
-        if job.experiment_id:
-            self._wake.set()
+        if not job.experiment_id:
+            return
+        if self.hand_over is not None and frm in SLOT and job.state not in SLOT:
+            self.hand_over(job)  # its slot goes to the next held trial now, in the transition that freed it
+        self._wake.set()  # and the pass does the rest (the next prestart, the objective, settling)
 
 
 class ExperimentDriver:
@@ -107,6 +117,9 @@ class ExperimentDriver:
         self._wake = wake or threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # one decider at a time over the trials' slots: a pass over an experiment, or a hand-over
+        self._deciding = threading.Lock()
+        self._decider: int | None = None  # the thread holding it (a hand-over its own acts cause is left to it)
         # the workflow runner (services/trainer/experiments/workflows.py), set by the wiring
         self.workflows: object | None = None
         # among Trainer replicas only the elected one drives experiments (services/trainer/replicas.py)
@@ -142,11 +155,16 @@ class ExperimentDriver:
 
     def tick(self) -> None:
         """One pass over every experiment that is not settled."""
-        for experiment in self._experiments.unsettled(OPEN):
+        started, cpu = time.perf_counter(), time.thread_time()
+        unsettled = self._experiments.unsettled(OPEN)
+        for experiment in unsettled:
             try:
                 self.advance(experiment)
             except TrainforgeError as e:
                 log.warning("experiment %s: pass stopped: %s", experiment.id, e.message)
+        if unsettled:  # the timing line bench/chain_trace.py reads (a pass's wall time and this thread's CPU)
+            log.info("experiment pass: %d experiment(s) in %.1f ms, cpu %.1f ms", len(unsettled),
+                     (time.perf_counter() - started) * 1000, (time.thread_time() - cpu) * 1000)
         if self.workflows is not None:
             try:
                 self.workflows.tick()  # type: ignore[attr-defined]
@@ -155,10 +173,12 @@ class ExperimentDriver:
 
     # -- one experiment -----------------------------------------------------------
 
-    def _trial_jobs(self, exp: ExperimentRecord) -> tuple[dict[int, JobRecord], list[JobRecord]]:
-        """The current generation's job per trial, and the jobs of earlier generations."""
+    def _trial_jobs(self, exp: ExperimentRecord, states: frozenset[JobState] | None = None,
+                    ) -> tuple[dict[int, JobRecord], list[JobRecord]]:
+        """The current generation's job per trial, and the jobs of earlier generations (only those in `states`)."""
         current, stray = {}, []
-        for job in self._jobs.of_experiment(exp.id):
+        found = self._jobs.of_experiment(exp.id) if states is None else self._jobs.of_experiment(exp.id, states)
+        for job in found:
             if job.id == exp.trial_job_id(job.trial):
                 current[job.trial] = job
             else:
@@ -166,6 +186,49 @@ class ExperimentDriver:
         return current, stray
 
     def advance(self, exp: ExperimentRecord) -> None:
+        with self._deciding:
+            self._decider = threading.get_ident()
+            try:
+                self._advance(exp)
+            finally:
+                self._decider = None
+
+    def hand_over(self, job: JobRecord, *, wait: float = HAND_OVER_WAIT) -> JobRecord | None:
+        """A trial just left its slot (STORING, ended, halted): open the first held trial's gate now, in the
+        transition that freed the slot, instead of in the pass that transition wakes. The opened job, or None
+        when nothing was opened (no held trial, no free slot, or the decision is the pass's).
+
+        Only that one decision: the same count of slots as the pass's, under the same lock (so a pass and a
+        hand-over never spend one freed slot twice), and only where the pass would open that gate first:
+        an experiment that is running, with no trial waiting to be resumed with it and no early stopping
+        (whose promotions come first, after the pass has read the trials' metrics). The gate's
+        compare-and-set is written before the LCM is told, as in the pass; what a crash leaves, the next
+        pass finds. A hand-over caused by the driver's own act (a cancel) or that finds a pass running for
+        longer than `wait` seconds is left to the pass, which the transition wakes anyway."""
+        if not self.active() or self._decider == threading.get_ident():
+            return None
+        if not self._deciding.acquire(timeout=wait):
+            return None
+        try:
+            exp = self._experiments.find(job.experiment_id)
+            if exp is None or exp.state != ExperimentState.EXPERIMENT_RUNNING:
+                return None
+            spec = exp.parsed()
+            if spec.prestart == 0 or spec.early_stopping is not None:
+                return None
+            if any(t.held for t in exp.trials.values()):
+                return None  # resumes with the experiment come first: the pass's
+            # only the trials that can hold a slot or wait at a gate: not the experiment's ended ones
+            jobs, _ = self._trial_jobs(exp, BUSY)
+            free = spec.max_parallel - sum(1 for j in jobs.values() if holds_slot(j))
+            waiting = sorted(i for i, j in jobs.items() if behind_gate(j))
+            if free <= 0 or not waiting:
+                return None
+            return self._service.open_gate(jobs[waiting[0]].id, ACTOR)
+        finally:
+            self._deciding.release()
+
+    def _advance(self, exp: ExperimentRecord) -> None:
         jobs, stray = self._trial_jobs(exp)
         for job in stray:  # a halt bumped the generation and died before cancelling the old job
             if not states.is_terminal(job.state):
