@@ -27,7 +27,8 @@ _TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.PENDING, JobState.HALTED, JobState.RESTARTING}),
     JobState.DEPLOYING: frozenset({JobState.QUEUED}),
     JobState.RUNNING: frozenset({JobState.DEPLOYING}),
-    JobState.STORING: frozenset({JobState.RUNNING}),
+    # from HALTING too: the learners finished (exit 0) before the halt reached them, so the job completes
+    JobState.STORING: frozenset({JobState.RUNNING, JobState.HALTING}),
     JobState.COMPLETED: frozenset({JobState.STORING}),
     JobState.HALTING: frozenset({JobState.DEPLOYING, JobState.RUNNING}),
     JobState.HALTED: frozenset({JobState.HALTING}),

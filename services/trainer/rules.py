@@ -94,6 +94,21 @@ class HaltedDespiteFailure(Rule):
                        "resume continues from the last stored checkpoint")
 
 
+class FinishedBeforeHalt(Rule):
+    """A halting job whose learners all finished before the halt reached them completes: HALTING -> STORING.
+
+    The reason says so (there is nothing left to resume), and a scheduler's halt no longer marks it preempted.
+    """
+
+    FROM = frozenset({JobState.HALTING})
+    TO = frozenset({JobState.STORING})
+
+    def before(self, job: JobRecord, proposal: Proposal) -> Proposal:
+        return replace(proposal, reason=f"{proposal.reason}; the learners finished before the halt reached them, "
+                                        "so the job completes instead of halting",
+                       fields={**proposal.fields, "preempted": "", "preempted_for": ""})
+
+
 class RestartOrFail(Rule):
     """A failed attempt restarts after `backoff * 2^(k-1)` (capped) while restarts are left; else FAILED."""
 
@@ -247,7 +262,7 @@ class Announce(Rule):
         self._enqueue(job)
 
 
-DEFAULT_RULES: tuple[Rule, ...] = (HaltedDespiteFailure(), RestartOrFail(), NoRestartLeft(), Deploy(),
+DEFAULT_RULES: tuple[Rule, ...] = (HaltedDespiteFailure(), FinishedBeforeHalt(), RestartOrFail(), NoRestartLeft(), Deploy(),
                                    RequestHalt(), CleanUpAttempt(), ReleaseResources(), QueueChanged(),
                                    LeftQueue(), RequeueAfterBackoff())
 

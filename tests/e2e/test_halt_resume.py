@@ -26,8 +26,10 @@ from tests.servers import wait_for
 from trainforge_services.common import isolation
 
 EXAMPLE = ROOT / "examples" / "mnist"
-# Small enough for 2 CPU cores, long enough to be interrupted mid-epoch.
-COMMAND = "python train.py --epochs 3 --seed 0 --train-samples 6000 --test-samples 400"
+# Small enough for 2 CPU cores, and in short epochs, so that a halt or a kill sent after the first one (a
+# CLI call or two later: about a second on a quiet machine) still lands well before the last one ends.
+EPOCHS = 8
+COMMAND = f"python train.py --epochs {EPOCHS} --seed 0 --train-samples 3000 --test-samples 400"
 
 
 def example(tmp_path: Path, name: str, *, interval: str = "20s") -> Path:
@@ -95,8 +97,8 @@ def reference(stack, tmp_path_factory):
 def test_a_halted_and_resumed_job_ends_with_the_uninterrupted_model(stack, reference, tmp_path):
     env, state, stack_id = stack
     job_id = cli_json(env, "submit", str(example(tmp_path, "mnist-halted")))["id"]
-    # halt in the second of three epochs: after the first one ended
-    wait_for(lambda: "epoch 1/3" in log_text(env, job_id), 240, "the first epoch to end", interval=1.0)
+    # halt after the first epoch ended, with several still to go
+    wait_for(lambda: f"epoch 1/{EPOCHS}" in log_text(env, job_id), 240, "the first epoch to end", interval=1.0)
     halted = cli_json(env, "halt", job_id, timeout=180)
     assert halted["state"] == "halted", halted
     assert halted["checkpoint_step"] is not None and halted["checkpoint_step"] > 0
@@ -119,7 +121,7 @@ def test_a_halted_and_resumed_job_ends_with_the_uninterrupted_model(stack, refer
 def test_a_killed_learner_restarts_from_its_checkpoint(stack, reference, tmp_path):
     env, state, stack_id = stack
     job_id = cli_json(env, "submit", str(example(tmp_path, "mnist-killed", interval="2s")))["id"]
-    wait_for(lambda: "epoch 1/3" in log_text(env, job_id), 240, "the first epoch to end", interval=1.0)
+    wait_for(lambda: f"epoch 1/{EPOCHS}" in log_text(env, job_id), 240, "the first epoch to end", interval=1.0)
     victims = wait_for(lambda: learner_pids(stack_id, job_id), 30, "the learners' processes")
     killed_at = time.monotonic()
     victims[-1].send_signal(signal.SIGKILL)

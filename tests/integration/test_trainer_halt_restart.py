@@ -137,6 +137,23 @@ def test_a_failure_while_halting_keeps_what_was_stored(trainer):
     assert doc.restarts == 0
 
 
+def test_a_job_that_finishes_before_its_halt_reaches_the_learners_completes(trainer):
+    # the learners exited 0 just as the halt was asked for: the monitor reports STORING and COMPLETED
+    service, store, lcm = trainer
+    job = submit(service)
+    running(service, store, job)
+    service.halt(TEAM, job, "user:k1")
+    storing = service.report(job, 1, JobState.STORING, "all 2 learners exited 0; 2 storing outputs", "monitor")
+    assert JobState(storing.state) == JobState.STORING
+    assert "finished before the halt reached them" in storing.reason
+    done = service.report(job, 1, JobState.COMPLETED, "all 2 learners completed; outputs stored", "monitor")
+    assert JobState(done.state) == JobState.COMPLETED
+    wait_for(lambda: not store.find(job).cleanup_pending, 10, "the learners to be removed")
+    assert service.team_usage(TEAM).active_jobs == 0  # the quota is free, not held by a job stuck halting
+    path = [(JobState(e.from_state).name, JobState(e.to_state).name) for e in store.find(job).history]
+    assert path[-3:] == [("RUNNING", "HALTING"), ("HALTING", "STORING"), ("STORING", "COMPLETED")]
+
+
 def test_a_failed_attempt_restarts_with_growing_backoff_then_fails(trainer):
     service, store, lcm = trainer
     job = submit(service, restart={"max_restarts": 2, "backoff": "0.3s"})

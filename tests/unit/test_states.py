@@ -53,3 +53,9 @@ def test_parse_user_state():
     assert states.job_state(6) is JobState.COMPLETED
     with pytest.raises(ValueError, match="unknown job state 'runing'"):
         states.job_state("runing")
+
+
+def test_a_halting_job_can_still_complete_but_only_through_storing():
+    assert states.can_transition(JobState.HALTING, JobState.STORING)
+    assert not states.can_transition(JobState.HALTING, JobState.COMPLETED)
+    assert states.path_along_main_line(JobState.HALTING, JobState.STORING) == [JobState.STORING]

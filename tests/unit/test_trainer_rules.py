@@ -106,11 +106,20 @@ def test_a_failure_while_halting_is_halted_and_a_deploy_failure_never_restarts()
     assert life.propose(job(JobState.DEPLOYING, max_restarts=3), plain) == plain
 
 
+def test_a_halting_job_whose_learners_finished_completes_and_is_no_longer_preempted():
+    life, _, _ = lifecycle(job(JobState.HALTING))
+    halting = job(JobState.HALTING).model_copy(update={"preempted": "halted for j2", "preempted_for": "j2"})
+    p = life.propose(halting, Proposal(JobState.STORING, "all 2 learners exited 0"))
+    assert p.to == JobState.STORING and "finished before the halt reached them" in p.reason
+    assert (p.fields["preempted"], p.fields["preempted_for"]) == ("", "")
+
+
 @pytest.mark.parametrize(("frm", "to", "expected"), [
     (JobState.QUEUED, JobState.DEPLOYING, [("deploy", "j")]),
     (JobState.RUNNING, JobState.HALTING, [("halt", "j")]),
     (JobState.RUNNING, JobState.CANCELLED, [("clean_up", "j"), ("wake", "")]),
     (JobState.HALTING, JobState.HALTED, [("clean_up", "j"), ("wake", "")]),
+    (JobState.HALTING, JobState.STORING, []),
     (JobState.RUNNING, JobState.RESTARTING, [("clean_up", "j")]),
     (JobState.PENDING, JobState.QUEUED, [("wake", "")]),
     (JobState.QUEUED, JobState.CANCELLED, [("wake", "")]),
