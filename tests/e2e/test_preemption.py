@@ -16,7 +16,7 @@ import os
 import pytest
 
 from tests.e2e.test_embedded_stack import cli_json, run_cli, wait_terminal
-from tests.e2e.test_halt_resume import assert_bitwise_equal, example, log_text, model_of
+from tests.e2e.test_halt_resume import EPOCHS, assert_bitwise_equal, example, log_text, model_of
 from tests.servers import wait_for
 
 MIN_RUNTIME = 3
@@ -59,7 +59,7 @@ def test_a_borrower_is_halted_for_the_owner_and_resumes_to_the_uninterrupted_mod
     assert usage["nlp"]["quota"]["cohort"] == "lab"
 
     # the owner submits in the borrower's second epoch, after its first checkpoint
-    wait_for(lambda: "epoch 1/3" in log_text(nlp, borrower), 300, "the first epoch to end", interval=1.0)
+    wait_for(lambda: f"epoch 1/{EPOCHS}" in log_text(nlp, borrower), 300, "the first epoch to end", interval=1.0)
     owner_manifest = tmp_path / "owner.yaml"
     owner_manifest.write_text("name: owner\nlearners: 2\nresources: {cpus: 1, memory: 1Gi}\n"
                               "command: python -c \"print('vision ran')\"\n")

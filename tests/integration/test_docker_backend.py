@@ -18,7 +18,7 @@ import pytest
 
 from tests.e2e.test_elastic import elastic_job, world_lines
 from tests.e2e.test_embedded_stack import cli_json, run_cli, stack_processes, wait_terminal
-from tests.e2e.test_halt_resume import assert_bitwise_equal, example, log_text, model_of
+from tests.e2e.test_halt_resume import EPOCHS, assert_bitwise_equal, example, log_text, model_of
 from tests.engine import NUMPY_IMAGE, Daemon, start_engine
 from tests.servers import wait_for
 from trainforge_services.common.adapters.docker_engine import Engine
@@ -117,7 +117,7 @@ def test_a_memory_hog_is_stopped_at_its_limit_with_a_clear_reason(docker_stack, 
 def test_halt_then_resume_ends_with_the_model_of_an_uninterrupted_run(docker_stack, daemon, reference, tmp_path):
     env, state, _ = docker_stack
     job_id = cli_json(env, "submit", str(example(tmp_path, "mnist-halted")))["id"]
-    wait_for(lambda: "epoch 1/3" in log_text(env, job_id), 240, "the first epoch to end", interval=1.0)
+    wait_for(lambda: f"epoch 1/{EPOCHS}" in log_text(env, job_id), 240, "the first epoch to end", interval=1.0)
     halted = cli_json(env, "halt", job_id, timeout=180)
     assert halted["state"] == "halted", halted
     assert halted["checkpoint_step"] is not None and halted["checkpoint_step"] > 0
@@ -133,7 +133,7 @@ def test_a_learner_container_killed_with_sigkill_restarts_from_its_checkpoint(do
                                                                              tmp_path):
     env, state, _ = docker_stack
     job_id = cli_json(env, "submit", str(example(tmp_path, "mnist-sigkill", interval="2s")))["id"]
-    wait_for(lambda: "epoch 1/3" in log_text(env, job_id), 240, "the first epoch to end", interval=1.0)
+    wait_for(lambda: f"epoch 1/{EPOCHS}" in log_text(env, job_id), 240, "the first epoch to end", interval=1.0)
     victim = next(c for c in ours(daemon.engine, job_id) if c.labels["tf.rank"] == "1")
     assert daemon.engine.signal(victim.id, "SIGKILL")
     job = wait_terminal(env, job_id, 300)

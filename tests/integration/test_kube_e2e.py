@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_embedded_stack import cli_json, run_cli, wait_terminal
-from tests.e2e.test_halt_resume import assert_bitwise_equal, example, log_text, model_of
+from tests.e2e.test_halt_resume import EPOCHS, assert_bitwise_equal, example, log_text, model_of
 from tests.kube import start_node
 from tests.servers import wait_for
 from trainforge_services.common.adapters.kube import Kube
@@ -89,7 +89,7 @@ def test_the_example_ddp_job_completes_on_pods(kube_stack, reference):
 def test_halt_then_resume_on_pods_ends_with_the_uninterrupted_model(kube_stack, reference, tmp_path):
     env, state, kube = kube_stack
     job_id = cli_json(env, "submit", str(example(tmp_path, "mnist-kube-halted")))["id"]
-    wait_for(lambda: "epoch 1/3" in log_text(env, job_id), 300, "the first epoch to end", interval=1.0)
+    wait_for(lambda: f"epoch 1/{EPOCHS}" in log_text(env, job_id), 300, "the first epoch to end", interval=1.0)
     halted = cli_json(env, "halt", job_id, timeout=180)
     assert halted["state"] == "halted", halted
     assert halted["checkpoint_step"] is not None and halted["checkpoint_step"] > 0
