@@ -51,6 +51,25 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
 
 
+def holds_its_hold_pipe(environ: dict[str, str], pid: int) -> bool:
+    """Whether a held learner's command (its shell, its interpreter before the start-up hook let it go) still
+    has the hold pipe it was given open: named in its starting environment, the descriptor still there."""
+    fd = environ.get("TF_LEARNER_HOLD_FD", "")
+    return fd.isdigit() and os.path.exists(f"/proc/{pid}/fd/{fd}")
+
+
+def blocked_on_a_pipe(pid: int) -> bool:
+    """Whether process pid sleeps reading a pipe, by the kernel's wait channel (where /proc hides it: whether
+    it sleeps at all). A held learner waits so."""
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+        if wchan not in ("", "0"):
+            return "pipe_read" in wchan
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S"
+    except (OSError, IndexError):
+        return False
+
+
 def port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)

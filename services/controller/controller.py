@@ -69,6 +69,7 @@ from .metricstail import MetricsChannel
 from .outcome import FINAL_STATUS_SECONDS, Outcome, system_line, text
 from .priority import Placement, plan_placement, set_output_cpus
 from .pyenv import BuildStopped, EnvCache, requirements_of
+from .pyhold import holds_itself
 from .sandbox import Sandbox, choose
 from .status import StatusPublisher
 from .stopping import StopRequest, wait_for_learner
@@ -268,17 +269,21 @@ class Controller:
             env, entry = sandbox.env(env), partial(sandbox.argv, command)
         elif spec.launcher:
             program = [*spec.launcher, "/bin/sh", "-c", command]
+        # a held Python command waits in its own interpreter, already started (pyhold.py); behind a launcher
+        # the command runs elsewhere (a container), so the guard holds it
+        self_held = spec.gated and not spec.launcher and holds_itself(command, env)
         learner = self._learner = LearnerProcess(command, spec.workdir, env, archive,
                                                  python=self.python, program=program, entry=entry,
                                                  cpus=self._placement.learner
                                                  if self._placement and self.settings.place_cpus == "all" else None,
-                                                 held=spec.gated)
+                                                 held=spec.gated, self_held=self_held)
         try:
             learner.start()
         except OSError as e:
             return Outcome(LearnerState.LEARNER_FAILED, message=f"starting the learner failed: {text(e)}")
         if spec.gated:
-            log.info("learner held (pid %d): %s", learner.pid, learner.command)
+            log.info("learner held (pid %d, %s): %s", learner.pid,
+                     "in its interpreter" if self_held else "before its command", learner.command)
             not_started = self._pass_gate(archive, learner)
             if not_started is not None:
                 return not_started

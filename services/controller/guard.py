@@ -25,6 +25,10 @@ on it (the job's gate opened) starts the command at once; end-of-file (the
 controller gave up the hold: a cancel, a halt, or it died) exits with
 EXIT_NOT_STARTED without ever starting it. So everything of the learner's
 start but the command itself is paid while the trial waits for its slot.
+With `--pass-hold <hold fd>` instead, the command is a Python interpreter
+that holds itself (services/controller/pyhold.py): the guard starts it at
+once with the hold pipe open and named in its environment (TF_LEARNER_HOLD_FD),
+and the learners' start-up hook blocks on it before the user's program runs.
 
 Signals the controller sends to the group (SIGTERM on a halt) are meant for
 the learner: the guard catches them and goes on waiting, so its exit still
@@ -44,6 +48,8 @@ import threading
 _FORWARDED = (signal.SIGTERM, signal.SIGINT)
 # the exit code of a held guard whose hold was given up: the command never started
 EXIT_NOT_STARTED = 125
+# names the hold pipe for a command that holds itself (pyhold.HOLD_FD_ENV; this file imports nothing of ours)
+HOLD_FD_ENV = "TF_LEARNER_HOLD_FD"
 # Python ignores these at start-up; the command gets them back as the kernel's default.
 _RESET = (signal.SIGPIPE, signal.SIGXFSZ, *_FORWARDED)
 
@@ -62,25 +68,35 @@ def released(hold: int) -> bool:
         os.close(hold)  # the learner never sees it
 
 
+def pass_hold(hold: int) -> None:
+    """Leave the hold pipe open for the command, which holds itself (the module's docstring)."""
+    os.set_inheritable(hold, True)
+    os.environ[HOLD_FD_ENV] = str(hold)
+
+
 def main(argv: list[str]) -> int:
-    hold = None
-    if len(argv) > 3 and argv[2] == "--hold" and argv[3].isdigit():
-        hold, argv = int(argv[3]), argv[:2] + argv[4:]
+    hold, passed = None, False
+    if len(argv) > 3 and argv[2] in ("--hold", "--pass-hold") and argv[3].isdigit():
+        hold, passed, argv = int(argv[3]), argv[2] == "--pass-hold", argv[:2] + argv[4:]
     if len(argv) < 3 or not argv[1].isdigit():
-        print("usage: guard.py <lifeline fd> [--hold <fd>] <program> [args...]", file=sys.stderr)
+        print("usage: guard.py <lifeline fd> [--hold <fd> | --pass-hold <fd>] <program> [args...]", file=sys.stderr)
         return 127
     fd, command = int(argv[1]), argv[2:]
     for sig in _FORWARDED:
         signal.signal(sig, lambda *_: None)
     os.set_inheritable(fd, False)  # the lifeline is the guard's, not the learner's
     threading.Thread(target=_kill_group_when_closed, args=(fd,), daemon=True).start()
-    if hold is not None and not released(hold):
+    if passed:
+        pass_hold(hold)
+    elif hold is not None and not released(hold):
         return EXIT_NOT_STARTED
     try:
         pid = os.posix_spawn(command[0], command, os.environ, setsigdef=_RESET, setsigmask=())
     except OSError as e:
         print(f"cannot start {command[0]}: {e}", file=sys.stderr)
         return 127
+    if passed:
+        os.close(hold)  # the command's to read; here it would only keep the pipe open after the command gave up
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     if code < 0:  # die of the same signal, so the controller sees what the command saw

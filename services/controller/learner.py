@@ -149,11 +149,12 @@ GUARD = Path(__file__).with_name("guard.py")
 
 
 def guarded_argv(command: str, lifeline: int, python: str = sys.executable,
-                 program: list[str] | None = None, hold: int | None = None) -> list[str]:
+                 program: list[str] | None = None, hold: int | None = None, *, pass_hold: bool = False) -> list[str]:
     """argv of a learner: `/bin/sh -c command` (or `program`, the shell wrapped in a sandbox) under the
     guard (the platform's interpreter, isolated), which watches the pipe end `lifeline`; with `hold`, the
-    guard waits for a byte on that pipe end before it starts the command."""
-    held = ["--hold", str(hold)] if hold is not None else []
+    guard waits for a byte on that pipe end before it starts the command, or with `pass_hold` starts it at
+    once and hands the pipe on to it (a Python interpreter that holds itself, pyhold.py)."""
+    held = ["--pass-hold" if pass_hold else "--hold", str(hold)] if hold is not None else []
     return [python, "-I", "-S", str(GUARD), str(lifeline), *held, *(program or ["/bin/sh", "-c", command])]
 
 
@@ -173,15 +174,19 @@ class LearnerProcess:
     trials"), `start()` starts the guard or entry - its interpreter, the
     sandbox, the output pipes - but that process then waits on a hold pipe
     before it starts the command: `release()` starts the command,
-    `give_up_hold()` makes the process exit without starting it.
+    `give_up_hold()` makes the process exit without starting it. With
+    `held` and `self_held` (pyhold.holds_itself said so of the command), the
+    command itself starts too, a Python interpreter that waits on the hold
+    pipe in the learners' start-up hook before the user's program; release
+    and give-up work the same.
     """
 
     def __init__(self, command: str, cwd: Path, env: dict[str, str], archive: LogArchive, *,
                  python: str = sys.executable, program: list[str] | None = None,
-                 entry: Callable[[int, int | None], list[str]] | None = None, cpus: frozenset[int] | None = None,
-                 held: bool = False):
+                 entry: Callable[..., list[str]] | None = None, cpus: frozenset[int] | None = None,
+                 held: bool = False, self_held: bool = False):
         self.command, self.cwd, self.env, self.archive = command, Path(cwd), env, archive
-        self.held = held
+        self.held, self.self_held = held, held and self_held
         self.python, self.program, self.entry = python, program, entry
         self.cpus = cpus  # the learner's CPUs (priority.plan_placement); None: the controller's own
         self.proc: subprocess.Popen | None = None
@@ -203,8 +208,9 @@ class LearnerProcess:
         err_r, err_w = os.pipe()
         own = self._pin_self(self.cpus)  # the child inherits the forking thread's affinity
         try:
-            argv = (self.entry(read_end, hold_r) if self.entry is not None
-                    else guarded_argv(self.command, read_end, self.python, self.program, hold_r))
+            argv = (self.entry(read_end, hold_r, pass_hold=self.self_held) if self.entry is not None
+                    else guarded_argv(self.command, read_end, self.python, self.program, hold_r,
+                                      pass_hold=self.self_held))
             self.proc = subprocess.Popen(
                 argv, cwd=self.cwd, env=self.env,
                 stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, start_new_session=True,

@@ -22,7 +22,7 @@ import psutil
 from tests.chaos_support import most_at_once
 from tests.e2e.test_embedded_stack import cli_json, run_cli
 from tests.e2e.test_experiments import _sigkill_trainer
-from tests.servers import wait_for
+from tests.servers import holds_its_hold_pipe, wait_for
 
 SCRIPT = textwrap.dedent("""
     import os, sys, time
@@ -71,13 +71,17 @@ def learner_span(env: dict, job_id: str) -> tuple[float, float]:
 
 
 def processes_of(job_id: str) -> tuple[list[psutil.Process], list[psutil.Process]]:
-    """(the job's held learner processes, its processes running the user's command), by TF_JOB_ID."""
+    """(the job's held learner processes, its processes running the user's command), by TF_JOB_ID. Held: the
+    guard or sandbox entry started with a hold, and for a bare `python ...` command (held in its interpreter)
+    the shell and the interpreter while they still have the hold pipe open."""
     held_procs, user = [], []
     for p in psutil.process_iter():
         try:
-            if p.status() == psutil.STATUS_ZOMBIE or p.environ().get("TF_JOB_ID") != job_id:
+            environ = p.environ()
+            if p.status() == psutil.STATUS_ZOMBIE or environ.get("TF_JOB_ID") != job_id:
                 continue
-            (held_procs if "--hold" in p.cmdline() else user).append(p)
+            is_held = {"--hold", "--pass-hold"} & set(p.cmdline()) or holds_its_hold_pipe(environ, p.pid)
+            (held_procs if is_held else user).append(p)
         except psutil.Error:
             continue
     return held_procs, user

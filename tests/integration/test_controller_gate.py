@@ -1,8 +1,10 @@
 """A gated learner (a prestarted trial) as a real controller process against real etcd: it prepares, starts
 the learner's process (the guard, or the sandbox's entry with the whole sandbox) held just before the user's
-command, says it is held, and starts the command only once the job's `gate` key is written; a halt, a cancel or
-the controller's death while held ends it with nothing of the user's run and nothing left running. A gate
-key whose watch keeps failing fails the attempt with that reason."""
+command - or, for a bare `python ...` command, the command too, its interpreter held in the learners' start-up
+hook before the user's program (services/controller/pyhold.py) - says it is held, and starts the program only
+once the job's `gate` key is written; a halt, a cancel or the controller's death while held ends it with
+nothing of the user's run and nothing left running. A gate key whose watch keeps failing fails the attempt
+with that reason."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import pytest
 
 from tests.integration.test_controller_halt import halt
 from tests.integration.test_controller_run import ListSink, Run, controller_log, launch, pack, status  # noqa: F401
-from tests.servers import wait_for
+from tests.servers import blocked_on_a_pipe, wait_for
 from trainforge_services.common.contracts.etcd import GateOpen
 from trainforge_services.common.contracts.specs import LearnerSpec
 from trainforge_services.common.settings import ControllerSettings
@@ -30,8 +32,13 @@ print("learner started", flush=True)
 '''
 
 
-def start(launch, **kw):  # noqa: ANN001, ANN201, F811
-    return launch({"command": "python learner.py"}, code=pack({"learner.py": LEARNER}), gated=True, **kw)
+# How each kind of hold is asked for: a bare interpreter holds itself; anything more is held by the process.
+COMMANDS = {"interpreter": "python learner.py", "process": "cd . && python learner.py"}
+HOLD_FLAGS = {"--hold", "--pass-hold"}
+
+
+def start(launch, hold: str = "interpreter", **kw):  # noqa: ANN001, ANN201, F811
+    return launch({"command": COMMANDS[hold]}, code=pack({"learner.py": LEARNER}), gated=True, **kw)
 
 
 def is_held(coordinator, run) -> bool:  # noqa: ANN001
@@ -51,41 +58,55 @@ def descendants(run) -> list[psutil.Process]:  # noqa: ANN001
         return []
 
 
-def held_process(run) -> psutil.Process | None:  # noqa: ANN001
-    """The controller's child started with --hold (the guard or the sandbox's entry), None while there is none."""
+def held_process(run, hold: str = "interpreter") -> psutil.Process | None:  # noqa: ANN001
+    """The held process, None while there is none: the controller's child started with --hold (the guard or
+    the sandbox's entry); for a hold in the interpreter, that interpreter once it waits on its hold pipe."""
     for p in descendants(run):
         try:
-            if "--hold" in p.cmdline():
+            argv = p.cmdline()
+            if hold == "process" and HOLD_FLAGS & set(argv):
                 return p
+            if hold == "interpreter" and argv[-1:] == ["learner.py"] and "python" in argv[0]:
+                return p if blocked_on_a_pipe(p.pid) else None
         except psutil.Error:
             continue
     return None
 
 
-def user_code_running(run) -> bool:  # noqa: ANN001
-    """Whether the shell or the user's program runs (the held process names the command in its own argv)."""
+def user_code_running(run, hold: str) -> bool:  # noqa: ANN001
+    """Whether the shell or the user's program runs (the held process names the command in its own argv); for
+    a hold in the interpreter, the shell and the interpreter are there by design: whether the interpreter
+    went past its hold."""
+    if hold == "interpreter":
+        return held_process(run, hold) is None
     for p in descendants(run):
         try:
             argv = p.cmdline()
-            if "learner.py" in " ".join(argv) and "--hold" not in argv:
+            if "learner.py" in " ".join(argv) and not HOLD_FLAGS & set(argv):
                 return True
         except psutil.Error:
             continue
     return False
 
 
-@pytest.mark.parametrize("isolation", ["none", "auto"])
-def test_a_gated_learner_waits_held_until_the_gate_opens(launch, coordinator, isolation):  # noqa: F811
-    run = start(launch, isolation=isolation)
-    wait_for(lambda: is_held(coordinator, run) and held_process(run), 60,
+HOLDS = pytest.mark.parametrize(("isolation", "hold"), [
+    ("none", "interpreter"), ("auto", "interpreter"), ("none", "process"), ("auto", "process")])
+
+
+@HOLDS
+def test_a_gated_learner_waits_held_until_the_gate_opens(launch, coordinator, isolation, hold):  # noqa: F811
+    run = start(launch, hold, isolation=isolation)
+    wait_for(lambda: is_held(coordinator, run) and held_process(run, hold), 60,
              "the controller to say it is held, its learner's process started and held")
-    # held: the learner's process is there, the user's command has not started, and stays so while no gate is
+    # held: the learner's process is there, the user's program has not started, and stays so while no gate is
     # written (watched for a second)
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline:
         assert not marker(run).exists() and is_held(coordinator, run), controller_log(run)
-        assert held_process(run) is not None and not user_code_running(run)
+        assert held_process(run, hold) is not None and not user_code_running(run, hold)
         time.sleep(0.1)
+    how = "in its interpreter" if hold == "interpreter" else "before its command"
+    assert f", {how}): {COMMANDS[hold]}" in controller_log(run)
     opened = time.time()
     coordinator.put(coordinator.keys.gate(run.job), GateOpen(attempt=1).value())
     assert run.wait(60) == 0, controller_log(run)
@@ -96,11 +117,11 @@ def test_a_gated_learner_waits_held_until_the_gate_opens(launch, coordinator, is
     assert doc["isolation"] == "none" if isolation == "none" else doc["isolation"] in ("sandbox", "none")
 
 
-@pytest.mark.parametrize("isolation", ["none", "auto"])
-def test_a_cancel_while_held_ends_it_without_running_anything(launch, coordinator, isolation):  # noqa: F811
-    run = start(launch, isolation=isolation)
-    held = wait_for(lambda: is_held(coordinator, run) and held_process(run), 60, "the learner's process held")
-    group = [held, *held.children(recursive=True)]
+@HOLDS
+def test_a_cancel_while_held_ends_it_without_running_anything(launch, coordinator, isolation, hold):  # noqa: F811
+    run = start(launch, hold, isolation=isolation)
+    held = wait_for(lambda: is_held(coordinator, run) and held_process(run, hold), 60, "the learner's process held")
+    group = [held, *held.children(recursive=True), *descendants(run)]
     run.proc.send_signal(signal.SIGTERM)  # what a cancel does to the controller
     assert run.wait(60) == 0, controller_log(run)
     doc = status(coordinator, run)
@@ -111,11 +132,11 @@ def test_a_cancel_while_held_ends_it_without_running_anything(launch, coordinato
              "the held process to be gone")
 
 
-@pytest.mark.parametrize("isolation", ["none", "auto"])
-def test_the_controller_killed_while_held_leaves_nothing_running(launch, coordinator, isolation):  # noqa: F811
-    run = start(launch, isolation=isolation)
-    held = wait_for(lambda: is_held(coordinator, run) and held_process(run), 60, "the learner's process held")
-    group = [held, *held.children(recursive=True)]
+@HOLDS
+def test_the_controller_killed_while_held_leaves_nothing_running(launch, coordinator, isolation, hold):  # noqa: F811
+    run = start(launch, hold, isolation=isolation)
+    held = wait_for(lambda: is_held(coordinator, run) and held_process(run, hold), 60, "the learner's process held")
+    group = [held, *held.children(recursive=True), *descendants(run)]
     run.proc.kill()
     run.proc.wait(10)
     wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in group), 10,

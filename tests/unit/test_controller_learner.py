@@ -298,8 +298,8 @@ def test_an_entry_replaces_the_guard_and_gets_the_lifeline(tmp_path):
     # the sandbox's entry (enter.py) leads the group and watches the lifeline itself: no guard is started
     seen: list[int] = []
 
-    def entry(fd: int, hold: int | None) -> list[str]:
-        assert hold is None  # not held
+    def entry(fd: int, hold: int | None, *, pass_hold: bool) -> list[str]:
+        assert hold is None and not pass_hold  # not held
         seen.append(fd)
         return ["/bin/sh", "-c", f"test -e /proc/self/fd/{fd} && echo has-lifeline; exec sleep 30"]
 

@@ -19,6 +19,14 @@ sys.path and the next `sitecustomize` on the path (a user's or the
 distribution's) runs as if this one were not there; PYTHONPATH itself keeps
 the folder, so the learner's own Python subprocesses get the hook too.
 
+It also holds a prestarted trial (services/controller/pyhold.py): when
+TF_LEARNER_HOLD_FD names the hold pipe, the hook first takes the variable
+out of the environment and blocks reading that pipe, before anything of the
+user's runs (its own sitecustomize, its program). A byte starts the program;
+end-of-file (the hold was given up) exits with 125 (guard.EXIT_NOT_STARTED)
+without running any of it, and so does any failure to hold: a learner that
+cannot be held is never run early.
+
 Written for any CPython 3.7+ (a job's own environment may be older than the
 platform's) and importing only what site already loaded.
 """
@@ -28,6 +36,27 @@ import stat
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_HOLD_FD_ENV = "TF_LEARNER_HOLD_FD"  # pyhold.HOLD_FD_ENV
+_NOT_STARTED = 125  # guard.EXIT_NOT_STARTED
+
+
+def _hold():
+    """Block on the hold pipe, if this interpreter was started held; exit without going on if it is given up."""
+    fd = os.environ.pop(_HOLD_FD_ENV, None)  # pop also unsets it for the program's own subprocesses
+    if fd is None:
+        return
+    try:
+        fd = int(fd)
+        go = os.read(fd, 1)
+        os.close(fd)
+    except BaseException as e:  # noqa: BLE001 - any failure: never run the program unheld
+        try:
+            why = f"{type(e).__name__}: {e}"
+            os.write(2, ("trainforge: the learner could not be held (" + why + "); not starting it\n").encode())
+        finally:
+            os._exit(_NOT_STARTED)
+    if not go:
+        os._exit(_NOT_STARTED)  # the hold was given up: nothing of the program ran
 
 
 def _dash_u(argv):
@@ -110,6 +139,7 @@ def _chain():
     spec.loader.exec_module(module)
 
 
+_hold()
 try:
     _install()
 except Exception:  # never in the learner's way: its streams stay as the interpreter made them

@@ -93,13 +93,15 @@ class Sandbox:
         for note in self.egress.notes:
             log.info("%s", note)
 
-    def argv(self, command: str, lifeline: int | None = None, hold: int | None = None) -> list[str]:
+    def argv(self, command: str, lifeline: int | None = None, hold: int | None = None, *,
+             pass_hold: bool = False) -> list[str]:
         """The learner's shell under the entry; with `lifeline` (the guard's pipe end) the entry leads the
         group and watches it itself, so no guard runs (enter.py); with `hold`, the entry's pid 1 waits for a
-        byte on that pipe end before it starts the shell (a held learner)."""
+        byte on that pipe end before it starts the shell (a held learner), or with `pass_hold` starts it at
+        once and hands the pipe on to the command, a Python interpreter that holds itself (pyhold.py)."""
         watch = ["--lifeline", str(lifeline)] if lifeline is not None else []
         if hold is not None:
-            watch += ["--hold", str(hold)]
+            watch += ["--pass-hold" if pass_hold else "--hold", str(hold)]
         return [self.python, "-I", "-S", str(ENTER), *watch, str(self.config_path), "/bin/sh", "-c", command]
 
     def env(self, env: dict[str, str]) -> dict[str, str]:

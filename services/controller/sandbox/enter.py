@@ -27,7 +27,11 @@ With `--hold` (a prestarted trial's learner, held until its gate opens; the
 guard's --hold, services/controller/guard.py), pid 1 builds the whole view,
 drops to the learner's uid and then blocks reading the hold pipe before it
 starts the command: a byte starts it, end-of-file exits EXIT_NOT_STARTED
-without running anything of the user's.
+without running anything of the user's. With `--pass-hold` instead (a
+command that is a Python interpreter holding itself, pyhold.py), pid 1
+starts the command at once, the hold pipe left open and named in its
+environment (TF_LEARNER_HOLD_FD), and the learners' start-up hook blocks on
+it before the user's program runs.
 
 pid 1 exits with the command's status as soon as the command is done,
 except after a SIGTERM (a stop or halt): the shell dies at once while the
@@ -79,6 +83,7 @@ LEARNER_UID = 1000  # the learner's uid in its own user namespace (userns mode)
 STAGE = "/run/trainforge/sandbox-root"
 EXIT_SETUP = 126  # the sandbox could not be built; the learner never ran
 EXIT_NOT_STARTED = 125  # held, and the hold was given up: the command never started (guard.py's)
+HOLD_FD_ENV = "TF_LEARNER_HOLD_FD"  # names the hold pipe for a command that holds itself (guard.py's)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -214,7 +219,7 @@ def _released(hold: int) -> bool:
         os.close(hold)  # the learner never sees it
 
 
-def _pid1(cfg: dict, command: list[str], hold: int | None = None) -> int:
+def _pid1(cfg: dict, command: list[str], hold: int | None = None, passed: bool = False) -> int:
     """pid 1 of the learner's PID namespace: build the view, drop root, run the command, reap."""
     stopping = False
 
@@ -243,7 +248,10 @@ def _pid1(cfg: dict, command: list[str], hold: int | None = None) -> int:
     except (SetupError, OSError) as e:
         print(f"trainforge sandbox: cannot build the learner's sandbox: {e}", file=sys.stderr)
         return EXIT_SETUP
-    if hold is not None and not _released(hold):
+    if passed and hold is not None:
+        os.set_inheritable(hold, True)
+        os.environ[HOLD_FD_ENV] = str(hold)
+    elif hold is not None and not _released(hold):
         return EXIT_NOT_STARTED
     try:
         child = os.posix_spawn(command[0], command, os.environ,
@@ -252,6 +260,9 @@ def _pid1(cfg: dict, command: list[str], hold: int | None = None) -> int:
     except OSError as e:
         print(f"cannot start {command[0]}: {e}", file=sys.stderr)
         return 127
+    finally:
+        if passed and hold is not None:
+            os.close(hold)  # the command's to read
     code = None
     while True:
         try:
@@ -300,23 +311,27 @@ def _wait_watching(pid: int, lifeline: int) -> int:
                 os.killpg(0, signal.SIGKILL)
 
 
-def _arguments(argv: list[str]) -> tuple[int | None, int | None, str, list[str]]:
-    """(lifeline fd or None, hold fd or None, config path, command) from
-    `[--lifeline FD] [--hold FD] <config.json> <program> [args...]`."""
-    fds: dict[str, int | None] = {"--lifeline": None, "--hold": None}
+def _arguments(argv: list[str]) -> tuple[int | None, int | None, bool, str, list[str]]:
+    """(lifeline fd or None, hold fd or None, whether the hold is passed on, config path, command) from
+    `[--lifeline FD] [--hold FD | --pass-hold FD] <config.json> <program> [args...]`."""
+    fds: dict[str, int | None] = {"--lifeline": None, "--hold": None, "--pass-hold": None}
     for flag in fds:
         if len(argv) > 2 and argv[1] == flag:
             if not argv[2].isdigit():
                 raise ValueError(f"{flag} needs a file descriptor number, not {argv[2]!r}")
             fds[flag], argv = int(argv[2]), argv[:1] + argv[3:]
-    if len(argv) < 3:
-        raise ValueError("usage: enter.py [--lifeline FD] [--hold FD] <config.json> <program> [args...]")
-    return fds["--lifeline"], fds["--hold"], argv[1], argv[2:]
+    if len(argv) < 3 or argv[1] in fds:
+        raise ValueError("usage: enter.py [--lifeline FD] [--hold FD | --pass-hold FD] <config.json> "
+                         "<program> [args...]")
+    if fds["--hold"] is not None and fds["--pass-hold"] is not None:
+        raise ValueError("--hold and --pass-hold: one hold or the other, not both")
+    passed = fds["--pass-hold"] is not None
+    return fds["--lifeline"], fds["--pass-hold"] if passed else fds["--hold"], passed, argv[1], argv[2:]
 
 
 def main(argv: list[str]) -> None:
     try:
-        lifeline, hold, config, command = _arguments(argv)
+        lifeline, hold, passed, config, command = _arguments(argv)
     except ValueError as e:
         print(e, file=sys.stderr)
         os._exit(EXIT_SETUP)
@@ -349,7 +364,7 @@ def main(argv: list[str]) -> None:
         if lifeline is not None:
             os.close(lifeline)
         try:
-            code = _pid1(cfg, command, hold)
+            code = _pid1(cfg, command, hold, passed)
         except BaseException as e:  # noqa: BLE001 - pid 1 must exit with a code, never a traceback
             print(f"trainforge sandbox: {type(e).__name__}: {e}", file=sys.stderr)
             code = EXIT_SETUP
