@@ -20,12 +20,12 @@ adds `(now - active_since) * resources` (and, for an elastic job's grant,
 `(now - grown_since) * grown`) to the job's `gpu_seconds` and
 `cpu_seconds` in the same compare-and-set, so a stint is counted exactly once
 even when reporters race or repeat themselves. Team totals are sums over the
-team's jobs (`usage_rows`).
+team's jobs (`usage_rows`, services/trainer/store_reads.py).
 
 Every write a dispatcher's pass decides on (insert, transition, cleanup done,
 fields set) stamps `changed_at`, so the leader's copy of the queue
-(services/trainer/jobmirror.py) reads only what changed (`changed_since`);
-queue notes do not. The stamp is taken from `STAMPS` (services/trainer/
+(services/trainer/jobmirror.py) reads only what changed (`changed_since`,
+services/trainer/store_reads.py); queue notes do not. The stamp is taken from `STAMPS` (services/trainer/
 stamps.py), which knows which of this process's stamps are not acknowledged.
 
 Idempotent submits: a job submitted with an idempotency key stores it, and a
@@ -48,7 +48,6 @@ from trainforge_services.common.adapters.mongo import (
     Database,
     DuplicateKeyError,
     ReturnDocument,
-    mapped_as,
     ping,
 )
 from trainforge_services.common.errors import Conflict, NotFound
@@ -58,8 +57,8 @@ from trainforge_services.trainer.admission import Usage
 from trainforge_services.trainer.fence import Deposed
 from trainforge_services.trainer.record import GATE_CLOSED, GATE_OPEN, JobRecord
 from trainforge_services.trainer.stamps import STAMPS
+from trainforge_services.trainer.store_reads import JobReads, mapped
 from trainforge_services.trainer.storedocs import (
-    fields_projection,
     grown_seconds,
     history_event,
     history_key,
@@ -71,8 +70,6 @@ from trainforge_services.trainer.storedocs import (
 )
 
 log = logging.getLogger(__name__)
-# What a client reads when MongoDB fails under this store ("job store unavailable; retry shortly").
-mapped = mapped_as("job store")
 
 COLLECTION = "jobs"
 # A job's state changes a handful of times in its life; more lost races than
@@ -99,7 +96,11 @@ class Transition(NamedTuple):
     changed: bool
 
 
-class JobStore:
+class JobStore(JobReads):
+    """The jobs collection's writes, and the reads by id or team; the read-only queries over every team's jobs
+    (`of_experiment`, `in_states`, `live_page`, `changed_since`, `pending_cleanups`, `usage_rows`) are
+    `JobReads`'s (services/trainer/store_reads.py)."""
+
     def __init__(self, db: Database, collection: str = COLLECTION):
         self._jobs = db[collection]
 
@@ -210,48 +211,6 @@ class JobStore:
                 {"$set": {"gate": GATE_OPEN, "updated_at": now, "changed_at": now}},
                 return_document=ReturnDocument.AFTER)
         return to_record(doc)
-
-    @mapped
-    def of_experiment(self, experiment_id: str, states: Iterable[JobState] | None = None) -> list[JobRecord]:
-        """An experiment's trials (without history and learners), in trial order; only those in `states` if given."""
-        query: dict[str, Any] = {"experiment_id": experiment_id}
-        if states is not None:
-            query["state"] = {"$in": [int(s) for s in states]}
-        cursor = self._jobs.find(query, {"history": 0, "learners": 0})
-        return sorted(to_records(cursor), key=lambda j: (j.trial, j.created_at))
-
-    @mapped
-    def in_states(self, wanted: Iterable[JobState], fields: Iterable[str] | None = None) -> list[JobRecord]:
-        """Every team's jobs in these states: only `fields` (and the id, state), or all but history and learners."""
-        query = {"state": {"$in": [int(s) for s in wanted]}}
-        projection = fields_projection([*fields, "state"]) if fields is not None else {"history": 0, "learners": 0}
-        return to_records(self._jobs.find(query, projection))
-
-    @mapped
-    def live_page(self, wanted: Iterable[JobState], since: float, limit: int, fields: Iterable[str]) -> list[JobRecord]:
-        """One page of the jobs in `wanted`, in `changed_at` order from `since` (inclusive), at most `limit`:
-        only `fields` (and the id, state, `changed_at`). The store serves it from the
-        `changed_at` index, so a page costs about its own jobs: a read of every queued and active job in
-        such pages holds the store (one command at a time) for a page at a time, not for the whole set
-        (services/trainer/jobmirror.py). `limit` 0: every such job from `since` on."""
-        query = {"state": {"$in": [int(s) for s in wanted]}, "changed_at": {"$gte": since}}
-        cursor = self._jobs.find(query, fields_projection([*fields, "state", "changed_at"]))
-        cursor = cursor.sort("changed_at", ASCENDING)
-        return to_records(cursor.limit(limit) if limit else cursor)
-
-    @mapped
-    def changed_since(self, since: float, fields: Iterable[str]) -> list[JobRecord]:
-        """Every job whose `changed_at` (insert, transition, cleanup, fields set) is at or after `since`, in any
-        state: only `fields` (and the id, state). Queue notes and history notes do not stamp it."""
-        return to_records(self._jobs.find({"changed_at": {"$gte": since}}, fields_projection([*fields, "state"])))
-
-    @mapped
-    def usage_rows(self, team: str | None = None) -> list[JobRecord]:
-        """What accounting needs of every job (of one team): team, state, resources, times, seconds used."""
-        query = {} if team is None else {"team": team}
-        fields = ("team", "state", "resources", "gpu_type", "active_since", "gpu_seconds", "cpu_seconds", "borrowed",
-                  "grown", "grown_since")
-        return to_records(self._jobs.find(query, fields_projection(fields)))
 
     def transition(self, job_id: str, to: JobState, reason: str, actor: str, *, attempt: int | None = None,
                    set_fields: Mapping | None = None,
@@ -415,11 +374,6 @@ class JobStore:
         if spent := grown_seconds(current, now):
             changes["$inc"] = spent
         return self._jobs.update_one(guard, changes).modified_count == 1
-
-    @mapped
-    def pending_cleanups(self, fields: Iterable[str] = ("attempt",)) -> list[JobRecord]:
-        """Jobs that left the ACTIVE states and whose learners may not be removed yet (id, state, `fields`)."""
-        return to_records(self._jobs.find({"cleanup_pending": True}, fields_projection([*fields, "state"])))
 
     @mapped
     def cleanup_done(self, job_id: str, attempt: int) -> None:

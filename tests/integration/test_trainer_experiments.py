@@ -25,7 +25,7 @@ from trainforge_services.common.contracts.experiments import ExperimentState
 from trainforge_services.common.settings import TrainerSettings
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.admission import Capacity, Quota, Usage
-from trainforge_services.trainer.experiments.driver import SLOT, behind_gate, holds_slot
+from trainforge_services.trainer.experiments.slots import SLOT, behind_gate, holds_slot
 from trainforge_services.trainer.server import serve
 
 GI = 2**30

@@ -14,12 +14,8 @@ import pytest
 from trainforge_services.common.contracts.experiments import ExperimentState, parse_experiment
 from trainforge_services.common.errors import InvalidArgument
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.experiments.driver import (
-    ExperimentDriver,
-    TrialChanged,
-    behind_gate,
-    holds_slot,
-)
+from trainforge_services.trainer.experiments.driver import ExperimentDriver, TrialChanged
+from trainforge_services.trainer.experiments.slots import behind_gate, holds_slot
 from trainforge_services.trainer.experiments.store import ExperimentRecord, TrialProgress
 from trainforge_services.trainer.record import GATE_CLOSED, GATE_OPEN, JobRecord
 

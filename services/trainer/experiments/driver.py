@@ -5,7 +5,8 @@ records each trial's objective and ASHA rung results, halts a trial ASHA
 stops, resumes one ASHA promotes, submits the next planned trials up to
 `max_parallel`, and settles the experiment once no trial is left to run.
 `max_parallel` bounds the trials whose learners run or are about to
-(`SLOT`: pending to running, halting, restarting); a trial that is STORING
+(`SLOT`: pending to running, halting, restarting; the count is in
+services/trainer/experiments/slots.py); a trial that is STORING
 (every learner exited, its outputs uploading) gives its slot to the next
 trial at once, so besides `max_parallel` trials with learners up to
 `max_parallel` more may still be storing (each still holds its resources
@@ -58,22 +59,16 @@ from trainforge_services.common.errors import Conflict, InvalidArgument, Trainfo
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.experiments import asha
 from trainforge_services.trainer.experiments.metrics import MetricsReader, last_value, points
+from trainforge_services.trainer.experiments.slots import BUSY, SLOT, behind_gate, free_slots, held_trials
 from trainforge_services.trainer.experiments.store import ExperimentRecord, ExperimentStore
-from trainforge_services.trainer.record import GATE_CLOSED, JobRecord
+from trainforge_services.trainer.record import JobRecord
 from trainforge_services.trainer.rules import Rule
 from trainforge_services.trainer.service import JobService
 from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)
 ACTOR = "experiment-driver"
-# a trial job in one of these still needs (or holds) a slot
-BUSY = frozenset({JobState.PENDING, JobState.QUEUED, JobState.DEPLOYING, JobState.RUNNING, JobState.STORING,
-                  JobState.HALTING, JobState.RESTARTING})
-# a trial job in one of these holds one of `max_parallel`'s slots: its learners run or are about to
-SLOT = BUSY - {JobState.STORING}
 _WAITING = frozenset({JobState.PENDING, JobState.QUEUED})
-# where a prestarted trial may wait behind its closed gate (a backend that ignores gates shows RUNNING: a slot)
-_BEFORE_LEARNERS = frozenset({JobState.PENDING, JobState.QUEUED, JobState.DEPLOYING, JobState.RESTARTING})
 _HALTABLE = frozenset({JobState.DEPLOYING, JobState.RUNNING})
 # whose metrics may still change what the driver knows
 _REPORTING = frozenset({JobState.RUNNING, JobState.STORING, JobState.COMPLETED, JobState.HALTING,
@@ -220,8 +215,8 @@ class ExperimentDriver:
                 return None  # resumes with the experiment come first: the pass's
             # only the trials that can hold a slot or wait at a gate: not the experiment's ended ones
             jobs, _ = self._trial_jobs(exp, BUSY)
-            free = spec.max_parallel - sum(1 for j in jobs.values() if holds_slot(j))
-            waiting = sorted(i for i, j in jobs.items() if behind_gate(j))
+            free = free_slots(spec.max_parallel, jobs)
+            waiting = held_trials(jobs)
             if free <= 0 or not waiting:
                 return None
             return self._service.open_gate(jobs[waiting[0]].id, ACTOR)
@@ -271,7 +266,7 @@ class ExperimentDriver:
         if observed is not None:
             exp = observed
             jobs, _ = self._trial_jobs(exp)
-        free = spec.max_parallel - sum(1 for j in jobs.values() if holds_slot(j))
+        free = free_slots(spec.max_parallel, jobs)
         for index, job in sorted(jobs.items()):
             if not exp.progress(index).held:
                 continue
@@ -290,7 +285,7 @@ class ExperimentDriver:
                 self._service.resume(exp.team, job.id, ACTOR)
                 free -= 1
         # a freed slot goes to the first held trial: prepared, its learner starts as soon as the LCM says so
-        waiting = sorted(i for i, j in jobs.items() if behind_gate(j))
+        waiting = held_trials(jobs)
         opened = 0
         for index in waiting:
             if free <= 0:
@@ -423,17 +418,6 @@ class ExperimentDriver:
         if moved is not None:
             self._experiments.settle(exp.id, to)
             log.info("experiment %s: %s: %s", exp.id, to.name, moved.reason)
-
-
-def behind_gate(job: JobRecord) -> bool:
-    """A prestarted trial whose gate is still closed: it waits (queued, or deployed and prepared) and holds no
-    slot of `max_parallel`."""
-    return job.gate == GATE_CLOSED and job.state in _BEFORE_LEARNERS
-
-
-def holds_slot(job: JobRecord) -> bool:
-    """A trial whose learners run or are about to: one of `max_parallel`'s slots."""
-    return job.state in SLOT and not behind_gate(job)
 
 
 def best_trial(exp: ExperimentRecord, spec: ExperimentSpec, jobs: dict[int, JobRecord]) -> int | None:
