@@ -45,7 +45,6 @@ seconds.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -431,7 +430,3 @@ def best_trial(exp: ExperimentRecord, spec: ExperimentSpec, jobs: dict[int, JobR
         return None
     sign = 1.0 if spec.objective.goal.value == "minimize" else -1.0
     return min(pool, key=lambda i: (sign * pool[i], i))  # type: ignore[operator]
-
-
-def params_json(exp: ExperimentRecord, index: int) -> str:
-    return json.dumps(exp.plan[index]) if index < len(exp.plan) else "{}"
