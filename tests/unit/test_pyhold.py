@@ -3,6 +3,7 @@ can be, and the learners' start-up hook and the guard holding a real interpreter
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import subprocess
@@ -193,3 +194,9 @@ def test_a_hold_that_cannot_be_read_never_runs_the_program(tmp_path):
     assert held.proc.returncode == guard.EXIT_NOT_STARTED
     assert "trainforge: the learner could not be held (ValueError" in err and "not starting it" in err
     assert out == "" and not (tmp_path / "started").exists()
+
+
+def test_the_hook_parses_as_older_pythons_would_parse_it():
+    # an interpreter that could not parse the hook would run a held program unheld (no f-strings, no walrus)
+    hook = Path(__file__).parents[2] / "services/controller/pyhook/sitecustomize.py"
+    ast.parse(hook.read_text(), feature_version=(3, 5))

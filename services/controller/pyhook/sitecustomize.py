@@ -28,7 +28,9 @@ without running any of it, and so does any failure to hold: a learner that
 cannot be held is never run early.
 
 Written for any CPython 3.7+ (a job's own environment may be older than the
-platform's) and importing only what site already loaded.
+platform's) and importing only what site already loaded. The file keeps to
+syntax that even older interpreters parse (no f-strings): one that failed to
+parse it would run a held learner's program unheld.
 """
 
 import os
@@ -51,7 +53,7 @@ def _hold():
         os.close(fd)
     except BaseException as e:  # noqa: BLE001 - any failure: never run the program unheld
         try:
-            why = f"{type(e).__name__}: {e}"
+            why = "%s: %s" % (type(e).__name__, e)  # noqa: UP031 - no f-string: the file must parse anywhere
             os.write(2, ("trainforge: the learner could not be held (" + why + "); not starting it\n").encode())
         finally:
             os._exit(_NOT_STARTED)
