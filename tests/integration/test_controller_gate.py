@@ -6,6 +6,7 @@ key whose watch keeps failing fails the attempt with that reason."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -125,6 +126,41 @@ def test_the_controller_killed_while_held_leaves_nothing_running(launch, coordin
     while time.monotonic() < deadline:
         assert not marker(run).exists()
         time.sleep(0.05)
+
+
+def waiting_on_its_hold(run) -> psutil.Process | None:  # noqa: ANN001
+    """The held process once nothing but its hold is left before the command, else None: the guard asleep
+    with its lifeline thread started (the step before the hold), or the sandbox's pid 1 asleep and dropped
+    to the learner's uid (its step before the hold)."""
+    held = [p for p in descendants(run) if "--hold" in p.cmdline()]  # the guard, or the entry and its pid 1
+    try:
+        last = held[-1]
+        asleep = last.status() == psutil.STATUS_SLEEPING
+        if len(held) == 1:
+            return last if asleep and last.num_threads() == 2 and not last.children() else None
+        return last if asleep and last.uids().real != 0 else None
+    except (IndexError, psutil.Error):
+        return None
+
+
+@pytest.mark.parametrize("isolation", ["none", "auto"])
+def test_a_sigterm_before_the_command_starts_is_kept_and_the_command_never_starts(
+        launch, coordinator, isolation):  # noqa: F811
+    # A stop that reaches the learner's group while its command does not exist yet (the interpreter starting,
+    # the sandbox being built, or held as here) must not be lost: caught and forgotten by the guard or the
+    # sandbox's entry, the command started anyway, ran and was SIGKILLed after the grace period.
+    run = start(launch, isolation=isolation)
+    held = wait_for(lambda: is_held(coordinator, run) and waiting_on_its_hold(run), 60,
+                    "the learner's process to wait on its hold")
+    os.killpg(os.getpgid(held.pid), signal.SIGTERM)
+    coordinator.put(coordinator.keys.gate(run.job), GateOpen(attempt=1).value())
+    assert run.wait(60) == 0, controller_log(run)
+    doc = status(coordinator, run)
+    assert doc["state"] == LearnerState.LEARNER_FAILED, doc
+    assert doc["exit_code"] == 128 + signal.SIGTERM, doc
+    assert doc["message"] == "learner was killed by SIGTERM (exit code 143)", doc
+    assert not marker(run).exists() and doc["tail"] == []
+    assert doc["isolation"] == "none" if isolation == "none" else doc["isolation"] in ("sandbox", "none")
 
 
 def test_a_gate_opened_before_the_controller_started_lets_it_start_at_once(launch, coordinator, unique):  # noqa: F811

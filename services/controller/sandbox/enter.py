@@ -36,6 +36,16 @@ every process of the namespace; the controller's grace period and SIGKILL
 bound that wait. The host-side parent mirrors pid 1's exit (code or
 signal), so to the controller this looks exactly like the shell.
 
+A SIGTERM or SIGINT that comes before the command exists (a stop while the
+interpreter starts, the sandbox is built or the learner is held) is not
+lost, as the guard's is not: both are blocked from the entry's first line
+until the command is spawned, so one that came is pending then. Before the
+fork the entry dies of it; after, pid 1 (which the parent hands one it
+still holds) does not start the command and exits as killed by it. One that
+comes during the spawn is passed on to the command. Were it caught and
+forgotten, the command would start, never see it and be SIGKILLed once the
+grace period ran out.
+
 Without root (`isolation: userns`, the config names the job's namespace
 holder, userns.py): the entry joins the holder's user namespace, where it
 is root with every capability over what that namespace owns but only the
@@ -96,6 +106,16 @@ def _userns():  # noqa: ANN202 - the sibling script, loaded only in userns mode
 
 class SetupError(Exception):
     pass
+
+
+# The signals meant for the learner; blocked until the command exists (see the docstring).
+_FORWARDED = (signal.SIGTERM, signal.SIGINT)
+
+
+def _pending() -> list[int]:
+    """The forwarded signals that came while blocked and wait to be delivered."""
+    pending = signal.sigpending()
+    return [sig for sig in _FORWARDED if sig in pending]
 
 
 def _check(ret: int, what: str) -> None:
@@ -222,9 +242,8 @@ def _pid1(cfg: dict, command: list[str], hold: int | None = None) -> int:
         nonlocal stopping
         stopping = True
 
-    # pid 1 gets a signal from outside only when it has a handler; the rest of the group gets it anyway.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_stop)
+    # The forwarded signals are still blocked (main): one sent while the view is built waits, pending, for
+    # the look before the command starts. (Blocked, pid 1 is sent one from outside even without a handler.)
     try:
         _mount(None, "/", None, MS_REC | MS_PRIVATE)
         root = _build_root(cfg, cfg.get("stage") or STAGE)
@@ -245,13 +264,20 @@ def _pid1(cfg: dict, command: list[str], hold: int | None = None) -> int:
         return EXIT_SETUP
     if hold is not None and not _released(hold):
         return EXIT_NOT_STARTED
+    if early := _pending():
+        return -early[0]  # stopped before the command started: it never starts
     try:
         child = os.posix_spawn(command[0], command, os.environ,
-                               setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT),
-                               setsigmask=())
+                               setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, *_FORWARDED), setsigmask=())
     except OSError as e:
         print(f"cannot start {command[0]}: {e}", file=sys.stderr)
         return 127
+    for sig in _pending():
+        os.kill(child, sig)  # came during the spawn, maybe before the fork: the command's
+    # pid 1 gets a signal from outside only when it has a handler; the rest of the group gets it anyway.
+    for sig in _FORWARDED:
+        signal.signal(sig, on_stop)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)  # one pending now says stopping
     code = None
     while True:
         try:
@@ -270,6 +296,7 @@ def _mirror(code: int) -> None:
     if code < 0:
         if -code not in (signal.SIGKILL, signal.SIGSTOP):
             signal.signal(-code, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, (-code,))
         os.kill(os.getpid(), -code)
         os._exit(128 - code)
     os._exit(code)
@@ -315,6 +342,7 @@ def _arguments(argv: list[str]) -> tuple[int | None, int | None, str, list[str]]
 
 
 def main(argv: list[str]) -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)  # until the command exists (see the docstring)
     try:
         lifeline, hold, config, command = _arguments(argv)
     except ValueError as e:
@@ -324,8 +352,6 @@ def main(argv: list[str]) -> None:
         os.set_inheritable(lifeline, False)  # the lifeline is ours, not the learner's
     with open(config) as f:
         cfg = json.load(f)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)  # meant for the learner; its group gets them too
     try:
         if cfg.get("holder"):
             _userns().join(cfg["holder"])  # its user namespace, then its network namespace
@@ -341,9 +367,11 @@ def main(argv: list[str]) -> None:
     except (SetupError, OSError) as e:
         print(f"trainforge sandbox: cannot enter the learner's namespaces: {e}", file=sys.stderr)
         os._exit(EXIT_SETUP)
+    if early := _pending():
+        _mirror(-early[0])  # stopped before anything of the learner's started: nothing starts
     # pid 1 cannot die of a signal it sends itself, so it tells how the command ended through a pipe.
     told, tell = os.pipe()
-    pid = os.fork()
+    pid = os.fork()  # the child inherits the blocked signals, not the pending ones
     if pid == 0:
         os.close(told)
         if lifeline is not None:
@@ -358,6 +386,11 @@ def main(argv: list[str]) -> None:
         sys.stderr.flush()
         os._exit(code & 0xFF if code >= 0 else 128 - code)
     os.close(tell)
+    for sig in _pending():
+        os.kill(pid, sig)  # came just before the fork, so pid 1 lacks it: blocked there, it stops the start
+    for sig in _FORWARDED:
+        signal.signal(sig, lambda *_: None)  # meant for the learner; its group gets them too
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
     if hold is not None:
         os.close(hold)  # pid 1's to read; here it would only keep the pipe open
     if lifeline is not None:
