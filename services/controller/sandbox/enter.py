@@ -40,11 +40,13 @@ A SIGTERM or SIGINT that comes before the command exists (a stop while the
 interpreter starts, the sandbox is built or the learner is held) is not
 lost, as the guard's is not: both are blocked from the entry's first line
 until the command is spawned, so one that came is pending then. Before the
-fork the entry dies of it; after, pid 1 (which the parent hands one it
-still holds) does not start the command and exits as killed by it. One that
-comes during the spawn is passed on to the command. Were it caught and
-forgotten, the command would start, never see it and be SIGKILLed once the
-grace period ran out.
+fork the entry dies of it; after, pid 1 does not start the command and
+exits as killed by it. One that came just before the fork is pending in the
+parent alone, so pid 1 waits for the parent's word (a byte on a pipe)
+before it looks: the parent first hands it what it holds. One that comes
+during the spawn is passed on to the shell. Were it caught and forgotten,
+the command would start, never see it and be SIGKILLed once the grace
+period ran out.
 
 Without root (`isolation: userns`, the config names the job's namespace
 holder, userns.py): the entry joins the holder's user namespace, where it
@@ -64,6 +66,7 @@ file of this one, imported from this folder only, and only in userns mode).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -234,8 +237,9 @@ def _released(hold: int) -> bool:
         os.close(hold)  # the learner never sees it
 
 
-def _pid1(cfg: dict, command: list[str], hold: int | None = None) -> int:
-    """pid 1 of the learner's PID namespace: build the view, drop root, run the command, reap."""
+def _pid1(cfg: dict, command: list[str], hold: int | None = None, handed: int | None = None) -> int:
+    """pid 1 of the learner's PID namespace: build the view, drop root, run the command, reap. `handed`: the
+    pipe end on which the parent says it handed over the stop signals that came before the fork."""
     stopping = False
 
     def on_stop(*_: object) -> None:
@@ -264,6 +268,9 @@ def _pid1(cfg: dict, command: list[str], hold: int | None = None) -> int:
         return EXIT_SETUP
     if hold is not None and not _released(hold):
         return EXIT_NOT_STARTED
+    if handed is not None:
+        os.read(handed, 1)  # end-of-file too: the parent is gone, and the group with it
+        os.close(handed)
     if early := _pending():
         return -early[0]  # stopped before the command started: it never starts
     try:
@@ -371,13 +378,15 @@ def main(argv: list[str]) -> None:
         _mirror(-early[0])  # stopped before anything of the learner's started: nothing starts
     # pid 1 cannot die of a signal it sends itself, so it tells how the command ended through a pipe.
     told, tell = os.pipe()
+    handed, hand = os.pipe()
     pid = os.fork()  # the child inherits the blocked signals, not the pending ones
     if pid == 0:
         os.close(told)
+        os.close(hand)
         if lifeline is not None:
             os.close(lifeline)
         try:
-            code = _pid1(cfg, command, hold)
+            code = _pid1(cfg, command, hold, handed)
         except BaseException as e:  # noqa: BLE001 - pid 1 must exit with a code, never a traceback
             print(f"trainforge sandbox: {type(e).__name__}: {e}", file=sys.stderr)
             code = EXIT_SETUP
@@ -386,8 +395,12 @@ def main(argv: list[str]) -> None:
         sys.stderr.flush()
         os._exit(code & 0xFF if code >= 0 else 128 - code)
     os.close(tell)
+    os.close(handed)
     for sig in _pending():
         os.kill(pid, sig)  # came just before the fork, so pid 1 lacks it: blocked there, it stops the start
+    with contextlib.suppress(OSError):  # pid 1 may have ended already (its setup failed)
+        os.write(hand, b"\n")  # pid 1 looks at its pending signals only after this
+    os.close(hand)
     for sig in _FORWARDED:
         signal.signal(sig, lambda *_: None)  # meant for the learner; its group gets them too
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
