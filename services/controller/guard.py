@@ -32,7 +32,14 @@ and the learners' start-up hook blocks on it before the user's program runs.
 
 Signals the controller sends to the group (SIGTERM on a halt) are meant for
 the learner: the guard catches them and goes on waiting, so its exit still
-tells how the command ended. Only the standard library is used, and the
+tells how the command ended. One that comes before the command exists (a
+stop while the guard's interpreter starts, or while it is held) reaches only
+the guard; were it caught and forgotten, the command would start anyway,
+never see it and be SIGKILLed once the grace period ran out. So the guard
+blocks them until the command is spawned: one that came before is then
+pending, the command is never started and the guard dies of that signal, as
+the shell would have; one that came during the spawn (perhaps before the
+fork) is passed on to the command. Only the standard library is used, and the
 interpreter runs isolated (-I -S), so nothing of the user's environment is
 imported here.
 """
@@ -74,6 +81,20 @@ def pass_hold(hold: int) -> None:
     os.environ[HOLD_FD_ENV] = str(hold)
 
 
+def _pending() -> list[int]:
+    """The forwarded signals that came while blocked and wait to be delivered."""
+    pending = signal.sigpending()
+    return [sig for sig in _FORWARDED if sig in pending]
+
+
+def _die_of(sig: int) -> int:
+    """Exit killed by `sig` (pending, blocked), as the command would have been."""
+    signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (sig,))  # delivered now
+    os.kill(os.getpid(), sig)
+    return 128 + sig
+
+
 def main(argv: list[str]) -> int:
     hold, passed = None, False
     if len(argv) > 3 and argv[2] in ("--hold", "--pass-hold") and argv[3].isdigit():
@@ -82,14 +103,17 @@ def main(argv: list[str]) -> int:
         print("usage: guard.py <lifeline fd> [--hold <fd> | --pass-hold <fd>] <program> [args...]", file=sys.stderr)
         return 127
     fd, command = int(argv[1]), argv[2:]
-    for sig in _FORWARDED:
-        signal.signal(sig, lambda *_: None)
+    # Blocked until the command exists, in the lifeline thread too (it inherits the mask and never unblocks):
+    # a stop that comes before then stays pending, for the look below.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
     os.set_inheritable(fd, False)  # the lifeline is the guard's, not the learner's
     threading.Thread(target=_kill_group_when_closed, args=(fd,), daemon=True).start()
     if passed:
         pass_hold(hold)
     elif hold is not None and not released(hold):
         return EXIT_NOT_STARTED
+    if early := _pending():
+        return _die_of(early[0])  # stopped before the command started: it never starts
     try:
         pid = os.posix_spawn(command[0], command, os.environ, setsigdef=_RESET, setsigmask=())
     except OSError as e:
@@ -97,6 +121,11 @@ def main(argv: list[str]) -> int:
         return 127
     if passed:
         os.close(hold)  # the command's to read; here it would only keep the pipe open after the command gave up
+    for sig in _pending():
+        os.kill(pid, sig)  # came during the spawn, maybe before the fork: the command's
+    for sig in _FORWARDED:
+        signal.signal(sig, lambda *_: None)  # caught and dropped (the command gets its own)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     if code < 0:  # die of the same signal, so the controller sees what the command saw

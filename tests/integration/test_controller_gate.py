@@ -8,6 +8,7 @@ with that reason."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -146,6 +147,50 @@ def test_the_controller_killed_while_held_leaves_nothing_running(launch, coordin
     while time.monotonic() < deadline:
         assert not marker(run).exists()
         time.sleep(0.05)
+
+
+def waiting_on_its_hold(run) -> psutil.Process | None:  # noqa: ANN001
+    """The held process once nothing but its hold is left before the command, else None: the guard asleep
+    with its lifeline thread started (the step before the hold), or the sandbox's pid 1 asleep and dropped
+    to the learner's uid (its step before the hold)."""
+    held = [p for p in descendants(run) if "--hold" in p.cmdline()]  # the guard, or the entry and its pid 1
+    try:
+        last = held[-1]
+        asleep = last.status() == psutil.STATUS_SLEEPING
+        if len(held) == 1:
+            return last if asleep and last.num_threads() == 2 and not last.children() else None
+        return last if asleep and last.uids().real != 0 else None
+    except (IndexError, psutil.Error):
+        return None
+
+
+@HOLDS
+def test_a_sigterm_before_the_command_starts_is_kept_and_the_command_never_starts(
+        launch, coordinator, isolation, hold):  # noqa: F811
+    # A stop that reaches the learner's group while its command does not exist yet (the interpreter starting,
+    # the sandbox being built, or held as here) must not be lost: caught and forgotten by the guard or the
+    # sandbox's entry, the command started anyway, ran and was SIGKILLed after the grace period. Held in its
+    # interpreter, the held interpreter itself dies of it before the user's program.
+    run = start(launch, hold, isolation=isolation)
+    held = wait_for(lambda: is_held(coordinator, run)
+                    and (waiting_on_its_hold(run) if hold == "process" else held_process(run, hold)), 60,
+                    "the learner's process to wait on its hold")
+    os.killpg(os.getpgid(held.pid), signal.SIGTERM)
+    coordinator.put(coordinator.keys.gate(run.job), GateOpen(attempt=1).value())
+    assert run.wait(60) == 0, controller_log(run)
+    doc = status(coordinator, run)
+    assert doc["state"] == LearnerState.LEARNER_FAILED, doc
+    if hold == "process":
+        assert doc["exit_code"] == 128 + signal.SIGTERM, doc
+        assert doc["message"] == "learner was killed by SIGTERM (exit code 143)", doc
+    else:  # the held interpreter died of it at once: seen before the gate opened, or as the release's outcome
+        assert doc["message"] in ("learner was killed by SIGTERM (exit code 143)", "learner exited with code 143",
+                                  "the held learner process ended before its command started "
+                                  "(learner was killed by SIGTERM (exit code 143))",
+                                  "the held learner process ended before its command started "
+                                  "(learner exited with code 143)"), doc
+    assert not marker(run).exists() and doc["tail"] == []
+    assert doc["isolation"] == "none" if isolation == "none" else doc["isolation"] in ("sandbox", "none")
 
 
 def test_a_gate_opened_before_the_controller_started_lets_it_start_at_once(launch, coordinator, unique):  # noqa: F811

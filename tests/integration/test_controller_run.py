@@ -169,13 +169,25 @@ def test_a_learner_that_fails(launch, coordinator, logstore):
         "starting": "stdout", "boom": "stderr", "learner exited with code 3": "system"}
 
 
+def command_processes(run: Run, name: str) -> list[psutil.Process]:
+    """The controller's descendants running the program `name` (by its own name: the guard's or the sandbox
+    entry's argv holds the whole command, so it names the program long before the shell started it)."""
+    found = []
+    for p in psutil.Process(run.proc.pid).children(recursive=True):
+        try:
+            if p.name() == name:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
 def test_sigterm_to_the_controller_stops_the_learner(launch, coordinator):
     run = launch({"command": "echo ready; sleep 1000"})
     wait_for(lambda: (status(coordinator, run) or {}).get("state") == LearnerState.LEARNER_RUNNING, 30,
              "the learner to run")
-    ctl = psutil.Process(run.proc.pid)
-    learner_procs = wait_for(lambda: [p for p in ctl.children(recursive=True) if "sleep" in " ".join(p.cmdline())],
-                             10, "the sleep process")
+    # the shell started sleep, so it printed "ready" before: a stop now must reach the user's command
+    learner_procs = wait_for(lambda: command_processes(run, "sleep"), 30, "the sleep process")
     run.proc.send_signal(signal.SIGTERM)
     assert run.wait(30) == 0, controller_log(run)
     doc = status(coordinator, run)
@@ -186,10 +198,30 @@ def test_sigterm_to_the_controller_stops_the_learner(launch, coordinator):
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in learner_procs)
 
 
+def test_sigterm_to_the_controller_while_the_learner_starts_is_not_lost(launch, coordinator):
+    # The smallest CPU quota (1 ms per 100 ms, a root sandbox's cgroup) stretches the learner's start (the
+    # sandbox's entry, its pid 1, the shell) to seconds, so the stop reaches its group before the command
+    # exists. The entry and pid 1 caught and dropped it, the command started anyway and was SIGKILLed when
+    # the grace period ran out (exit 137, 7 of 10 runs before the fix); now the command either never starts
+    # or gets the SIGTERM.
+    run = launch({"command": "echo ready; sleep 1000", "resources": {"cpus": 0.01}})
+    wait_for(lambda: (status(coordinator, run) or {}).get("state") == LearnerState.LEARNER_RUNNING, 30,
+             "the learner to run")
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait(30) == 0, controller_log(run)
+    doc = status(coordinator, run)
+    assert doc["state"] == LearnerState.LEARNER_FAILED
+    assert doc["exit_code"] == 128 + signal.SIGTERM, doc
+    assert doc["message"] == ("the controller received SIGTERM; learner was killed by SIGTERM (exit code 143)")
+    assert doc["tail"] in ([], ["ready"]), doc  # stopped before the command started, or after the echo
+
+
 def test_a_learner_ignoring_sigterm_is_killed_after_the_grace_period(launch, coordinator):
     run = launch({"command": "trap '' TERM; sleep 1000"}, kill_grace=1)
     wait_for(lambda: (status(coordinator, run) or {}).get("state") == LearnerState.LEARNER_RUNNING, 30,
              "the learner to run")
+    # sleep runs, so the trap is set: a SIGTERM before it would stop the learner before its command started
+    wait_for(lambda: command_processes(run, "sleep"), 30, "the sleep process")
     run.proc.send_signal(signal.SIGTERM)
     assert run.wait(30) == 0, controller_log(run)
     doc = status(coordinator, run)

@@ -225,6 +225,34 @@ def test_releasing_a_held_learner_that_is_gone_says_so(tmp_path):
     assert not (tmp_path / "ran").exists()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_before_the_command_starts_is_kept_and_nothing_starts(tmp_path, sig):
+    # A stop that reaches the group while the guard is held (or its interpreter still starts) reaches the
+    # guard alone. Caught and forgotten, the command started anyway, never saw it and was SIGKILLed after the
+    # grace period (exit 137 where a stop means 143).
+    learner, archive = started(tmp_path, "touch ran; sleep 30", held=True)
+    wait_for(lambda: held_guard_up(learner), 10, "the held guard")
+    assert learner.signal_group(sig)
+    assert learner.release()
+    assert learner.wait(10) == -sig, "the guard dies of the signal, as the command would have"
+    assert learner.finish_output(10)
+    archive.close()
+    assert not (tmp_path / "ran").exists() and not group(learner.pid)
+
+
+def test_a_stop_signal_after_the_command_started_is_the_commands_alone(tmp_path):
+    learner, archive = started(tmp_path, "trap 'echo got TERM; exit 7' TERM; echo ready; "
+                                         "while true; do sleep 0.05; done", held=True)
+    wait_for(lambda: held_guard_up(learner), 10, "the held guard")
+    assert learner.release()
+    wait_for(lambda: (tmp_path / "a.jsonl").is_file() and "ready" in lines(tmp_path), 10, "the command to start")
+    assert learner.signal_group(signal.SIGTERM)
+    assert learner.wait(10) == 7, "the command's own exit: the guard passed nothing on twice, nor died of it"
+    assert learner.finish_output(10)
+    archive.close()
+    assert lines(tmp_path).count("got TERM") == 1
+
+
 @pytest.mark.parametrize(("command", "returncode"), [
     ("exit 0", 0), ("exit 3", 3), ("kill -TERM $$", -signal.SIGTERM), ("kill -KILL $$", -signal.SIGKILL),
 ])

@@ -40,6 +40,18 @@ every process of the namespace; the controller's grace period and SIGKILL
 bound that wait. The host-side parent mirrors pid 1's exit (code or
 signal), so to the controller this looks exactly like the shell.
 
+A SIGTERM or SIGINT that comes before the command exists (a stop while the
+interpreter starts, the sandbox is built or the learner is held) is not
+lost, as the guard's is not: both are blocked from the entry's first line
+until the command is spawned, so one that came is pending then. Before the
+fork the entry dies of it; after, pid 1 does not start the command and
+exits as killed by it. One that came just before the fork is pending in the
+parent alone, so pid 1 waits for the parent's word (a byte on a pipe)
+before it looks: the parent first hands it what it holds. One that comes
+during the spawn is passed on to the shell. Were it caught and forgotten,
+the command would start, never see it and be SIGKILLed once the grace
+period ran out.
+
 Without root (`isolation: userns`, the config names the job's namespace
 holder, userns.py): the entry joins the holder's user namespace, where it
 is root with every capability over what that namespace owns but only the
@@ -58,6 +70,7 @@ file of this one, imported from this folder only, and only in userns mode).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -101,6 +114,16 @@ def _userns():  # noqa: ANN202 - the sibling script, loaded only in userns mode
 
 class SetupError(Exception):
     pass
+
+
+# The signals meant for the learner; blocked until the command exists (see the docstring).
+_FORWARDED = (signal.SIGTERM, signal.SIGINT)
+
+
+def _pending() -> list[int]:
+    """The forwarded signals that came while blocked and wait to be delivered."""
+    pending = signal.sigpending()
+    return [sig for sig in _FORWARDED if sig in pending]
 
 
 def _check(ret: int, what: str) -> None:
@@ -219,17 +242,19 @@ def _released(hold: int) -> bool:
         os.close(hold)  # the learner never sees it
 
 
-def _pid1(cfg: dict, command: list[str], hold: int | None = None, passed: bool = False) -> int:
-    """pid 1 of the learner's PID namespace: build the view, drop root, run the command, reap."""
+def _pid1(cfg: dict, command: list[str], hold: int | None = None, handed: int | None = None,
+          passed: bool = False) -> int:
+    """pid 1 of the learner's PID namespace: build the view, drop root, run the command, reap. `handed`: the
+    pipe end on which the parent says it handed over the stop signals that came before the fork; `passed`:
+    the hold pipe goes to the command, which holds itself, instead of being waited on here."""
     stopping = False
 
     def on_stop(*_: object) -> None:
         nonlocal stopping
         stopping = True
 
-    # pid 1 gets a signal from outside only when it has a handler; the rest of the group gets it anyway.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_stop)
+    # The forwarded signals are still blocked (main): one sent while the view is built waits, pending, for
+    # the look before the command starts. (Blocked, pid 1 is sent one from outside even without a handler.)
     try:
         _mount(None, "/", None, MS_REC | MS_PRIVATE)
         root = _build_root(cfg, cfg.get("stage") or STAGE)
@@ -253,16 +278,26 @@ def _pid1(cfg: dict, command: list[str], hold: int | None = None, passed: bool =
         os.environ[HOLD_FD_ENV] = str(hold)
     elif hold is not None and not _released(hold):
         return EXIT_NOT_STARTED
+    if handed is not None:
+        os.read(handed, 1)  # end-of-file too: the parent is gone, and the group with it
+        os.close(handed)
+    if early := _pending():
+        return -early[0]  # stopped before the command started: it never starts
     try:
         child = os.posix_spawn(command[0], command, os.environ,
-                               setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT),
-                               setsigmask=())
+                               setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, *_FORWARDED), setsigmask=())
     except OSError as e:
         print(f"cannot start {command[0]}: {e}", file=sys.stderr)
         return 127
     finally:
         if passed and hold is not None:
             os.close(hold)  # the command's to read
+    for sig in _pending():
+        os.kill(child, sig)  # came during the spawn, maybe before the fork: the command's
+    # pid 1 gets a signal from outside only when it has a handler; the rest of the group gets it anyway.
+    for sig in _FORWARDED:
+        signal.signal(sig, on_stop)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)  # one pending now says stopping
     code = None
     while True:
         try:
@@ -281,6 +316,7 @@ def _mirror(code: int) -> None:
     if code < 0:
         if -code not in (signal.SIGKILL, signal.SIGSTOP):
             signal.signal(-code, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, (-code,))
         os.kill(os.getpid(), -code)
         os._exit(128 - code)
     os._exit(code)
@@ -330,6 +366,7 @@ def _arguments(argv: list[str]) -> tuple[int | None, int | None, bool, str, list
 
 
 def main(argv: list[str]) -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)  # until the command exists (see the docstring)
     try:
         lifeline, hold, passed, config, command = _arguments(argv)
     except ValueError as e:
@@ -339,8 +376,6 @@ def main(argv: list[str]) -> None:
         os.set_inheritable(lifeline, False)  # the lifeline is ours, not the learner's
     with open(config) as f:
         cfg = json.load(f)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)  # meant for the learner; its group gets them too
     try:
         if cfg.get("holder"):
             _userns().join(cfg["holder"])  # its user namespace, then its network namespace
@@ -356,15 +391,19 @@ def main(argv: list[str]) -> None:
     except (SetupError, OSError) as e:
         print(f"trainforge sandbox: cannot enter the learner's namespaces: {e}", file=sys.stderr)
         os._exit(EXIT_SETUP)
+    if early := _pending():
+        _mirror(-early[0])  # stopped before anything of the learner's started: nothing starts
     # pid 1 cannot die of a signal it sends itself, so it tells how the command ended through a pipe.
     told, tell = os.pipe()
-    pid = os.fork()
+    handed, hand = os.pipe()
+    pid = os.fork()  # the child inherits the blocked signals, not the pending ones
     if pid == 0:
         os.close(told)
+        os.close(hand)
         if lifeline is not None:
             os.close(lifeline)
         try:
-            code = _pid1(cfg, command, hold, passed)
+            code = _pid1(cfg, command, hold, handed, passed)
         except BaseException as e:  # noqa: BLE001 - pid 1 must exit with a code, never a traceback
             print(f"trainforge sandbox: {type(e).__name__}: {e}", file=sys.stderr)
             code = EXIT_SETUP
@@ -373,6 +412,15 @@ def main(argv: list[str]) -> None:
         sys.stderr.flush()
         os._exit(code & 0xFF if code >= 0 else 128 - code)
     os.close(tell)
+    os.close(handed)
+    for sig in _pending():
+        os.kill(pid, sig)  # came just before the fork, so pid 1 lacks it: blocked there, it stops the start
+    with contextlib.suppress(OSError):  # pid 1 may have ended already (its setup failed)
+        os.write(hand, b"\n")  # pid 1 looks at its pending signals only after this
+    os.close(hand)
+    for sig in _FORWARDED:
+        signal.signal(sig, lambda *_: None)  # meant for the learner; its group gets them too
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
     if hold is not None:
         os.close(hold)  # pid 1's to read; here it would only keep the pipe open
     if lifeline is not None:
