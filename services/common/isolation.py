@@ -148,6 +148,11 @@ def remove_job(job_id: str) -> bool:
     return remove_cgroups(job_cgroups(job_id)) & remove_netns(job_id)
 
 
+def left_behind(job_id: str) -> bool:
+    """Whether the job's network namespace or any of its cgroup folders is still there."""
+    return (NETNS_DIR / netns_name(job_id)).exists() or any(p.is_dir() for p in job_cgroups(job_id))
+
+
 # A fresh, isolated interpreter tries what the unprivileged sandbox needs: user, mount, PID, IPC, UTS and network
 # namespaces in one unshare(2), which fails where unprivileged user namespaces are off.
 _USERNS_PROBE = ("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "

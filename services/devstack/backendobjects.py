@@ -1,10 +1,13 @@
 """`trainforge down`'s last step: remove what the stack's backend created outside this machine's processes
-(docker containers and networks, kubernetes attempts), each found by the stack's label."""
+(docker containers and networks, kubernetes attempts), each found by the stack's label, and what the local
+backend's sandbox made for jobs whose stop never came (network namespaces, cgroups)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
+from trainforge_services.common import isolation
 from trainforge_services.common.errors import TrainforgeError
 from trainforge_services.common.settings import LcmSettings
 from trainforge_services.devstack.components import ComponentStatus, Status
@@ -59,3 +62,25 @@ def _remove_pods(settings: LcmSettings, stack_id: str, done: Callable[[Component
         return
     if roots:
         done(ComponentStatus("kubernetes attempts", None, where, Status.STOPPED, f"{len(roots)} removed"))
+
+
+def remove_job_isolation(work: Path, done: Callable[[ComponentStatus], None]) -> None:
+    """With the local backend: the network namespace and learner cgroups of each job under `work` (the LCM's
+    job folders) that are still there. The LCM removes them when it stops a job; a job whose learners were
+    still running at `down` (or whose LCM died first) never got that stop, and nothing else would remove
+    them. Called once the stack's processes are gone."""
+    try:
+        jobs = sorted(p.name for p in work.iterdir() if p.is_dir())
+    except OSError:
+        return
+    left = [job for job in jobs if isolation.left_behind(job)]
+    if not left:
+        return
+    stuck = [job for job in left if not isolation.remove_job(job)]
+    if stuck:
+        done(ComponentStatus("learner isolation", None, str(work), Status.UNHEALTHY,
+                             f"could not remove the network namespace or cgroups of {len(stuck)} job(s): "
+                             f"{', '.join(stuck[:5])}{' ...' if len(stuck) > 5 else ''}"))
+    else:
+        done(ComponentStatus("learner isolation", None, str(work), Status.STOPPED,
+                             f"network namespaces and cgroups of {len(left)} job(s) removed"))

@@ -30,7 +30,7 @@ from trainforge_services.api.admin import IssuedKey, bootstrap_key
 from trainforge_services.common import isolation, proctree
 from trainforge_services.common.settings import ApiSettings
 from trainforge_services.devstack import procs
-from trainforge_services.devstack.backendobjects import remove_backend_objects
+from trainforge_services.devstack.backendobjects import remove_backend_objects, remove_job_isolation
 from trainforge_services.devstack.components import (
     BY_NAME,
     HOST,
@@ -358,6 +358,7 @@ def down(state_dir: str | Path, *, report: Report = _ignore, grace: float = 20.0
         if stack_id:
             _stop_strays(stack_id, 1.0, set(), done)
             remove_backend_objects(stack_id, done)
+            remove_job_isolation(state / "work", done)
         for pid_path in (state / "pids").glob("*.pid"):
             pid_path.unlink(missing_ok=True)
     return statuses

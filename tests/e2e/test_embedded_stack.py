@@ -7,6 +7,7 @@ them; the tests talk to the platform only through the `trainforge` CLI.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ from pathlib import Path
 import psutil
 
 from tests.servers import wait_for
+from trainforge_services.common import isolation
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "trainforge.cli"]
@@ -119,11 +121,20 @@ def test_bad_requests_get_clear_errors(stack, tmp_path):
     assert proc.returncode != 0 and "not found" in (proc.stdout + proc.stderr).lower()
 
 
-def test_down_leaves_no_process_behind(stack):
+def test_down_leaves_no_process_behind(stack, tmp_path):
     env, state, stack_id = stack
     assert stack_processes(stack_id), "the stack should be running before down"
+    # a job still running at down: its learners go, and so do its sandbox's network namespace and cgroups
+    manifest = tmp_path / "sleep.yaml"
+    manifest.write_text("name: running-at-down\nframework: custom\nresources: {cpus: 0.5, memory: 256Mi}\n"
+                        "command: python -c \"import time; time.sleep(600)\"\n")
+    job_id = cli_json(env, "submit", str(manifest))["id"]
+    wait_for(lambda: cli_json(env, "status", job_id)["state"] == "running", 120, "the job to run", interval=0.5)
+    sandboxed = os.geteuid() == 0 and not isolation.unavailable()
+    assert isolation.left_behind(job_id) == sandboxed, "a sandboxed job has a network namespace and cgroups"
     run_cli(env, "down", timeout=120)
     wait_for(lambda: not stack_processes(stack_id), 30, "every stack process to exit")
+    assert not isolation.left_behind(job_id), "the running job's network namespace or cgroups outlived down"
     # up again is possible after down (the module fixture's final down is then a no-op)
     run_cli(env, "up", timeout=180)
     second_id = json.loads((state / "stack.json").read_text())["stack_id"]
