@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -321,8 +320,8 @@ class LearnerProcess:
         if self._lifeline is not None:
             os.close(self._lifeline)
             self._lifeline = None
-        deadline = time.monotonic() + timeout
-        done = [r.join(max(0.0, deadline - time.monotonic())) for r in self._readers]
+        # each stream's pipe gets `timeout` to end, and its lines as long as they keep being numbered (SpooledStream.join)
+        done = [r.join(timeout) for r in self._readers]
         return all(done)
 
     def tree_rss(self) -> int:

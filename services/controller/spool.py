@@ -45,6 +45,10 @@ PACE_SECONDS = 0.005
 # The splitter reads the spool in bigger pieces than the pipe gives: fewer
 # wake-ups, and one archive call per piece rather than per line.
 _SPLIT_READ_BYTES = 1024 * 1024
+# `join` waits for a splitter that is still numbering the spool's lines for as long as it makes progress, but
+# at most this long in all: at nice 19 on a saturated host a large spool can take minutes, and the lines
+# not yet in the archive would be missing from it.
+DRAIN_LONGEST = 600.0
 
 
 def enlarge_pipe(fd: int, size: int = PIPE_BYTES) -> int:
@@ -112,6 +116,7 @@ class SpooledStream:
         self._data = threading.Event()
         self._eof = False
         self._warned = False
+        self._split_bytes = 0  # spool bytes the splitter has read and numbered: join's sign of progress
         self._full = chunk_bytes
         self._reader = threading.Thread(target=self._copy, name=f"learner-{stream}", daemon=True)
         self._splitter = threading.Thread(target=self._split, name=f"learner-{stream}-lines", daemon=True)
@@ -196,18 +201,34 @@ class SpooledStream:
                         if not warned:
                             log.error("cannot append learner %s to the log archive: %s", self.stream, e)
                             warned = True
+                self._split_bytes += len(chunk)
                 if not chunk:
                     return
         finally:
             output_thread_done()
             os.close(self._rfd)
 
-    def join(self, timeout: float | None) -> bool:
-        """Wait until the pipe reached its end and every line is in the archive; delete the spool then."""
+    def join(self, timeout: float | None, *, longest: float = DRAIN_LONGEST) -> bool:
+        """Wait until the pipe reached its end and every line is in the archive; delete the spool then. False
+        when the pipe did not end within `timeout` (a process outside the learner's group still holds it), or
+        the splitter made no progress for `timeout` seconds, or was still at it after `longest` in all: the
+        spool keeps what it has not numbered."""
         self._reader.join(timeout)
-        self._splitter.join(timeout)
-        if self._reader.is_alive() or self._splitter.is_alive():
+        if self._reader.is_alive():
             return False
+        if timeout is None:
+            self._splitter.join()
+        else:
+            start = time.monotonic()
+            seen, stalled_at = self._split_bytes, start + timeout
+            while self._splitter.is_alive():
+                now = time.monotonic()
+                if self._split_bytes != seen:  # a busy host's background splitter, still numbering lines
+                    seen, stalled_at = self._split_bytes, now + timeout
+                wait = min(stalled_at, start + longest) - now
+                if wait <= 0:
+                    return False
+                self._splitter.join(min(wait, 0.5))
         with contextlib.suppress(OSError):
             self.spool.unlink()
         return True

@@ -114,3 +114,56 @@ def test_the_reader_pauses_until_the_pipe_would_be_half_full_and_never_after_a_f
     assert reader_pause(pipe // 4, 0.001, pipe, longest) == pytest.approx(0.002)
     # 100 KB in 10 ms (10 MB/s): half the pipe would take 52 ms; capped
     assert reader_pause(100_000, 0.010, pipe, longest) == longest
+
+
+class PacedArchive(LogArchive):
+    """A LogArchive whose appends take `pause` seconds each (a background splitter on a saturated host), or
+    wait for `gate` forever when one is given (a splitter that stopped making progress)."""
+
+    def __init__(self, *args, pause: float = 0.0, gate: threading.Event | None = None, **kw):
+        super().__init__(*args, **kw)
+        self.pause, self.gate = pause, gate
+
+    def append_many(self, stream, lines):  # noqa: ANN001, ANN201
+        if self.gate is not None:
+            self.gate.wait()
+        elif self.pause:
+            threading.Event().wait(self.pause)
+        return super().append_many(stream, lines)
+
+
+def spooled(tmp_path, archive: LogArchive, mib: int) -> SpooledStream:
+    """A stream whose pipe delivered `mib` MiB of 100-byte lines and ended (the learner exited)."""
+    r, w = os.pipe()
+    stream = SpooledStream("stdout", r, archive, tmp_path / "a.stdout.spool", max_line=1000).start()
+    line = b"y" * 99 + b"\n"
+    with os.fdopen(w, "wb") as f:
+        for _ in range(mib * 1024 * 1024 // len(line)):
+            f.write(line)
+    return stream
+
+
+def test_join_waits_for_a_slow_splitter_as_long_as_it_makes_progress(tmp_path):
+    # 4 MiB are numbered in 4 or more appends of 0.3 s each: longer than the 0.5 s timeout in all, never
+    # 0.5 s without progress, so join waits and every line reaches the archive
+    archive = PacedArchive(tmp_path / "a.jsonl", job="j", team="t", learner=0, attempt=1, pause=0.3)
+    stream = spooled(tmp_path, archive, 4)
+    assert stream.join(0.5)
+    archive.close()
+    assert archive.lines_written == 4 * 1024 * 1024 // 100
+    assert not stream.spool.exists()
+
+
+def test_join_gives_up_on_a_splitter_that_stopped_and_keeps_the_spool(tmp_path):
+    gate = threading.Event()
+    archive = PacedArchive(tmp_path / "a.jsonl", job="j", team="t", learner=0, attempt=1, gate=gate)
+    stream = spooled(tmp_path, archive, 1)
+    try:
+        assert not stream.join(0.5)  # no progress for 0.5 s: False, the unnumbered lines still in the spool
+        assert stream.spool.exists() and stream.spool.stat().st_size > 0
+        assert not stream.join(0.2, longest=0.0)  # and `longest` bounds even a splitter that progresses
+    finally:
+        gate.set()
+    assert stream.join(10)
+    archive.close()
+    assert archive.lines_written == 1024 * 1024 // 100
