@@ -131,12 +131,14 @@ def test_the_owner_reclaims_its_quota_by_halting_the_borrower_which_comes_back_o
                       "RUNNING"]
 
 
-def preempted_once_and_back(service: JobService, store: JobStore) -> str:
+def preempted_once_and_back(service: JobService, store: JobStore, lcm: ScriptedLcm) -> str:
     """Team a's borrower, halted once for team b's job, which then ran and finished: running again (attempt 2)."""
     borrower = submit(service, "a")
     running(service, store, borrower)
     owner = submit(service, "b")
     wait_for(lambda: state_of(store, borrower) == JobState.HALTING, 10, "the first preemption")
+    # as a real monitor: HALTED follows the LCM's halt (sent from the Trainer's pool, only while still HALTING)
+    wait_for(lambda: (borrower, 1) in lcm.halts, 10, "the LCM's halt request")
     halted(service, store, borrower, 1, 10)
     running(service, store, owner)
     finish(service, store, owner)
@@ -146,7 +148,7 @@ def preempted_once_and_back(service: JobService, store: JobStore) -> str:
 
 def test_a_job_is_not_preempted_again_within_its_minimum_runtime(trainer):
     service, store, lcm = trainer
-    borrower = preempted_once_and_back(service, store)
+    borrower = preempted_once_and_back(service, store, lcm)
 
     second = submit(service, "b")
     wait_for(lambda: state_of(store, borrower) == JobState.HALTING, 10, "the second preemption")
@@ -157,7 +159,7 @@ def test_a_job_is_not_preempted_again_within_its_minimum_runtime(trainer):
 
 def test_the_preemption_bound_holds(bounded):
     service, store, lcm = bounded
-    borrower = preempted_once_and_back(service, store)
+    borrower = preempted_once_and_back(service, store, lcm)
 
     waiting = submit(service, "b")
     # after several passes beyond its minimum runtime, the borrower (preempted once, the bound) still runs
@@ -180,6 +182,7 @@ def test_a_higher_priority_job_halts_a_lower_priority_one_of_its_own_team(traine
     high = service.submit("c", json.dumps(body)).id
     wait_for(lambda: state_of(store, low) == JobState.HALTING, 10, "the low-priority job to be halted")
     assert store.find(low).reason.startswith(f"preempted: halted for a higher-priority job ({high} of team c)")
+    wait_for(lambda: (low, 1) in lcm.halts, 10, "the LCM's halt request")
     halted(service, store, low, 1, 5)
     running(service, store, high)
     wait_for(lambda: state_of(store, low) == JobState.QUEUED, 10, "the low-priority job to be requeued")
