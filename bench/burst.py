@@ -109,6 +109,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=1800, help="seconds the whole burst may take")
     ap.add_argument("--store-inserts", type=int, default=300,
                     help="job documents inserted straight into the store after the burst, for its raw rate (0: skip)")
+    ap.add_argument("-e", action="append", default=[], metavar="TF_X=V", help="a stack setting, e.g. TF_FORK_SERVER=false")
     args = ap.parse_args()
 
     bare = []
@@ -119,6 +120,7 @@ def main() -> int:
 
     extra = {"TF_RATE_LIMIT_PER_SECOND": "0", "TF_LOCAL_CPUS": "1000",
              "TF_LOCAL_MAX_LEARNERS": str(args.max_learners)}
+    extra.update(setting.split("=", 1) for setting in args.e)
     manifest = {"name": "burst", "framework": "custom", "resources": {"cpus": 0.05, "memory": "64Mi"},
                 "command": COMMAND}
     with stack(extra) as st:

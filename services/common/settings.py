@@ -129,6 +129,9 @@ class LcmSettings(StoreSettings):
     local_max_learners: int = Field(64, ge=1, description="learners the local backend runs at once")
     fork_server: bool = Field(True, description="the local backend forks controllers and job monitors from a warm "
                               "server that has their imports done (false: a fresh interpreter each)")
+    job_nice: int = Field(10, ge=0, le=19, description="the local backend's job monitors, controllers and learners "
+                          "run at this nice (and their sessions' autogroups), below the control plane's 0, so a "
+                          "machine full of learners does not starve the services (0: same priority)")
     # -- the simulated backend (scale tests only: services/lcm/backends/simulated.py) --
     sim_seconds: float = Field(5.0, ge=0, description="how long each simulated job runs before it completes")
     sim_max_learners: int = Field(1000, ge=1, description="learners the simulated backend runs at once")
@@ -200,6 +203,8 @@ class ControllerSettings(StoreSettings):
                                                          "are built and cached (default <state_dir>/envs)")
     env_build_timeout: float = Field(1800.0, gt=0, le=86400,
                                      description="longest one environment may take to build")
+    job_nice: int = Field(0, ge=0, le=19, description="the nice this controller and its learner take at start "
+                          "(the local backend passes its own TF_JOB_NICE; 0: unchanged)")
 
     def env_cache(self) -> Path:
         return self.env_cache_dir or self.state_dir / "envs"
@@ -220,3 +225,5 @@ class ControllerSettings(StoreSettings):
 class MonitorSettings(StoreSettings):
     report_retry_seconds: float = Field(1.0, gt=0, le=60, description="first wait before retrying a Trainer report; later waits double, up to 8 times it")
     lease_ttl: int = Field(10, ge=2, le=300, description="seconds the monitor's claim on its job lives")
+    job_nice: int = Field(0, ge=0, le=19, description="the nice this monitor takes at start (the local backend "
+                          "passes its own TF_JOB_NICE; 0: unchanged)")

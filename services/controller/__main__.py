@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from trainforge_services.common import niceness
 from trainforge_services.common.contracts.specs import LearnerSpec
 from trainforge_services.common.errors import TrainforgeError
 from trainforge_services.common.settings import ControllerSettings
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     except TrainforgeError as e:
         log.error("%s", e.message)
         return EXIT_USAGE
+    for problem in niceness.lower(settings.job_nice):  # before any thread starts: threads inherit it
+        log.warning("running at the control plane's priority: %s", problem)
     try:
         controller = Controller(spec, settings)
     except ValueError as e:

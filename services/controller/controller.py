@@ -276,7 +276,8 @@ class Controller:
                                                  python=self.python, program=program, entry=entry,
                                                  cpus=self._placement.learner
                                                  if self._placement and self.settings.place_cpus == "all" else None,
-                                                 held=spec.gated, self_held=self_held)
+                                                 held=spec.gated, self_held=self_held,
+                                                 nice=self.settings.job_nice)
         try:
             learner.start()
         except OSError as e:

@@ -28,6 +28,7 @@ from pathlib import Path
 import psutil
 
 from trainforge_frameworks.torch.launch import ddp_env, elastic_command, elastic_env, elastic_restarts
+from trainforge_services.common import niceness
 from trainforge_services.common.contracts.specs import LearnerSpec
 
 from .linebuf import with_hook
@@ -183,8 +184,9 @@ class LearnerProcess:
     def __init__(self, command: str, cwd: Path, env: dict[str, str], archive: LogArchive, *,
                  python: str = sys.executable, program: list[str] | None = None,
                  entry: Callable[..., list[str]] | None = None, cpus: frozenset[int] | None = None,
-                 held: bool = False, self_held: bool = False):
+                 held: bool = False, self_held: bool = False, nice: int = 0):
         self.command, self.cwd, self.env, self.archive = command, Path(cwd), env, archive
+        self.nice = nice  # the learner's session runs at this nice at least (common/niceness.py)
         self.held, self.self_held = held, held and self_held
         self.python, self.program, self.entry = python, program, entry
         self.cpus = cpus  # the learner's CPUs (priority.plan_placement); None: the controller's own
@@ -225,6 +227,9 @@ class LearnerProcess:
                 if fd is not None:
                     os.close(fd)
         self._lifeline, self._hold = write_end, hold_w
+        # its own session is a new autogroup at nice 0, whatever nice it inherited from this thread
+        for problem in niceness.lower(self.nice, self.proc.pid):
+            log.warning("learner %d runs at the control plane's priority: %s", self.proc.pid, problem)
         self._pidfd = _pidfd_of(self.proc.pid)
         for stream, fd in (("stdout", out_r), ("stderr", err_r)):
             spool = self.archive.path.with_name(f"{self.archive.path.name}.{stream}.spool")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from trainforge_services.common import niceness
 from trainforge_services.common.adapters.etcd import Coordinator
 from trainforge_services.common.contracts.specs import MonitorSpec
 from trainforge_services.common.errors import TrainforgeError
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     except TrainforgeError as e:
         log.error("%s", e.message)
         return 2
+    for problem in niceness.lower(settings.job_nice):  # before any thread starts: threads inherit it
+        log.warning("running at the control plane's priority: %s", problem)
     coordinator = Coordinator(settings.etcd_endpoints, settings.etcd_prefix)
     reporter = GrpcReporter(settings.trainer_address)
     monitor = JobMonitor(spec, coordinator, reporter, retry_seconds=settings.report_retry_seconds,

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tests.servers import wait_for
-from trainforge_services.common import isolation
+from trainforge_services.common import isolation, niceness
 from trainforge_services.common.adapters.objectstore import store_from_settings
 from trainforge_services.common.contracts.specs import LearnerSpec
 from trainforge_services.common.settings import ControllerSettings
@@ -354,3 +354,21 @@ def test_cpu_placement_all_starts_the_learner_on_its_share(launch, coordinator):
     doc = status(coordinator, run)
     assert doc["state"] == LearnerState.LEARNER_COMPLETED, doc
     assert doc["tail"] == [f"Cpus_allowed_list:\t{allowed[-1]}"]
+
+
+@pytest.mark.parametrize("isolation", ["none", "auto"])
+def test_the_controller_and_its_learner_run_at_the_job_nice(launch, coordinator, isolation):
+    # the local backend hands its TF_JOB_NICE to the controllers it starts (common/niceness.py)
+    run = launch({"command": "echo ready; sleep 1000"}, isolation=isolation, job_nice=10)
+    wait_for(lambda: (status(coordinator, run) or {}).get("state") == LearnerState.LEARNER_RUNNING, 30,
+             "the learner to run")
+    sleeper = wait_for(lambda: command_processes(run, "sleep"), 30, "the sleep process")[0]
+    controller = psutil.Process(run.proc.pid)
+    # the learner leads a session of its own (a new autogroup, at nice 0 unless lowered too)
+    assert sleeper.pid != controller.pid and os.getsid(sleeper.pid) != os.getsid(controller.pid)
+    for proc in (controller, *controller.children(recursive=True)):
+        assert proc.nice() == 10, (proc.pid, proc.cmdline())
+        assert niceness.autogroup_nice(proc.pid) in (10, None), (proc.pid, proc.cmdline())
+    assert "control plane's priority" not in controller_log(run)
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait(30) == 0, controller_log(run)

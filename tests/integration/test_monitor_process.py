@@ -13,11 +13,12 @@ import subprocess
 import sys
 
 import grpc
+import psutil
 
 from tests.integration.conftest import monitor_claimed, put
 from tests.servers import free_port, wait_for
 from trainforge_protos import common_pb2, trainer_pb2, trainer_pb2_grpc
-from trainforge_services.common import rpc
+from trainforge_services.common import niceness, rpc
 from trainforge_services.common.states import JobState, LearnerState
 
 L = LearnerState
@@ -88,6 +89,27 @@ def test_the_monitor_process_stops_on_sigterm_and_releases_the_job(tmp_path, coo
         assert proc.wait(20) == 0
         assert not monitor_claimed(coordinator, job)
         assert trainer.reports == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        server.stop(0).wait()
+
+
+def test_the_monitor_process_runs_at_tf_job_nice(tmp_path, coordinator, etcd_server, job):
+    """The local backend's TF_JOB_NICE: the monitor lowers itself, its threads and its session's autogroup."""
+    server, _ = start_trainer(port := free_port())
+    proc = spawn_monitor(tmp_path, coordinator, etcd_server, job, port, TF_JOB_NICE="10")
+    try:
+        wait_for(lambda: monitor_claimed(coordinator, job), 20, "the monitor process to claim the job")
+        monitor = psutil.Process(proc.pid)
+        threads = [t.id for t in monitor.threads()]
+        assert len(threads) > 1  # its etcd and gRPC threads, started after it lowered itself
+        assert [os.getpriority(os.PRIO_PROCESS, tid) for tid in threads] == [10] * len(threads)
+        assert niceness.autogroup_nice(proc.pid) in (10, None)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        assert "control plane's priority" not in (tmp_path / "monitor.log").read_text()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -52,6 +52,7 @@ def child_env(settings: LcmSettings) -> dict[str, str]:
     for name in StoreSettings.model_fields:
         env[f"TF_{name.upper()}"] = _env_value(getattr(settings, name))
     env["TF_LEASE_TTL"] = str(settings.lease_ttl)  # the monitors' claim; controllers get it in their spec
+    env["TF_JOB_NICE"] = str(settings.job_nice)  # they lower themselves and their learners (common/niceness.py)
     return env
 
 
