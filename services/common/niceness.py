@@ -6,8 +6,8 @@ the machine's cores. Left at equal priority, a machine full of learners
 starves the services: submits, the admission pass and the monitors' reports
 all wait for a core. Kubernetes keeps CPU for its own daemons
 (system-reserved, kube-reserved) and gives pods a weight below them; the
-local backend does the same with nice values. `TF_JOB_NICE` (LcmSettings,
-default 10: a CFS weight of 110 against the services' 1024) is handed to the
+local backend can do the same with nice values. `TF_JOB_NICE` (LcmSettings,
+default 0, off; 10 is a CFS weight of 110 against the services' 1024) is handed to the
 job monitors and controllers it starts, which lower themselves at start
 (`lower`), and a controller gives its learner the same (`lower(pid=...)`;
 the learner also inherits the controller's nice through fork and exec).
@@ -24,6 +24,12 @@ group) and its session's autogroup nice (`/proc/<pid>/autogroup`, writable
 by the process's owner for a nice at or above 0). A learner in a cgroup of
 its own (the root sandbox's `trainforge/<job>/…` cpu cgroup) is scheduled by
 that cgroup's weight instead, which this leaves at the default.
+
+It is off by default: on a machine shared with other work at nice 0 (other
+users' processes, a test run) lowered jobs wait for all of it, and a burst
+of 1,000 trivial jobs took 3.5-5x longer with it at load 12-40, while its
+gain in submits/s on a quiet machine was within the noise of single runs
+(docs/BENCHMARKS.md, "The job processes' CPU priority").
 
 Nothing here raises a priority, and a failure to lower one is not an error:
 the process runs as it would have, and `lower` says what it could not do.

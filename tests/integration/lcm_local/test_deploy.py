@@ -56,7 +56,7 @@ def test_deploy_writes_the_specs_and_the_attempt_key_and_starts_monitor_and_cont
         assert run["env"]["TF_TRAINER_ADDRESS"] == "127.0.0.1:1"
         assert run["env"]["TF_STATE_DIR"] == str(tmp_path / "state")
         assert run["env"]["TF_LEASE_TTL"] == "7"
-        assert run["env"]["TF_JOB_NICE"] == "10"  # they lower themselves and their learners to it
+        assert run["env"]["TF_JOB_NICE"] == "0"  # the default: the services' priority (common/niceness.py)
         assert run["env"]["TF_STACK_ID"] == f"stack-{unique}"
         # the interpreter imports the platform from its installation: our PYTHONPATH passes through unchanged
         assert run["env"].get("PYTHONPATH") == os.environ.get("PYTHONPATH")
