@@ -68,12 +68,23 @@ def job_cgroups(job_id: str, root: Path = CGROUP_ROOT) -> list[Path]:
     return [root / c / CGROUP_PARENT / job_id for c in CGROUP_CONTROLLERS]
 
 
+def _subfolders(path: Path, tries: int = 3) -> list[Path]:
+    """Every folder under path, deepest first. A folder removed while it is listed (by the job's own controller
+    or LCM at the same time: `trainforge down` met that) makes the listing start again, not fail."""
+    for _ in range(tries):
+        try:
+            return sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+        except FileNotFoundError:
+            continue
+    return []  # still changing: the rmdir of path says whether anything is left
+
+
 def _rmdir_tree(path: Path) -> bool:
     """rmdir a cgroup folder and its children, deepest first; False when one still holds a process."""
     if not path.is_dir():
         return True
     ok = True
-    for sub in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+    for sub in _subfolders(path):
         try:
             sub.rmdir()
         except FileNotFoundError:
