@@ -58,16 +58,13 @@ def lower(nice: int, pid: int = 0) -> list[str]:
             os.setpriority(os.PRIO_PROCESS, pid, nice)
     except OSError as e:
         problems.append(f"nice {nice} for pid {pid or os.getpid()}: {e.strerror or e}")
-    try:
-        with open(f"/proc/{pid or 'self'}/autogroup", "r+") as group:
-            current = group.read().split()
-            if len(current) < 3 or current[1] != "nice" or int(current[2]) < nice:
-                group.seek(0)
-                group.write(str(nice))
-    except FileNotFoundError:
-        pass  # a kernel without autogroup: the nice value alone decides
-    except (OSError, ValueError) as e:
-        problems.append(f"autogroup nice {nice} for pid {pid or os.getpid()}: {getattr(e, 'strerror', None) or e}")
+    group = autogroup_nice(pid)  # None: a kernel without autogroup, where the nice value alone decides
+    if group is not None and group < nice:
+        try:
+            with open(f"/proc/{pid or 'self'}/autogroup", "w") as f:
+                f.write(str(nice))
+        except OSError as e:
+            problems.append(f"autogroup nice {nice} for pid {pid or os.getpid()}: {e.strerror or e}")
     return problems
 
 
