@@ -242,6 +242,12 @@ class Queued:
     gpu_type: str = ""
     # requeued after a preemption: first of its priority in its team's queue
     front: bool = False
+    # what a pass remembers its answers by: jobs of a kind (team, need, GPU type) fit or wait alike; a
+    # string, whose hash Python keeps, made once per job rather than once per job and pass
+    kind: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", f"{self.team}\x00{self.need!r}\x00{self.gpu_type}")
 
 
 def queue_order(jobs: Iterable[Queued]) -> list[Queued]:
@@ -317,9 +323,9 @@ def plan(queue: Sequence[Queued], in_use: Usage, capacity: Capacity, *,
     result = Plan()
     by_level: dict[int, dict[str, deque[Queued]]] = defaultdict(lambda: defaultdict(deque))
     ordered = queue_order(queue)
-    never: dict[tuple[str, Usage, str], str] = {}  # why a kind of job can never run here ("": it can)
+    never: dict[str, str] = {}  # why a kind of job can never run here ("": it can)
     for job in ordered:
-        key = (job.team, job.need, job.gpu_type)
+        key = job.kind
         if (why := never.get(key)) is None:
             quota = quotas.get(job.team, NO_QUOTA)
             why = never[key] = "; ".join({**too_big(job.need, capacity),
@@ -373,7 +379,7 @@ class _Checks:
 
     def __init__(self, fit: QuotaFit, held: dict[str, TeamUse], capacity: Usage, in_use: Usage):
         self._fit, self._held, self._capacity, self.in_use = fit, held, capacity, in_use
-        self._seen: dict[tuple[str, Usage, str], tuple[str | None, Usage]] = {}
+        self._seen: dict[str, tuple[str | None, Usage]] = {}
         self._shares: dict[str, float] = {}
 
     def share(self, team: str) -> float:
@@ -384,7 +390,7 @@ class _Checks:
 
     def of(self, job: Queued) -> tuple[str | None, Usage]:
         """(why `job` waits, None if it fits; what it would borrow)."""
-        key = (job.team, job.need, job.gpu_type)
+        key = job.kind
         if (known := self._seen.get(key)) is None:
             problem, borrowed = self._fit(job, self._held)
             problem = problem or shortfall(job.need, self._capacity, self.in_use)

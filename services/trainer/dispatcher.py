@@ -1,40 +1,57 @@
 """The queue's engine: turns QUEUED jobs into deployments when they fit.
 
-A background thread runs a dispatch pass when woken (a job was submitted,
-or a job let go of its resources, or a quota changed) and every `interval`
-seconds as a safety net. A pass reads the queue, what ACTIVE jobs hold (in
-total and per team) and the team quotas, asks services/trainer/admission.py
-what fits and in which order, reserves each job that does by the atomic
-QUEUED -> DEPLOYING transition, and hands the LCM call to a worker thread,
-so one slow backend call never holds up the queue. Jobs that wait get their
-reason and queue position refreshed; jobs that can no longer ever run (a
-quota lowered below what they need) are failed with the reason. A team may
-borrow in its cohort (cohorts.py); jobs that still wait may have running ones
-halted for them (preemptor.py, after the pass's reservations).
+Three threads share the work, so that a pass never waits on the store:
+- the reader (`_read_loop`), when woken (a job was submitted, or let go of
+  its resources, or a quota changed) and every `interval` seconds as a
+  safety net, reads what changed into the copy of the queued and active
+  jobs (services/trainer/jobmirror.py), and the quotas when their copy is
+  getting old; then it asks for a pass;
+- the pass (`_loop`) decides on that copy as it is: it asks services/
+  trainer/admission.py what fits and in which order, counts each job that
+  does as reserved at once (`JobMirror.reserve`) and hands the reservations
+  to the writer. Jobs that wait get their reason and queue position
+  refreshed (queuenotes.py writes them); jobs that can no longer ever run (a
+  quota lowered below what they need) are failed with the reason. A team may
+  borrow in its cohort (cohorts.py); jobs that still wait may have running
+  ones halted for them (preemptor.py, after the pass's decision);
+- the writer (`_write_loop`) makes each reservation, in the order the passes
+  decided, by the atomic QUEUED -> DEPLOYING transition; the Deploy rule then
+  hands the LCM call to a worker of the pool, so a job is deployed only once
+  its reservation is written, and one slow backend call never holds up the
+  queue.
 
 Why admission never overshoots a quota or the capacity, under any storm of
 submissions: QUEUED -> DEPLOYING is the only transition into the ACTIVE
-states (services/common/states.py), and only a pass makes it, under
-`_pass_lock`, one pass at a time in the one Trainer that leads (among
-replicas, services/trainer/fence.py keeps a deposed leader's pass from
-reserving anything). Everything else
-can only make jobs leave ACTIVE. So the use a pass reads at its start can
-only be an over-estimate while it runs, and the pass adds every job it
-reserves to that use before deciding the next; its decision and its
-reservations are one step as far as any other writer can tell. Submits
-only insert QUEUED jobs, which the next pass sees.
+states (services/common/states.py), and only the writer makes it, for what a
+pass decided under `_pass_lock`, one pass at a time in the one Trainer that
+leads (among replicas, services/trainer/fence.py keeps a deposed leader's
+reservations from being written). Everything else can only make jobs leave
+ACTIVE. So the use the copy shows can only be an over-estimate, as long as
+every reservation a pass decided counts in it from that moment on: the copy
+counts it as held (and not as queued) until its write has returned and a read
+that began after that has read the job back, whatever an earlier read, which
+may have overlapped the write, says. A pass adds every job it reserves to the
+use before deciding the next; later passes see them in the copy. A write that
+fails leaves the job counted until such a read says where it is (still QUEUED:
+a later pass reserves it again). Submits only insert QUEUED jobs, which the
+next read sees.
 
 The same workers make the LCM calls a transition asks for (services/trainer/
 rules.py decides which: deploy, halt, remove an ended attempt's learners),
 retried with services/common/retry.py, since a job's record must never wait
 on the LCM. What a transition means lives in the rules, not here: every
 state change the dispatcher makes goes through `Lifecycle.move`.
+`run_once` does one read, one pass and its writes in the caller's thread (the
+tests' way in).
 """
+
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -45,7 +62,7 @@ from trainforge_services.common.observability import LabelCounts
 from trainforge_services.common.retry import Backoff
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer import admission, cohorts
-from trainforge_services.trainer.admission import Capacity, Plan, Quota
+from trainforge_services.trainer.admission import Capacity, Plan, Quota, Usage
 from trainforge_services.trainer.capacity import CapacityCache
 from trainforge_services.trainer.fence import Deposed, FenceGate
 from trainforge_services.trainer.growth import FIELDS as _GROWTH_FIELDS
@@ -57,7 +74,7 @@ from trainforge_services.trainer.preemption import Policy
 from trainforge_services.trainer.preemptor import FIELDS as _PREEMPT_FIELDS
 from trainforge_services.trainer.preemptor import Preemptor
 from trainforge_services.trainer.queuenotes import QueueNotes
-from trainforge_services.trainer.quotas import QuotaStore
+from trainforge_services.trainer.quotas import QUOTA_MAX_AGE, QuotaStore
 from trainforge_services.trainer.record import JobRecord
 from trainforge_services.trainer.rules import ACTOR, Lifecycle, Rule
 from trainforge_services.trainer.stamps import STAMPS
@@ -72,6 +89,9 @@ log = logging.getLogger(__name__)
 # not held back by a fixed gap; a lone wake-up after a quiet spell still runs at once.
 SPACING = 0.2
 MIN_SPACING = 0.05
+# The reader reads the quotas again once its copy is this old, so that a pass seldom finds it out of date
+# (services/trainer/quotas.py) and reads them itself.
+QUOTA_READ_AHEAD = QUOTA_MAX_AGE / 2
 # What a pass reads of queued and of active jobs: a pass reads the whole queue, so not the manifests.
 _QUEUE_FIELDS = ("team", "resources", "gpu_type", "priority", "created_at", "attempt", "reason",
                  "queue_position", "not_before", "cleanup_pending", "restarts", "fence")
@@ -104,11 +124,19 @@ class Dispatcher(LcmCalls):
         # replicas, only the elected one runs passes, and `gate` fences its reservations in the store
         # (services/trainer/fence.py). No gate: the only replica.
         self._pass_lock = threading.Lock()
-        self._decided = 0.0  # when the running pass had decided (before its reservations)
-        self._read = 0.0  # when the running pass had read what changed
-        self._read_jobs = 0  # how many jobs that read returned
+        self._decided = 0.0  # when the running pass had decided (before handing its reservations on)
         self._gate = gate
+        # wake-ups go to the reader (read what changed), which then asks for a pass
         self._wake = threading.Event()
+        self._pass_wanted = threading.Event()
+        self._read_lock = threading.Lock()  # one read of what changed at a time
+        self._reread: set[str] | None = set()  # jobs read again since the last pass took them (None: all)
+        self._reread_lock = threading.Lock()
+        self._last_read = (0, 0.0)  # (jobs, ms) of the last read of what changed
+        # the reservations each pass decided, written in order by the writer thread
+        self._writes: queue.Queue[_Writes | None] = queue.Queue()
+        self._writer: threading.Thread | None = None
+        self._reader: threading.Thread | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._calls = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainer-lcm")
@@ -143,6 +171,10 @@ class Dispatcher(LcmCalls):
         """
         first = self._calls.submit(_logged, self._capacity.refresh)
         self._notes.start()
+        self._writer = threading.Thread(target=self._write_loop, name="trainer-reserve", daemon=True)
+        self._writer.start()
+        self._reader = threading.Thread(target=self._read_loop, name="trainer-jobcopy", daemon=True)
+        self._reader.start()
         self._thread = threading.Thread(target=self._loop, name="trainer-dispatcher", daemon=True)
         self._thread.start()
         self.wake()
@@ -152,8 +184,13 @@ class Dispatcher(LcmCalls):
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._pass_wanted.set()
+        for thread in (self._thread, self._reader):
+            if thread is not None:
+                thread.join(timeout)
+        self._writes.put(None)  # after the last pass: the writer writes what was decided, then ends
+        if self._writer is not None:
+            self._writer.join(timeout)
         self._calls.shutdown(wait=True)
         self._notes.stop(timeout)
         self._jobs.close(timeout)
@@ -161,19 +198,46 @@ class Dispatcher(LcmCalls):
     def wake(self) -> None:
         self._wake.set()
 
-    def _loop(self) -> None:
-        last_pass, gap = -self._spacing, self._spacing
+    def _read_loop(self) -> None:
+        """The reader: when woken (and every `interval`), read what changed into the copy, then ask for a pass."""
+        last, gap = -self._spacing, self._spacing
         while not self._stopping.is_set():
             self._wake.wait(self._interval)
-            self._stopping.wait(max(0.0, last_pass + gap - time.monotonic()))
+            self._stopping.wait(max(0.0, last + gap - time.monotonic()))
             self._wake.clear()
+            if self._stopping.is_set():
+                return
+            if self._gate is not None and not self._gate.leading:
+                continue  # a follower: the elected replica reads and runs the passes
+            last = time.monotonic()
+            try:
+                self._scan_cleanups()
+                self._refresh()
+            except Unavailable as e:
+                log.warning("reading the queue: %s", e.message)
+                continue
+            except Exception:
+                log.exception("reading the queue failed")
+                continue
+            self._pass_wanted.set()
+            gap = min(self._spacing, max(MIN_SPACING, 2 * (time.monotonic() - last)))
+
+    def _loop(self) -> None:
+        """The passes: one each time the reader has read (and every `interval`), on the copy as last read."""
+        last_pass, gap = -self._spacing, self._spacing
+        while not self._stopping.is_set():
+            self._pass_wanted.wait(self._interval)
+            self._stopping.wait(max(0.0, last_pass + gap - time.monotonic()))
+            self._pass_wanted.clear()
             if self._stopping.is_set():
                 return
             if self._gate is not None and not self._gate.leading:
                 continue  # a follower: the elected replica runs the passes
             last_pass = time.monotonic()
             try:
-                self.run_once()
+                _, writes = self._run_pass()
+                if writes is not None:
+                    self._writes.put(writes)
             except Deposed as e:
                 log.warning("dispatch pass stopped: %s", e.message)
             except Unavailable as e:
@@ -181,6 +245,24 @@ class Dispatcher(LcmCalls):
             except Exception:
                 log.exception("dispatch pass failed")
             gap = min(self._spacing, max(MIN_SPACING, 2 * (time.monotonic() - last_pass)))
+
+    def _refresh(self) -> None:
+        """Read what changed into the copy (jobmirror.py); the first read of a new leader's term reads all."""
+        with self._read_lock:
+            started = time.perf_counter()
+            # a replica that just became the leader reads everything once: its copy may be from an older term
+            term_now = self._gate.term if self._gate is not None else None
+            changed = self._jobs.refresh(full=term_now != self._mirror_term)
+            self._mirror_term = term_now
+            if self._quotas is not None:
+                self._quotas.all(max_age=QUOTA_READ_AHEAD)  # so that a pass seldom reads them itself
+        with self._reread_lock:
+            if changed is None or self._reread is None:
+                self._reread = None
+            else:
+                self._reread |= changed
+            n = len(changed) if changed is not None else -1
+            self._last_read = (n, (time.perf_counter() - started) * 1000)
 
     # -- capacity ----------------------------------------------------------
 
@@ -205,92 +287,149 @@ class Dispatcher(LcmCalls):
     # -- one pass ----------------------------------------------------------
 
     def run_once(self) -> Plan:
+        """Read what changed, run a pass on it and wait until its reservations are written (and handed to
+        the rules: deploys go to the LCM pool): what the threads do in turn, in the caller's thread."""
         self._scan_cleanups()
+        self._refresh()
+        result, writes = self._run_pass()
+        if writes is not None:
+            if self._writer is not None and self._writer.is_alive():
+                self._writes.put(writes)  # after those of earlier passes
+                writes.done.wait()
+            else:
+                self._write(writes)
+        return result
+
+    def _run_pass(self) -> tuple[Plan, _Writes | None]:
         with self._pass_lock:
-            started = self._decided = self._read = time.perf_counter()
+            started = self._decided = time.perf_counter()
             cpu = time.thread_time()
-            result = self._pass()
+            with self._reread_lock:
+                reread, self._reread = self._reread, set()
+                read_jobs, read_ms = self._last_read
+            result, writes = self._pass(reread)
             if result.dispatch or result.wait or result.reject:
-                # the timing line bench/burst.py and bench/scale_sim.py read: the whole pass, and the part
-                # before its reservations (reading what changed, deciding), which does not grow with them;
-                # then the read of what changed alone, and the CPU this thread used (wall far above it: the
-                # pass waited, on the store or for a core)
+                # the timing line bench/burst.py and bench/scale_sim.py read: the whole pass on the copy of the
+                # jobs (its reservations are written after it, by the writer thread, which logs its own line),
+                # and the part before it hands them on; then the last read of what changed (by the reader
+                # thread, before the pass), the reservations of earlier passes not yet written, and the CPU
+                # this thread used (wall far above it: the pass waited for a core, or on the store)
                 ended = time.perf_counter()
                 log.info("admission pass: %d queued, %d dispatched in %.1f ms (decided in %.1f ms); "
-                         "read %d jobs in %.1f ms, cpu %.1f ms",
+                         "read %d jobs in %.1f ms, cpu %.1f ms; %d reservations not yet written",
                          len(result.dispatch) + len(result.wait) + len(result.reject), len(result.dispatch),
                          (ended - started) * 1000, (self._decided - started) * 1000,
-                         self._read_jobs, (self._read - started) * 1000, (time.thread_time() - cpu) * 1000)
-            return result
+                         read_jobs, read_ms, (time.thread_time() - cpu) * 1000, self._jobs.pending)
+            return result, writes
 
-    def _pass(self) -> Plan:
-        """One admission pass; the caller holds `_pass_lock`."""
-        # a replica that just became the leader reads everything once: its copy may be from an older term
-        term_now = self._gate.term if self._gate is not None else None
-        changed = self._jobs.refresh(full=term_now != self._mirror_term)
-        self._read = time.perf_counter()
-        self._read_jobs = len(changed) if changed is not None else len(self._jobs.queued) + len(self._jobs.active)
-        self._mirror_term = term_now
+    def _pass(self, reread: set[str] | None) -> tuple[Plan, _Writes | None]:
+        """One admission pass on the copy as last read; the caller holds `_pass_lock`. Its reservations go to the
+        writer thread (returned, None: none), and count as made for every later pass until read back."""
         # what a job read again says is what its record holds (a requeued job's new reason, say)
-        if changed is None:
+        if reread is None:
             self._noted.clear()
-        for job_id in changed or ():
+        for job_id in reread or ():
             self._noted.pop(job_id, None)
-        queued = dict(self._jobs.queued)
+        copy = self._jobs.snapshot()
+        queued = copy.queued
         held_back = self._held_back(queued, time.time())
         for job_id, job in held_back.items():
             del queued[job_id]
             ADMISSIONS.add("held", "cleanup" if job.cleanup_pending else "backoff")
         if not queued:
             if not held_back:
-                self._grow_idle()
-            return Plan()
-        queue = [self._jobs.as_queued[job_id] for job_id in queued]
+                self._grow_idle(copy.active)
+            return Plan(), None
+        waiting = [copy.as_queued[job_id] for job_id in queued]
         # after reading the queue, so a newer leader's stamp covers every job read (fence.py)
         term = self._gate.confirm() if self._gate is not None else None
         capacity = self._capacity.current(self._submit)
         quotas = self._quotas.all() if self._quotas is not None and capacity is not None else {}
         if capacity is None:
-            result = admission.hold(queue, f"waiting for the LCM: {self._capacity.problem}")
+            result = admission.hold(waiting, f"waiting for the LCM: {self._capacity.problem}")
         else:
-            active = list(self._jobs.active.values())
+            active = list(copy.active.values())
             held = [(j.team, j.holds, j.gpu_type) for j in active]
             # a team's quota with what borrowing in its cohort allows (services/trainer/cohorts.py)
             # learners of ended jobs still count until KillJob removed them: the LCM counts them too
             in_use = admission.total([*(need for _, need, _ in held),
-                                      *(j.holds for j in self._jobs.releasing.values())])
-            result = admission.plan(queue, in_use, capacity,
+                                      *(j.holds for j in copy.releasing.values())])
+            result = admission.plan(waiting, in_use, capacity,
                                     quotas=cohorts.ceilings(quotas), teams=admission.team_use(held),
                                     fit=cohorts.Book(quotas, {}).fit)
         self._decided = time.perf_counter()
-        for job_id in result.dispatch:
-            # QUEUED -> DEPLOYING holds the resources; the Deploy rule hands the call to a worker
-            fields = cohorts.dispatched(result.borrowed.get(job_id), quotas.get(queued[job_id].team))
-            done = self.lifecycle.move(job_id, JobState.DEPLOYING, cohorts.reserved_reason(fields), ACTOR,
-                                       attempt=queued[job_id].attempt, fields=fields, fence=term,
-                                       seen=queued[job_id])
-            self._jobs.moved(job_id, done.job)
+        writes = None
+        if result.dispatch:
+            # QUEUED -> DEPLOYING holds the resources, counted as held from here on (`reserve`); the writer
+            # makes the move, and the Deploy rule then hands the LCM call to a worker
+            writes = _Writes(term, time.perf_counter())
+            for job_id in result.dispatch:
+                job = queued[job_id]
+                fields = cohorts.dispatched(result.borrowed.get(job_id), quotas.get(job.team))
+                self._jobs.reserve(job_id, job.model_copy(update={**fields, "state": JobState.DEPLOYING,
+                                                                  "grown": Usage(), "grown_since": None}))
+                writes.moves.append((job, fields))
         if capacity is not None:  # halt running jobs that waiting ones may displace
-            self.preemptor.consider(result, queued, active, quotas, capacity)
-            if not held_back:
+            self.preemptor.consider(result, queued, active, quotas, capacity, copy.as_queued)
+            # growth is for elastic jobs: without one running there is nothing to grant or to send
+            if not held_back and any(j.max_learners for j in active):
                 self._grower.run(active, capacity, quotas, fence=term,
                                  waiting=[(queued[j].team, admission.reason_kind(r)) for j, (r, _) in result.wait.items()],
                                  extra=[(queued[j].team, queued[j].resources, queued[j].gpu_type)
                                         for j in result.dispatch])
         for job_id, reason in result.reject.items():
-            self.lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt,
-                                fence=term, seen=queued[job_id])
-            self._jobs.moved(job_id, None)
+            self._jobs.reserve(job_id, None)
+            done = self.lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt,
+                                       fence=term, seen=queued[job_id])
+            self._jobs.written(job_id, done.job)
         self._note_waiting(queued, result)
         ADMISSIONS.add("dispatched", "", n=len(result.dispatch))
         ADMISSIONS.add("rejected", "never_fits", n=len(result.reject))
-        for reason, _ in result.wait.values():
-            ADMISSIONS.add("held", admission.reason_kind(reason))
-        return result
+        kinds = collections.Counter(admission.reason_kind(reason) for reason, _ in result.wait.values())
+        for kind, n in kinds.items():
+            ADMISSIONS.add("held", kind, n=n)
+        return result, writes
 
-    def _grow_idle(self) -> None:
+    def _write_loop(self) -> None:
+        """The writer: each pass's reservations, in the order decided (the module's docstring says why that
+        cannot overshoot). A write that failed leaves its job counted as reserved until a read says what it is."""
+        while True:
+            writes = self._writes.get()
+            if writes is None:
+                return
+            self._write(writes)
+
+    def _write(self, writes: _Writes) -> None:
+        try:
+            started = time.perf_counter()
+            moves, failed = writes.moves, 0
+            for i, (job, fields) in enumerate(moves):
+                try:
+                    done = self.lifecycle.move(job.id, JobState.DEPLOYING, cohorts.reserved_reason(fields), ACTOR,
+                                               attempt=job.attempt, fields=fields, fence=writes.term, seen=job)
+                except Deposed as e:
+                    log.warning("reservations stopped: %s; %d not written", e.message, len(moves) - i)
+                    for left, _ in moves[i:]:
+                        self._jobs.written(left.id, None, known=False)
+                    failed += len(moves) - i
+                    break
+                except Exception as e:
+                    log.warning("job %s: reserving it failed (%s); it counts as reserved until read again",
+                                job.id, e)
+                    self._jobs.written(job.id, None, known=False)
+                    failed += 1
+                    continue
+                self._jobs.written(job.id, done.job)
+            ended = time.perf_counter()
+            log.info("admission writes: %d reservations written in %.1f ms, %.1f ms after their pass decided; "
+                     "%d failed", len(moves) - failed, (ended - started) * 1000, (ended - writes.decided) * 1000,
+                     failed)
+        finally:
+            writes.done.set()
+
+    def _grow_idle(self, held: dict[str, JobRecord]) -> None:
         """An empty queue: elastic jobs may grow into what is free (services/trainer/growth.py)."""
-        active = list(self._jobs.active.values())  # the leader's copy, refreshed at the start of the pass
+        active = list(held.values())  # the leader's copy, as the pass read it
         if not any(j.max_learners for j in active):
             return
         term = self._gate.confirm() if self._gate is not None else None
@@ -375,6 +514,16 @@ class Dispatcher(LcmCalls):
             self._calls.submit(_logged, fn, *args)
         except RuntimeError:
             log.warning("trainer is stopping; %s%s not run", fn.__name__, args[:1])
+
+
+class _Writes:
+    """One pass's reservations for the writer thread: (the job as the pass saw it, the fields to set) each."""
+
+    def __init__(self, term: int | None, decided: float):
+        self.term = term
+        self.decided = decided
+        self.moves: list[tuple[JobRecord, dict]] = []
+        self.done = threading.Event()
 
 
 def _logged(fn: Callable[..., None], *args: object) -> None:

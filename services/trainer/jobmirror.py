@@ -15,8 +15,8 @@ What this copy may get wrong, and why that is safe:
   try to reserve it, and that compare-and-set fails (services/trainer/
   store.py); an ACTIVE job still counted is an over-estimate of the use.
 - Only a pass moves a job into ACTIVE (QUEUED -> DEPLOYING), and the pass
-  records its own moves here at once (`moved`), so the use is never
-  under-estimated.
+  records its own moves here at once (`reserve`, before they are written),
+  so the use is never under-estimated.
 - A job that left ACTIVE with `cleanup_pending` (its learners not removed
   yet: KillJob has not answered) is kept in `releasing` until a read shows
   the flag cleared: the LCM counts those learners until they are gone, so
@@ -52,14 +52,29 @@ What this copy may get wrong, and why that is safe:
   into full reads), and at the first pass after this replica became the
   leader (`refresh(full=True)`).
 
+The copy is shared by three threads of the dispatcher (services/trainer/
+dispatcher.py): the reader brings it up to date (`refresh`, which calls the
+store outside the lock), the passes decide on a `snapshot`, and the writer
+makes their reservations. A reservation is counted as held (and not queued)
+from the moment a pass decides it (`reserve`) until its write has returned
+(`written`) and a read that began after that has been applied: a read that
+began before may still hold the job as QUEUED, and, applied after the write,
+would put it back in the queue and its room back in the free capacity, which
+a later pass would then give away twice. A read that began after the write
+returned holds what the write made (services/trainer/stamps.py: it reads
+every write this process had acknowledged), or, among replicas, what the
+margins above make likely. A write that failed (the store unreachable) may
+or may not have been applied: the job counts as reserved until such a read.
+
 The periodic full read is not a pass's (`background`, the default): with
 1,000 queued it read 1,001 jobs in 0.7-1.3 s, the slowest pass of a burst by
-far. Once it is due, a pass starts it on its own thread (`_FullRead`), in
+far, when passes still read. Once it is due, a read of what changed starts it
+on its own thread (`_FullRead`), in
 pages of `PAGE` jobs in `changed_at` order (the store's index serves a page
-for about its own jobs' cost, and runs one command at a time, so a pass's
-read waits behind one page, not behind the whole set), with a pause after
-each page. Passes go on reading what changed meanwhile; the first pass after
-it finished merges it into the copy (`_merge`), job by job, by `changed_at`:
+for about its own jobs' cost, and runs one command at a time, so a read of
+what changed waits behind one page, not behind the whole set), with a pause after
+each page. Reads of what changed go on meanwhile; the first one after it
+finished merges it into the copy (`_merge`), job by job, by `changed_at`:
 - a job in both keeps the newer of the two: the read's is older when a pass
   read (or made) a change after the read had passed that job;
 - a job only in the read is taken, unless it left the copy during the read
@@ -86,7 +101,7 @@ too long, a reservation whose compare-and-set fails) until a later read. A
 job whose stamp goes back (another writer's clock behind) may be passed over
 by the pages; it is then only in the copy, kept or dropped as above, and
 seen again at its next change or full read. A full read that failed is tried
-again at the next pass; one not finished when a full read is asked for
+again at the next read; one not finished when a full read is asked for
 (taking the lead, a clock stepped back) is dropped, and that one is read
 synchronously, as the first read is.
 """
@@ -98,6 +113,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from trainforge_services.common import states
 from trainforge_services.common.states import JobState
@@ -147,40 +163,56 @@ class JobMirror:
         self._reading: _FullRead | None = None
         self._dropped: list[_FullRead] = []  # reads stopped before their end, until they have ended
         self._gone: dict[str, float] = {}
+        # A pass's reservations not yet written, or written after the read the copy last took began: by job id,
+        # what the passes count the job as (None: nothing, it is not queued) and when its write returned
+        # (time.monotonic(); None: not yet). The module's docstring says why.
+        self._pending: dict[str, list] = {}
+        # the copy is read by the passes, updated by the reads and by the writes of reservations, each on a
+        # thread of its own; the store is never called under it
+        self._lock = threading.RLock()
 
     def refresh(self, full: bool = False) -> set[str] | None:
         """Bring the copy up to date: only what changed, or everything when `full`, never read, or stale.
 
         The ids of the jobs read again (None: all were). A full read that is
         only due (`RESYNC`) runs in the background and is merged by a later
-        call; the ids the merge changed are among those that call returns."""
+        call; the ids the merge changed are among those that call returns.
+        One thread at a time calls it; the store is read outside the lock the
+        passes take, so a pass never waits for a read."""
+        began = time.monotonic()
         started = self._clock()
         settled = self._settled() if self._settled is not None else 0.0
         # the wall clock stepped back: writes since then carry stamps before the last read's
         stepped_back = settled < self._settled_at - EXACT_MARGIN
         due = started - self._full_at >= max(self._resync, RESYNC_FACTOR * self._full_took)
-        if full or self._since is None or stepped_back or (due and not self._background):
-            self._drop_reading()
+        whole = full or self._since is None or stepped_back or (due and not self._background)
+        wide = False
+        if whole:
+            with self._lock:
+                self._drop_reading()
             jobs = self._store.in_states(list(_LIVE), fields=self._fields)
             jobs += self._store.pending_cleanups(fields=self._fields)  # an ACTIVE one twice: the same record
-            self.queued, self.active, self.as_queued, self.releasing = {}, {}, {}, {}
             self._full_at, self._full_took = started, self._clock() - started
             self._wide_since = started
-            changed = None
         elif self._settled is not None:
             jobs = self._store.changed_since(self._settled_at - EXACT_MARGIN, fields=self._fields)
-            changed = {job.id for job in jobs}
         else:
             wide = started - self._wide_since >= self._wide_every
             since = self._wide_since - self._margin if wide else self._since - self._short
             jobs = self._store.changed_since(since, fields=self._fields)
             if wide:
                 self._wide_since = started
+        with self._lock:
+            if whole:
+                self.queued, self.active, self.as_queued, self.releasing = {}, {}, {}, {}
+            for job in jobs:
+                self._put(job)
+            # a reservation written before this read began is in what it read
+            self._pending = {j: held for j, held in self._pending.items() if held[1] is None or held[1] >= began}
+            self._since, self._settled_at = started, settled
+            if whole:
+                return None
             changed = {job.id for job in jobs}
-        for job in jobs:
-            self._put(job)
-        self._since, self._settled_at = started, settled
-        if changed is not None:
             reading = self._reading
             if reading is not None and reading.done.is_set():
                 self._reading = None
@@ -188,14 +220,51 @@ class JobMirror:
                     changed |= self._merge(reading)
                     self._full_at, self._full_took = reading.started, reading.took
                 else:
-                    log.warning("job copy: the full read failed (%s); tried again at the next pass", reading.error)
+                    log.warning("job copy: the full read failed (%s); tried again at the next read", reading.error)
                 self._gone = {}
             elif reading is None and due:
                 visible = settled - EXACT_MARGIN if self._settled is not None else started - self._margin
                 self._reading = _FullRead(self._store, self._fields, started, visible, self._page, self._page_pause)
                 self._gone = {}
                 self._reading.start()
-        return changed
+            return changed
+
+    def snapshot(self) -> Snapshot:
+        """The copy as a pass decides on it: each reservation not yet read back counted as the pass made it
+        (ACTIVE, not queued), whatever an older read says."""
+        with self._lock:
+            pending = self._pending
+            if not pending:
+                return Snapshot(dict(self.queued), dict(self.as_queued), dict(self.active), dict(self.releasing))
+            queued = {j: job for j, job in self.queued.items() if j not in pending}
+            as_queued = {j: q for j, q in self.as_queued.items() if j not in pending}
+            active = {j: job for j, job in self.active.items() if j not in pending}
+            active.update((j, held[0]) for j, held in pending.items() if held[0] is not None)
+            return Snapshot(queued, as_queued, active, dict(self.releasing))
+
+    def reserve(self, job_id: str, job: JobRecord | None) -> None:
+        """A pass decided to move `job_id` and the write is not made yet: count it as `job` (None: nowhere)."""
+        with self._lock:
+            self._pending[job_id] = [job, None]
+
+    def written(self, job_id: str, job: JobRecord | None, *, known: bool = True) -> None:
+        """The write of a reserved move returned: `job` as it is now (None: not where the pass thought).
+        `known=False`: the write failed and may or may not have been applied; the job counts as reserved
+        until a read that began after now says what became of it."""
+        with self._lock:
+            held = self._pending.get(job_id)
+            if known:
+                self.moved(job_id, job)
+                if held is not None:
+                    held[0] = job if job is not None and job.state in states.ACTIVE else None
+            if held is not None:
+                held[1] = time.monotonic()
+
+    @property
+    def pending(self) -> int:
+        """Reservations whose write has not returned yet."""
+        with self._lock:
+            return sum(1 for held in self._pending.values() if held[1] is None)
 
     @property
     def reading(self) -> bool:
@@ -210,13 +279,18 @@ class JobMirror:
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop a background full read under way (what it read is dropped)."""
-        self._drop_reading()
+        with self._lock:
+            self._drop_reading()
         for reading in self._dropped:
             reading.thread.join(timeout)
         self._dropped = []
 
     def moved(self, job_id: str, job: JobRecord | None) -> None:
         """A pass's own transition of `job_id`: `job` as it is now (None: it is not where the pass thought)."""
+        with self._lock:
+            self._moved(job_id, job)
+
+    def _moved(self, job_id: str, job: JobRecord | None) -> None:
         self._left(job_id, job.changed_at if job is not None else self._clock())
         self.queued.pop(job_id, None)
         self.as_queued.pop(job_id, None)
@@ -280,6 +354,15 @@ class JobMirror:
         log.info("job copy: full read of %d jobs off the passes in %.0f ms; merged %d, dropped %d",
                  len(read), reading.took * 1000, len(touched) - dropped, dropped)
         return touched
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a pass decides on (JobMirror.snapshot): its own dicts, which later reads do not change."""
+    queued: dict[str, JobRecord]
+    as_queued: dict[str, Queued]
+    active: dict[str, JobRecord]
+    releasing: dict[str, JobRecord]
 
 
 class _FullRead:

@@ -59,15 +59,18 @@ class Preemptor:
         self._clock = clock
 
     def consider(self, result: Plan, queued: Mapping[str, JobRecord], active: Iterable[JobRecord],
-                 quotas: Mapping[str, Quota], capacity: Capacity) -> None:
-        """Halt what the waiting jobs of `result` need halted; rewrite their reasons in `result.wait`."""
+                 quotas: Mapping[str, Quota], capacity: Capacity,
+                 as_queued: Mapping[str, admission.Queued] | None = None) -> None:
+        """Halt what the waiting jobs of `result` need halted; rewrite their reasons in `result.wait`.
+        `as_queued`: each queued job as admission sees it, where the caller keeps them (made here if not)."""
         if not result.wait or self.policy.max_preemptions <= 0:
             return
         now = self._clock()
         running = [_running(job, now) for job in active]
         running += [Running(j, queued[j].team, queued[j].resources, queued[j].priority, queued[j].gpu_type,
                             started=now) for j in result.dispatch]
-        waiting = admission.queue_order(queued[j].queued() for j in result.wait)
+        waiting = admission.queue_order(as_queued[j] if as_queued is not None else queued[j].queued()
+                                        for j in result.wait)
         outcome = preemption.choose(waiting, running, quotas, capacity, self.policy, now)
         for job_id, returned in outcome.returning.items():
             quota = quotas.get(queued[job_id].team)

@@ -154,12 +154,14 @@ class QuotaStore:
         doc = self._quotas.find_one({"_id": team})
         return from_doc(doc["quota"]) if doc else Quota()
 
-    def all(self) -> dict[str, Quota]:
-        """Every team that has a quota document."""
+    def all(self, max_age: float | None = None) -> dict[str, Quota]:
+        """Every team that has a quota document; `max_age`: read them again once the copy is that old (at
+        most the store's own `max_age`: a reader that keeps the copy fresh ahead of those who use it)."""
         if self._max_age <= 0:
             return self._all()
+        age = self._max_age if max_age is None else min(max_age, self._max_age)
         with self._lock:
-            if self._copy is not None and time.monotonic() - self._copy_at < self._max_age:
+            if self._copy is not None and time.monotonic() - self._copy_at < age:
                 return dict(self._copy)
         at = time.monotonic()
         quotas = self._all()
