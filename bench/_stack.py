@@ -57,6 +57,16 @@ def admission_passes(log_text: str) -> list[tuple[int, int, float, float]]:
     return [(int(q), int(d), float(ms), float(dec or ms)) for q, d, ms, dec in _PASS.findall(log_text)]
 
 
+# The writer thread's line for one pass's reservations (services/trainer/dispatcher.py `_write`)
+_WRITES = re.compile(r"admission writes: (\d+) reservations written in (\d+(?:\.\d+)?) ms, "
+                     r"(\d+(?:\.\d+)?) ms after their pass decided")
+
+
+def reservation_writes(log_text: str) -> list[tuple[int, float, float]]:
+    """(reservations, ms writing them, ms from the pass's decision to the last written) of each pass's batch."""
+    return [(int(n), float(ms), float(after)) for n, ms, after in _WRITES.findall(log_text)]
+
+
 def spread(values: list[float]) -> str:
     """median (min-max) of a list, for alternating rounds."""
     return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"

@@ -40,7 +40,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pymongo
-from _stack import TERMINAL, admission_passes, machine_line, pct, pids, platform_procs, stack
+from _stack import (
+    TERMINAL,
+    admission_passes,
+    machine_line,
+    pct,
+    pids,
+    platform_procs,
+    reservation_writes,
+    stack,
+)
 
 from trainforge.sdk import Client
 
@@ -177,7 +186,9 @@ def main() -> int:
         sampler.join()
         for c in clients:
             c.close()
-        passes = [p[:3] for p in admission_passes(st.log("trainer").read_text())]
+        trainer_log = st.log("trainer").read_text()
+        passes = [p[:3] for p in admission_passes(trainer_log)]
+        writes = reservation_writes(trainer_log)
         store_rate = store_ceiling(st, ids[:1], args.store_inserts, args.c) if ids and args.store_inserts else None
 
     running_at, lost, twice = [], [], []
@@ -221,6 +232,10 @@ def main() -> int:
               f"({len(queued_passes)} passes, most queued {max(q for q, _, _ in passes)})")
     else:
         print("admission pass: no timing lines in the Trainer's log")
+    if writes:
+        after = [a for _, _, a in writes]
+        print(f"reservations written after their pass decided p50 {pct(after, 50):.1f} ms  p99 {pct(after, 99):.1f} ms  "
+              f"({sum(n for n, _, _ in writes)} in {len(writes)} batches, by the Trainer's writer thread)")
     print(f"service RSS (api+trainer+lcm) peak {sampler.service_peak / 2**20:.0f} MiB, first "
           f"{(sampler.service_samples or [0])[0] / 2**20:.0f} MiB, last {(sampler.service_samples or [0])[-1] / 2**20:.0f} MiB")
     if sampler.per_job:
