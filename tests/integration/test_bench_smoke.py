@@ -39,6 +39,7 @@ def test_burst():
     assert "outcomes: 4 accepted, 0 refused, 0 lost (not completed), 0 run twice" in out
     assert "store ceiling: raw insert_one of a job document" in out and "CPU ms per submit over the submit phase" in out
     assert "submits accepted/s" in out and "starts/s" in out and "admission pass, queue > 0 p50" in out
+    assert "reservations written after their pass decided p50" in out
     assert "RSS per running job" in out or "service RSS" in out
 
 
