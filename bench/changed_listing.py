@@ -46,14 +46,30 @@ def ended_job(client: Client) -> str:
     return job["id"]
 
 
+def store_jobs(st) -> pymongo.MongoClient:  # noqa: ANN001
+    return pymongo.MongoClient(f"mongodb://127.0.0.1:{st.status()['ports']['mongo']}")
+
+
+def wait_cleaned(st, job_ids: set[str]) -> None:  # noqa: ANN001
+    """Until none of these jobs waits for its learners' removal (`cleanup_pending`): a job cancelled after
+    its dispatch is stamped once more when that is done, and copies of a job still pending would each be
+    cleaned up, and so changed, in the middle of the timing."""
+    store = store_jobs(st)
+    try:
+        jobs = store["trainforge"]["jobs"]
+        wait_for(lambda: not jobs.count_documents({"_id": {"$in": sorted(job_ids)}, "cleanup_pending": True}), 120,
+                 "the jobs' cleanup")
+    finally:
+        store.close()
+
+
 def copy_ended(st, job_id: str, n: int) -> None:  # noqa: ANN001
     """n copies of an ended job's document in the stack's store, created and changed an hour back."""
-    store = pymongo.MongoClient(f"mongodb://127.0.0.1:{st.status()['ports']['mongo']}")
+    wait_cleaned(st, {job_id})
+    store = store_jobs(st)
     try:
         jobs = store["trainforge"]["jobs"]
         doc = jobs.find_one({"_id": job_id})
-        if doc is None:
-            raise SystemExit(f"job {job_id} is not in the store's trainforge.jobs")
         doc.pop("idempotency_key", None)
         back = time.time() - 3600
         copies = [{**doc, "_id": f"{job_id}-c{i}", "created_at": back + i * 1e-3, "changed_at": back + i * 1e-3}
@@ -81,8 +97,10 @@ def main() -> int:
     with stack({"TF_RATE_LIMIT_PER_SECOND": "0"}) as st:
         client = Client(st.api_url, st.api_key, timeout=120)
         copy_ended(st, ended_job(client), args.n - 1)
+        time.sleep(0.5)  # past the Trainer's margin (EXACT_MARGIN), so the as_of below comes after every copy
         _, as_of = client.list_changed(time.time(), page_size=args.page)
         changed_ids = {ended_job(client) for _ in range(args.k)}
+        wait_cleaned(st, changed_ids)  # their last change made before the timing
         full = lambda: client.list_changed(None, page_size=args.page)  # noqa: E731
         changed = lambda: client.list_changed(as_of, page_size=args.page)  # noqa: E731
         got, _ = changed()

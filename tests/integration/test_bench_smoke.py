@@ -51,7 +51,7 @@ def test_job_cpu():
 
 def test_changed_listing():
     out = bench("changed_listing.py", "-n", "20", "-k", "2", "-r", "1", "--page", "8")
-    assert "full listing            22 jobs" in out and "changed since as_of" in out
+    assert "full listing            22 jobs" in out and "changed since as_of      2 jobs" in out
     assert "ratio full / changed (of the medians)" in out
 
 
