@@ -348,7 +348,7 @@ class GetJobRequest(_message.Message):
     def __init__(self, team: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("team", "limit", "states", "name", "created_after", "created_before", "before_created_at", "before_id")
+    __slots__ = ("team", "limit", "states", "name", "created_after", "created_before", "before_created_at", "before_id", "changed_after")
     TEAM_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
@@ -357,6 +357,7 @@ class ListJobsRequest(_message.Message):
     CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
     BEFORE_CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     BEFORE_ID_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_AFTER_FIELD_NUMBER: _ClassVar[int]
     team: str
     limit: int
     states: _containers.RepeatedScalarFieldContainer[_common_pb2.JobState]
@@ -365,13 +366,16 @@ class ListJobsRequest(_message.Message):
     created_before: float
     before_created_at: float
     before_id: str
-    def __init__(self, team: _Optional[str] = ..., limit: _Optional[int] = ..., states: _Optional[_Iterable[_Union[_common_pb2.JobState, str]]] = ..., name: _Optional[str] = ..., created_after: _Optional[float] = ..., created_before: _Optional[float] = ..., before_created_at: _Optional[float] = ..., before_id: _Optional[str] = ...) -> None: ...
+    changed_after: float
+    def __init__(self, team: _Optional[str] = ..., limit: _Optional[int] = ..., states: _Optional[_Iterable[_Union[_common_pb2.JobState, str]]] = ..., name: _Optional[str] = ..., created_after: _Optional[float] = ..., created_before: _Optional[float] = ..., before_created_at: _Optional[float] = ..., before_id: _Optional[str] = ..., changed_after: _Optional[float] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
-    __slots__ = ("jobs",)
+    __slots__ = ("jobs", "as_of")
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.Job]
-    def __init__(self, jobs: _Optional[_Iterable[_Union[_common_pb2.Job, _Mapping]]] = ...) -> None: ...
+    as_of: float
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_common_pb2.Job, _Mapping]]] = ..., as_of: _Optional[float] = ...) -> None: ...
 
 class CancelJobRequest(_message.Message):
     __slots__ = ("team", "job_id", "actor")

@@ -145,14 +145,28 @@ def submit(ctx: click.Context, manifest: Path, follow: bool, code_dir: Path | No
 @click.option("--label", "labels", multiple=True, metavar="K=V", help="only jobs with this label (repeatable: all)")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000), help="most jobs listed")
 @cliopts.list_filters
+@click.option("--changed-since", type=click.FloatRange(min=0), metavar="T",
+              help="only jobs changed (submitted, moved to another state) at or after unix time T, every page; "
+                   "prints the T to pass next")
 @_json_flag
 @click.pass_context
 def status(ctx: click.Context, job_id: str | None, states: tuple[str, ...], labels: tuple[str, ...], limit: int,
-           as_json: bool, **filters) -> None:
+           as_json: bool, changed_since: float | None, **filters) -> None:
     """One job in detail (state, reason, learners, history), or a table of the team's jobs."""
     as_json = _use_json(ctx, as_json)
     client = clikit.client(ctx)
     console = _out()
+    if changed_since is not None:
+        if job_id or states or labels or any(filters.values()):
+            raise click.UsageError("--changed-since lists every job that changed: it takes no JOB_ID, --state, "
+                                   "--label, --name, --since, --until or --all")
+        jobs, as_of = client.list_changed(changed_since, page_size=limit)
+        if as_json:
+            _emit_json({"jobs": jobs, "as_of": as_of})
+        else:
+            print_jobs(console, jobs)
+            console.print(Text(f"as of {as_of!r}: --changed-since {as_of!r} lists what changes next", style="dim"))
+        return
     if job_id:
         job = client.get(job_id)
         if as_json:

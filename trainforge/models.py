@@ -12,7 +12,7 @@ fields they do not know, so an older SDK keeps working against a newer API.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -138,6 +138,13 @@ class Typed:
 
     def list(self, **kwargs: Any) -> list[Job]:
         return [Job.model_validate(j) for j in self._c.list(**kwargs)]
+
+    def list_changed(self, since: float | None = None, **kwargs: Any) -> tuple[list[Job], float]:
+        jobs, as_of = self._c.list_changed(since, **kwargs)
+        return [Job.model_validate(j) for j in jobs], as_of
+
+    def wait_all(self, job_ids: Iterable[str], timeout: float | None = None, poll_interval: float = 1.0) -> list[Job]:
+        return [Job.model_validate(j) for j in self._c.wait_all(job_ids, timeout=timeout, poll_interval=poll_interval)]
 
     def cancel(self, job_id: str) -> Job:
         return Job.model_validate(self._c.cancel(job_id))

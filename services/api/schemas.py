@@ -113,6 +113,8 @@ class Job(BaseModel):
 class JobList(BaseModel):
     jobs: list[Job]
     next_cursor: str | None = Field(None, description="pass back as `cursor` for the next page; null: no more")
+    as_of: float | None = Field(None, description="unix seconds: pass back as `changed_since` to list only what "
+                                "changed since this listing (of several pages, the first page's)")
 
 
 class LogLine(BaseModel):

@@ -29,6 +29,14 @@ class TrainerApi(Protocol):
                   created_after: float = 0.0, created_before: float = 0.0,
                   before: tuple[float, str] | None = None) -> list[dict]: ...
 
+    def list_jobs_as_of(self, team: str, *, changed_after: float = 0.0, limit: int = 50,
+                        states: Iterable[JobState] = (), name: str = "", created_after: float = 0.0,
+                        created_before: float = 0.0,
+                        before: tuple[float, str] | None = None) -> tuple[list[dict], float]:
+        """`list_jobs`, only the jobs changed at or after `changed_after` (0: all), with the listing's `as_of`:
+        the time to pass as `changed_after` next so that no change is missed."""
+        ...
+
     def cancel_job(self, team: str, job_id: str, *, actor: str) -> dict: ...
 
     def halt_job(self, team: str, job_id: str, *, actor: str) -> dict: ...
@@ -187,12 +195,19 @@ class TrainerClient:
     def list_jobs(self, team: str, *, limit: int = 50, states: Iterable[JobState] = (), name: str = "",
                   created_after: float = 0.0, created_before: float = 0.0,
                   before: tuple[float, str] | None = None) -> list[dict]:
+        return self.list_jobs_as_of(team, limit=limit, states=states, name=name, created_after=created_after,
+                                    created_before=created_before, before=before)[0]
+
+    def list_jobs_as_of(self, team: str, *, changed_after: float = 0.0, limit: int = 50,
+                        states: Iterable[JobState] = (), name: str = "", created_after: float = 0.0,
+                        created_before: float = 0.0,
+                        before: tuple[float, str] | None = None) -> tuple[list[dict], float]:
         req = trainer_pb2.ListJobsRequest(team=team, limit=limit, states=[int(s) for s in states], name=name,
                                           created_after=created_after, created_before=created_before,
                                           before_created_at=before[0] if before else 0.0,
-                                          before_id=before[1] if before else "")
+                                          before_id=before[1] if before else "", changed_after=changed_after)
         resp = rpc.call(self._stub.ListJobs, req, self._timeout)
-        return [job_to_json(j) for j in resp.jobs]
+        return [job_to_json(j) for j in resp.jobs], resp.as_of
 
     def cancel_job(self, team: str, job_id: str, *, actor: str) -> dict:
         req = trainer_pb2.CancelJobRequest(team=team, job_id=job_id, actor=actor)

@@ -280,6 +280,12 @@ class Dispatcher(LcmCalls):
         self._submit(self._lcm.sync_team, team, quota)
 
     @property
+    def sole_writer(self) -> bool:
+        """Whether this Trainer is the only one writing the jobs (no leader election, so no gate): then
+        `STAMPS.settled()` covers every job write (services/trainer/stamps.py)."""
+        return self._gate is None
+
+    @property
     def capacity_problem(self) -> str:
         """Why the capacity is not known when `capacity()` is None."""
         return self._capacity.problem

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainforge_services.common import states
 from trainforge_services.common.contracts.ids import check_job_id, new_job_id
@@ -30,9 +30,11 @@ from trainforge_services.trainer.accounting import ClusterView, TeamReport
 from trainforge_services.trainer.admission import Quota
 from trainforge_services.trainer.attempts import next_attempt
 from trainforge_services.trainer.dispatcher import Dispatcher
+from trainforge_services.trainer.jobmirror import EXACT_MARGIN, MARGIN
 from trainforge_services.trainer.quotas import QuotaStore
 from trainforge_services.trainer.record import JobRecord, LearnerReport
 from trainforge_services.trainer.rules import ACTOR, Proposal, RequestHalt
+from trainforge_services.trainer.stamps import STAMPS
 from trainforge_services.trainer.store import AlreadySubmitted, JobStore
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,18 @@ _FIELDS = {"gpus": "resources.gpus", "cpus": "resources.cpus", "memory": "resour
 _ADMITTED = "admitted; waiting for the dispatcher"
 # The API accepts Idempotency-Key headers of up to 255 characters.
 _MAX_KEY = 255
+
+
+class Listing(NamedTuple):
+    jobs: list[JobRecord]
+    # a time to pass back as `changed_after` so that the next listing misses no change since this one
+    as_of: float
+
+
+def listing_as_of(*, sole_writer: bool) -> float:
+    """The `as_of` of a listing about to read (`JobService.list` says why it is safe): what `STAMPS` has
+    settled, less `EXACT_MARGIN` when this process is the only writer of the jobs, else less `MARGIN`."""
+    return max(STAMPS.settled() - (EXACT_MARGIN if sole_writer else MARGIN), 0.0)
 
 
 class JobService:
@@ -163,8 +177,22 @@ class JobService:
         return self._store.get(team, job_id)
 
     def list(self, team: str, *, states_filter: list[JobState] | None = None, limit: int = 0,
-             **filters: Any) -> list[JobRecord]:
-        """A team's jobs, newest first; `filters` are JobStore.list's (name, created_after/before, before)."""
+             changed_after: float = 0.0, **filters: Any) -> Listing:
+        """A team's jobs, newest first, and the listing's `as_of`; `filters` are JobStore.list's (name,
+        created_after/before, before), `changed_after` only the jobs changed at or after it (0: all).
+
+        `as_of` is taken before the read, so a follower that passes it back as `changed_after` misses no
+        change: a write is stamped before the store applies it, and one stamped before this read may commit
+        after it. Every job write of this process stamped before `STAMPS.settled()` was acknowledged before
+        the read began (services/trainer/stamps.py); less `EXACT_MARGIN` for the wall clock's small steps,
+        as the dispatcher's copy does (services/trainer/jobmirror.py). With leader election other replicas
+        write too, and their stamps out are not known here: then `MARGIN` before it, the bound that copy
+        relies on for writes it cannot see. A job may come back in two listings; none is missed. Only the
+        writes that stamp `changed_at` count (services/trainer/store.py): a queue note (a waiting job's
+        reason and position) brings nothing back."""
+        if changed_after < 0 or changed_after != changed_after or changed_after == float("inf"):
+            raise InvalidArgument("changed_after must be a finite time, 0 or later",
+                                  details=[{"field": "changed_after", "message": "must be finite and >= 0"}])
         if limit < 0:
             raise InvalidArgument("limit must not be negative",
                                   details=[{"field": "limit", "message": "must be >= 0"}])
@@ -173,7 +201,10 @@ class JobService:
             raise InvalidArgument("states: JOB_STATE_UNSPECIFIED is not a state a job can be in",
                                   details=[{"field": "states", "message": "unspecified state"}])
         limit = min(limit or DEFAULT_LIMIT, MAX_LIMIT)
-        return self._store.list(team, states_filter=states_filter or [], limit=limit, **filters)
+        as_of = listing_as_of(sole_writer=self._dispatcher.sole_writer)
+        jobs = self._store.list(team, states_filter=states_filter or [], limit=limit, changed_after=changed_after,
+                                **filters)
+        return Listing(jobs, as_of)
 
     def cancel(self, team: str, job_id: str, actor: str) -> JobRecord:
         """Any non-terminal job ends CANCELLED; cancelling it again returns it unchanged."""

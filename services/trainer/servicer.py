@@ -155,8 +155,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         before = (request.before_created_at, request.before_id) if request.before_id else None
         jobs = self._service.list(request.team, states_filter=wanted, limit=request.limit, name=request.name,
                                   created_after=request.created_after, created_before=request.created_before,
-                                  before=before)
-        return trainer_pb2.ListJobsResponse(jobs=[job_to_proto(j) for j in jobs])
+                                  before=before, changed_after=request.changed_after)
+        return trainer_pb2.ListJobsResponse(jobs=[job_to_proto(j) for j in jobs.jobs], as_of=jobs.as_of)
 
     @handler
     def CancelJob(self, request: trainer_pb2.CancelJobRequest, context: Ctx) -> common_pb2.Job:

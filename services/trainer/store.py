@@ -25,7 +25,13 @@ team's jobs (`usage_rows`, services/trainer/store_reads.py).
 Every write a dispatcher's pass decides on (insert, transition, cleanup done,
 fields set) stamps `changed_at`, so the leader's copy of the queue
 (services/trainer/jobmirror.py) reads only what changed (`changed_since`,
-services/trainer/store_reads.py); queue notes do not. The stamp is taken from `STAMPS` (services/trainer/
+services/trainer/store_reads.py), and so does a client following many jobs
+(`list(changed_after=)`). Exactly these writes stamp it: `insert`,
+`apply_transition` (every state change, with its reason), `open_gate`,
+`stamp_fence`, `grant`, `cleanup_done` and `set_fields`. `note_queued` (a
+queued job's reason and position) and `note_event` (a history entry without
+a state change) do not: they change nothing a pass decides on, and a
+follower sees a job's transitions, not every update of its queue reason. The stamp is taken from `STAMPS` (services/trainer/
 stamps.py), which knows which of this process's stamps are not acknowledged.
 
 Idempotent submits: a job submitted with an idempotency key stores it, and a
@@ -181,9 +187,16 @@ class JobStore(JobReads):
     @mapped
     def list(self, team: str, *, states_filter: Iterable[JobState] = (), limit: int = 100, name: str = "",
              created_after: float = 0.0, created_before: float = 0.0,
-             before: tuple[float, str] | None = None) -> list[JobRecord]:
-        """A team's jobs, newest first (then by id, descending); `before` is the last (created_at, id) seen."""
+             before: tuple[float, str] | None = None, changed_after: float = 0.0) -> list[JobRecord]:
+        """A team's jobs, newest first (then by id, descending); `before` is the last (created_at, id) seen.
+
+        `changed_after`: only jobs whose `changed_at` is at or after it (0: no bound). At or after, not
+        after: the time a follower passes is a listing's `as_of` (services/trainer/service.py `list`), and
+        a write stamped exactly then may still have been out when that listing read; such a job is returned
+        twice rather than missed. A change that stamps nothing (a queue note) does not bring a job back."""
         query: dict = {"team": team}
+        if changed_after:
+            query["changed_at"] = {"$gte": changed_after}
         wanted = [int(s) for s in states_filter]
         if wanted:
             query["state"] = {"$in": wanted}

@@ -72,14 +72,25 @@ class InMemoryTrainer:
     def list_jobs(self, team: str, *, limit: int = 50, states: Iterable[JobState] = (), name: str = "",
                   created_after: float = 0.0, created_before: float = 0.0,
                   before: tuple[float, str] | None = None) -> list[dict]:
+        return self.list_jobs_as_of(team, limit=limit, states=states, name=name, created_after=created_after,
+                                    created_before=created_before, before=before)[0]
+
+    def list_jobs_as_of(self, team: str, *, changed_after: float = 0.0, limit: int = 50,
+                        states: Iterable[JobState] = (), name: str = "", created_after: float = 0.0,
+                        created_before: float = 0.0,
+                        before: tuple[float, str] | None = None) -> tuple[list[dict], float]:
+        """A job's `updated_at` stands for the Trainer's `changed_at` here: only moves set it. Under the lock
+        no write is out, so `as_of` is simply the time before the read."""
         wanted = {job_state_name(s) for s in states}
         with self._lock:
+            as_of = time.time()
             jobs = [j for j in self._jobs.values() if j["team"] == team and (not wanted or j["state"] in wanted)
+                    and j["updated_at"] >= changed_after
                     and (not name or j["name"] == name) and j["created_at"] >= created_after
                     and (not created_before or j["created_at"] < created_before)
                     and (before is None or (j["created_at"], j["id"]) < before)]
             jobs.sort(key=lambda j: (j["created_at"], j["id"]), reverse=True)
-            return [self._public(j) for j in jobs[:limit or None]]
+            return [self._public(j) for j in jobs[:limit or None]], as_of
 
     def cancel_job(self, team: str, job_id: str, *, actor: str) -> dict:
         with self._lock:

@@ -46,7 +46,7 @@ class FakeTrainer(trainer_pb2_grpc.TrainerServicer):
     @rpc.handler
     def ListJobs(self, request, context):  # noqa: N802
         self.requests.append(request)
-        return trainer_pb2.ListJobsResponse(jobs=[JOB, JOB])
+        return trainer_pb2.ListJobsResponse(jobs=[JOB, JOB], as_of=request.changed_after + 1.5)
 
     @rpc.handler
     def CancelJob(self, request, context):  # noqa: N802
@@ -102,6 +102,15 @@ def test_requests_carry_every_field(served):
     assert (listing.limit, list(listing.states)) == (7, [JobState.RUNNING, JobState.QUEUED])
     assert cancel.actor == "user:abcd1234"
     assert client.health() == "ok"
+
+
+def test_a_listing_of_what_changed_carries_changed_after_and_answers_as_of(served):
+    fake, client = served
+    jobs, as_of = client.list_jobs_as_of("alpha", changed_after=1700000000.25, limit=3)
+    assert len(jobs) == 2 and as_of == 1700000001.75
+    assert (fake.requests[-1].changed_after, fake.requests[-1].limit) == (1700000000.25, 3)
+    client.list_jobs("alpha")
+    assert fake.requests[-1].changed_after == 0.0  # a plain listing asks for every job
 
 
 def test_domain_errors_cross_the_wire(served):

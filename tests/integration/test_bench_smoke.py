@@ -50,6 +50,12 @@ def test_job_cpu():
         assert f"\n{role} " in out, f"no row for {role}:\n{out}"
 
 
+def test_changed_listing():
+    out = bench("changed_listing.py", "-n", "20", "-k", "2", "-r", "1", "--page", "8")
+    assert "full listing            22 jobs" in out and "changed since as_of      2 jobs" in out
+    assert "ratio full / changed (of the medians)" in out
+
+
 def test_api_read():
     out = bench("api_read.py", "-c", "2", "-d", "1", "-r", "1")
     assert "ratio real / bare" in out and "non-200: 0" in out

@@ -7,6 +7,7 @@ keyset queries) and the real audit log.
 from __future__ import annotations
 
 import json
+import time
 
 from tests.integration.test_webhooks import platform
 
@@ -68,6 +69,36 @@ def test_job_pages_filters_and_admin_listing(mongo_server, mongo_db, logstore, t
         entry = next(e for e in audit if e["route"] == "/v1/admin/teams/{team}/jobs/{job_id}/cancel"
                      and e["status"] == 200)
         assert entry["target"] == beta_job["id"] and entry["target_team"] == "beta" and entry["team"] == "ops"
+
+
+def test_changed_since_lists_only_what_changed_and_as_of_misses_nothing(mongo_server, mongo_db, logstore, tmp_path,
+                                                                        unique):
+    with platform(mongo_server, mongo_db, logstore, tmp_path, unique) as p:
+        jobs = [submit(p, f"follow{i}") for i in range(4)]
+        full = p.http.get("/v1/jobs", headers=p.h["member"]).json()
+        assert {j["id"] for j in full["jobs"]} >= {j["id"] for j in jobs} and full["as_of"] > 0
+        as_of = full["as_of"]
+        time.sleep(0.3)  # past EXACT_MARGIN, so the jobs submitted before the listing are not returned again
+        quiet = p.http.get("/v1/jobs", params={"changed_since": as_of}, headers=p.h["member"]).json()
+        # the dispatcher may still be moving the first jobs; whatever comes back changed at or after as_of
+        assert quiet["as_of"] >= as_of
+        cancelled = p.http.post(f"/v1/jobs/{jobs[1]['id']}/cancel", headers=p.h["member"]).json()
+        assert cancelled["state"] == "cancelled"
+        changed = p.http.get("/v1/jobs", params={"changed_since": quiet["as_of"]}, headers=p.h["member"]).json()
+        assert jobs[1]["id"] in [j["id"] for j in changed["jobs"]]
+        assert next(j for j in changed["jobs"] if j["id"] == jobs[1]["id"])["state"] == "cancelled"
+        # pages of what changed, and the admin's listing of the team takes the same parameter
+        paged = all_pages(p, "/v1/jobs", "jobs", "member", changed_since=quiet["as_of"], limit=1)
+        # (a job the dispatcher moved meanwhile joins them: the set only grows)
+        paged_ids = [j["id"] for pg in paged for j in pg]
+        assert len(paged_ids) == len(set(paged_ids)) and set(paged_ids) >= {j["id"] for j in changed["jobs"]}
+        admin = p.http.get("/v1/admin/teams/alpha/jobs", params={"changed_since": quiet["as_of"]},
+                           headers=p.h["platform"]).json()
+        assert {j["id"] for j in admin["jobs"]} >= {j["id"] for j in changed["jobs"]} and admin["as_of"] > 0
+        for bad in ("-1", "nan", "inf", "soon"):
+            resp = p.http.get("/v1/jobs", params={"changed_since": bad}, headers=p.h["member"])
+            assert resp.status_code == 422, (bad, resp.text)
+            assert "changed_since" in json.dumps(resp.json()["error"]), resp.text
 
 
 def test_audit_pages(mongo_server, mongo_db, logstore, tmp_path, unique):

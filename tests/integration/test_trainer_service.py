@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import grpc
 import pytest
@@ -303,6 +304,18 @@ def test_list_is_newest_first_and_filters_by_state(client):
     assert ids() == ["three", "two", "one"]
     assert ids(states=[JobState.QUEUED]) == ["three", "two"]
     assert ids(limit=1) == ["three"]
+
+
+def test_list_changed_after_an_as_of_returns_what_changed_since_and_refuses_a_bad_time(client):
+    client.submit("one", job_id="one")
+    before = rpc.call(client.stub.ListJobs, trainer_pb2.ListJobsRequest(team="t"))
+    assert [j.id for j in before.jobs] == ["one"] and 0 < before.as_of <= time.time()
+    client.submit("two", job_id="two")
+    after = rpc.call(client.stub.ListJobs, trainer_pb2.ListJobsRequest(team="t", changed_after=before.as_of))
+    assert "two" in [j.id for j in after.jobs] and after.as_of >= before.as_of
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(InvalidArgument, match="changed_after"):
+            rpc.call(client.stub.ListJobs, trainer_pb2.ListJobsRequest(team="t", changed_after=bad))
 
 
 def test_health(client):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from click.testing import CliRunner
 
@@ -89,6 +90,20 @@ def test_status_lists_by_name_and_creation_time_and_follows_pages_with_all(cli):
     assert "more jobs match" in cli.run("status", "--limit", "2").stdout
     assert "more jobs match" not in cli.run("status", "--limit", "1", "--all").stdout
     cli.run("status", "--since", "yesterday", code=exitcodes.ERROR)
+
+
+def test_status_changed_since_lists_what_changed_and_the_time_to_pass_next(cli):  # noqa: F811
+    first = cli.json("submit", manifest(cli.tmp, "name: a\nframework: custom\ncommand: python train.py\n"))
+    listed = cli.json("status", "--changed-since", "0")
+    assert [j["id"] for j in listed["jobs"]] == [first["id"]] and listed["as_of"] > 0
+    time.sleep(0.01)
+    second = cli.json("submit", manifest(cli.tmp, "name: b\nframework: custom\ncommand: python train.py\n"))
+    again = cli.json("status", "--changed-since", repr(listed["as_of"]), "--limit", "1")
+    assert [j["id"] for j in again["jobs"]] == [second["id"]] and again["as_of"] >= listed["as_of"]
+    text = cli.run("status", "--changed-since", repr(again["as_of"])).stdout
+    assert text.splitlines()[-1].startswith("as of ") and "--changed-since " in text.splitlines()[-1]
+    cli.run("status", "--changed-since", "-1", code=exitcodes.USAGE)
+    cli.run("status", "--changed-since", "5", "--state", "queued", code=exitcodes.USAGE)
 
 
 def test_up_and_down_without_the_server_dependencies_say_to_install_the_server_extra(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ import datetime as dt
 import io
 import tarfile
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -201,6 +202,42 @@ def test_wait_reports_every_change_and_times_out(platform):
     assert final["state"] == "completed"
     assert seen[0] == "queued" and seen[-1] == "completed"
     assert seen == sorted(set(seen), key=seen.index)  # each change once, in order
+
+
+def test_wait_all_follows_many_jobs_by_what_changed_and_times_out(platform):
+    client = platform.client
+    jobs = [client.submit({"name": f"many{i}", "command": "true"}) for i in range(5)]
+    ids = [j["id"] for j in jobs]
+    with pytest.raises(WaitTimeout, match="5 of 5 jobs still queued"):
+        client.wait_all(ids, timeout=0.2, poll_interval=0.05)
+    everything, as_of = client.list_changed()
+    assert {j["id"] for j in everything} == set(ids) and as_of > 0
+    listed = []
+
+    def advance():
+        wait_for(lambda: listed, 10, "the first listing")
+        for job_id in ids[:3]:
+            for state in TO_COMPLETED:
+                platform.trainer.report(job_id, state, f"now {state.name.lower()}")
+        client.cancel(ids[3])
+        for state in (JobState.DEPLOYING, JobState.RUNNING):
+            platform.trainer.report(ids[4], state, f"now {state.name.lower()}")
+        client.halt(ids[4])  # halted is where `wait` stops too
+
+    t = threading.Thread(target=advance)
+    t.start()
+    final = client.wait_all([*ids, ids[0]], timeout=20, poll_interval=0.02, on_change=lambda j: listed.append(j["id"]))
+    t.join(10)
+    assert [j["id"] for j in final] == ids  # in the order asked, each once
+    assert [j["state"] for j in final] == ["completed"] * 3 + ["cancelled", "halted"]
+    # only what changed: a listing since the end of it all is empty
+    time.sleep(0.01)
+    changed, _ = client.list_changed(time.time())
+    assert changed == []
+    assert [j.state for j in client.typed.wait_all(ids[:2], timeout=5)] == ["completed", "completed"]
+    with pytest.raises(ApiError) as err:
+        client.wait_all([ids[0], "j-000000000000"], timeout=5)
+    assert err.value.status == 404
 
 
 def test_a_429_is_waited_out_and_retried_then_reported(monkeypatch):

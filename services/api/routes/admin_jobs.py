@@ -15,7 +15,7 @@ from fastapi import APIRouter, Path, Query, Request
 
 from trainforge_services.api.audit import note_target
 from trainforge_services.api.deps import IdentityDep, PlatformAdminDep, TrainerDep
-from trainforge_services.api.routes.jobs import JobId, list_page, parse_states
+from trainforge_services.api.routes.jobs import ChangedSince, JobId, list_page, parse_states
 from trainforge_services.api.schemas import ErrorResponse, Job, JobList, error_responses
 
 router = APIRouter(prefix="/v1/admin/teams/{team}/jobs", tags=["admin"],
@@ -34,10 +34,11 @@ def list_team_jobs(
     name: Annotated[str | None, Query(max_length=63, description="only jobs with this name")] = None,
     since: Annotated[float | dt.datetime | None, Query(description="only jobs created at or after this time")] = None,
     until: Annotated[float | dt.datetime | None, Query(description="only jobs created before this time")] = None,
+    changed_since: ChangedSince = None,
 ) -> dict:
     identity.team(team)
     return list_page(trainer, team, limit=limit, states=parse_states(state), cursor=cursor, name=name,
-                     since=since, until=until)
+                     since=since, until=until, changed_since=changed_since)
 
 
 @router.post("/{job_id}/cancel", response_model=Job,

@@ -53,6 +53,13 @@ StateFilter = Annotated[str, WithJsonSchema({"type": "string", "pattern": STATES
 # A file part, never a plain form field (which the server refuses): OpenAPI's binary string.
 CODE_SCHEMA = {"type": "string", "format": "binary", "description": "the job's code folder as a .tar.gz archive, "
                "sent as a file part"}
+# Unix seconds only (an `as_of` is passed back as it came); pydantic refuses a negative, nan or inf value with a
+# 422 that names the parameter.
+ChangedSince = Annotated[float | None, Query(
+    ge=0, allow_inf_nan=False,
+    description="only jobs changed (submitted, moved to another state, or given fields) at or after this time, in "
+                "unix seconds: pass the `as_of` of the previous listing. Queue notes (a waiting job's reason and "
+                "position) are not changes here; a job may come back twice, none is missed")]
 LabelFilter = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}=[^=,]{0,63}$")]
 
 
@@ -118,20 +125,24 @@ def list_jobs(
     since: Annotated[float | dt.datetime | None, Query(
         description="only jobs created at or after this time: ISO-8601 (UTC when no offset) or unix seconds")] = None,
     until: Annotated[float | dt.datetime | None, Query(description="only jobs created before this time")] = None,
+    changed_since: ChangedSince = None,
 ) -> dict:
-    """Pages of at most `limit` jobs; `next_cursor` is null on the last page."""
+    """Pages of at most `limit` jobs; `next_cursor` is null on the last page. With `changed_since`, only
+    the jobs changed since then: a client following many jobs passes the `as_of` of its previous listing
+    (of its first page, when it read several) and reads only what changed instead of every job again."""
     wanted = parse_labels(label)
     if not wanted:
         return list_page(trainer, tenant.team, limit=limit, states=parse_states(state), cursor=cursor, name=name,
-                         since=since, until=until)
+                         since=since, until=until, changed_since=changed_since)
     # Labels live in the manifest, which the Trainer does not index: filter the next LABEL_SCAN jobs
     # after the cursor, and continue after the last one returned.
     page = list_page(trainer, tenant.team, limit=LABEL_SCAN, states=parse_states(state), cursor=cursor,
-                     name=name, since=since, until=until)
+                     name=name, since=since, until=until, changed_since=changed_since)
     jobs = [j for j in page["jobs"] if wanted.items() <= (j.get("manifest") or {}).get("labels", {}).items()]
     if len(jobs) > limit:
-        return {"jobs": jobs[:limit], "next_cursor": paging.encode(*paging.job_key(jobs[limit - 1]))}
-    return {"jobs": jobs, "next_cursor": page["next_cursor"]}
+        return {"jobs": jobs[:limit], "next_cursor": paging.encode(*paging.job_key(jobs[limit - 1])),
+                "as_of": page["as_of"]}
+    return {"jobs": jobs, "next_cursor": page["next_cursor"], "as_of": page["as_of"]}
 
 
 # How many jobs one label-filtered page looks at.
@@ -150,14 +161,22 @@ def parse_labels(values: list[str] | None) -> dict[str, str]:
 
 
 def list_page(trainer: TrainerApi, team: str, *, limit: int, states: list[JobState], cursor: str | None,
-              name: str | None, since: dt.datetime | float | None, until: dt.datetime | float | None) -> dict:
-    """One page of a team's jobs (also the admin's listing of any team)."""
+              name: str | None, since: dt.datetime | float | None, until: dt.datetime | float | None,
+              changed_since: float | None = None) -> dict:
+    """One page of a team's jobs (also the admin's listing of any team), with the Trainer's `as_of`."""
     before = paging.decode(cursor)
     after_ts, before_ts = unix(since, "since") or 0.0, unix(until, "until") or 0.0
-    jobs, next_cursor = paging.page(
-        lambda n: trainer.list_jobs(team, limit=n, states=states, name=name or "", created_after=after_ts,
-                                    created_before=before_ts, before=before), limit, paging.job_key)
-    return {"jobs": jobs, "next_cursor": next_cursor}
+    as_of: list[float] = []
+
+    def fetch(n: int) -> list[dict]:
+        jobs, taken = trainer.list_jobs_as_of(team, changed_after=changed_since or 0.0, limit=n, states=states,
+                                              name=name or "", created_after=after_ts, created_before=before_ts,
+                                              before=before)
+        as_of.append(taken)
+        return jobs
+
+    jobs, next_cursor = paging.page(fetch, limit, paging.job_key)
+    return {"jobs": jobs, "next_cursor": next_cursor, "as_of": as_of[0]}
 
 
 _JOB = TypeAdapter(Job)
