@@ -173,12 +173,13 @@ def main() -> int:
         final: dict[str, dict] = {}
         reader = clients[0]
         deadline = time.monotonic() + args.timeout
-        # one listing per round of the jobs changed since the previous one (each job as the listing has it,
+        # one listing per round of the jobs that ended since the previous one (each job as the listing has it,
         # history included): reading every pending job each round (100 GETs per 0.2 s) took most of a core
-        # from the stack, and listing every ended job each round read the same ended jobs again and again
+        # from the stack, listing every ended job each round read the same ended jobs again and again, and
+        # listing every changed job read each job at each of its steps (most of them during the submits)
         since = t0_wall - 60  # every job was submitted after t0_wall
         while pending and time.monotonic() < deadline:
-            changed, since = reader.list_changed(since, page_size=200)
+            changed, since = reader.list_changed(since, state=sorted(TERMINAL), page_size=200)
             for job in changed:
                 if job["id"] in pending and job["state"] in TERMINAL:
                     final[job["id"]] = job

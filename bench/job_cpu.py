@@ -12,8 +12,8 @@ reaped them. When the fork server is off, or a child was spawned instead,
 that CPU lands in the LCM's children figure.
 
 The client's own CPU is printed too; it follows the jobs with one listing of
-the jobs changed since its previous listing every 0.5 s (`list_changed`: the
-jobs that moved, not every ended job again). Usage:
+the jobs that ended since its previous listing every 0.5 s (`list_changed`
+with the end states: the jobs that ended, not every ended job again). Usage:
 
     PYTHONPATH=$PWD .venv/bin/python bench/job_cpu.py [-n 100] [-c 16] [--max-learners 8]
 """
@@ -94,7 +94,7 @@ def main() -> int:
         # every job was submitted after t0_wall; then each round lists only what changed since the last
         since = t0_wall - 60
         while pending and time.monotonic() < deadline:
-            changed, since = clients[0].list_changed(since, page_size=200)
+            changed, since = clients[0].list_changed(since, state=sorted(TERMINAL), page_size=200)
             for j in changed:
                 if j["id"] in pending and j["state"] in TERMINAL:
                     states[j["id"]] = j["state"]

@@ -248,10 +248,11 @@ class Client(LogsMixin):
             if not cursor:
                 return
 
-    def list_changed(self, since: float | None = None, *, page_size: int = 1000,
-                     retry_seconds: float | None = None) -> tuple[list[dict], float]:
+    def list_changed(self, since: float | None = None, *, state: str | list[str] | None = None,
+                     page_size: int = 1000, retry_seconds: float | None = None) -> tuple[list[dict], float]:
         """(jobs, as_of): the team's jobs changed at or after `since` (unix seconds; None: every job), all
-        pages of them, and the time to pass as `since` next.
+        pages of them, and the time to pass as `since` next. `state`: only jobs now in it (one or a list),
+        e.g. the end states, for a follower that waits for jobs to end and need not read every step.
 
         `as_of` is the first page's: the server took it before that page's read, so a change that committed
         during or after the listing is in the next one. A job may come back in two listings, never be
@@ -260,6 +261,8 @@ class Client(LogsMixin):
         params: dict[str, Any] = {"limit": page_size}
         if since is not None:
             params["changed_since"] = since
+        if state:
+            params["state"] = [s.strip().lower() for s in ([state] if isinstance(state, str) else state)]
         jobs: list[dict] = []
         as_of: float | None = None
         cursor = None
@@ -392,16 +395,17 @@ class Client(LogsMixin):
         seconds; an API that is down or restarting is waited for (reconnect_seconds)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         wanted = list(dict.fromkeys(job_ids))
+        wanted_set = set(wanted)
         latest: dict[str, dict] = {}
         since: float | None = None
         while True:
             jobs, as_of = self.list_changed(since, retry_seconds=self.reconnect_seconds)
             for job in jobs:
-                if job["id"] in wanted and latest.get(job["id"], {}).get("state") != job["state"]:
-                    if on_change is not None:
-                        on_change(job)
-                if job["id"] in wanted:
-                    latest[job["id"]] = job
+                if job["id"] not in wanted_set:
+                    continue
+                if on_change is not None and latest.get(job["id"], {}).get("state") != job["state"]:
+                    on_change(job)
+                latest[job["id"]] = job
             if since is None:
                 for job_id in wanted:
                     if job_id not in latest:

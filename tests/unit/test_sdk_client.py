@@ -230,6 +230,9 @@ def test_wait_all_follows_many_jobs_by_what_changed_and_times_out(platform):
     t.join(10)
     assert [j["id"] for j in final] == ids  # in the order asked, each once
     assert [j["state"] for j in final] == ["completed"] * 3 + ["cancelled", "halted"]
+    # a follower that waits for ends reads only the jobs that ended since
+    ended, _ = client.list_changed(as_of, state=["completed", "CANCELLED"])
+    assert sorted(j["id"] for j in ended) == sorted(ids[:4])
     # only what changed: a listing since the end of it all is empty
     time.sleep(0.01)
     changed, _ = client.list_changed(time.time())
