@@ -1,24 +1,21 @@
 """The queue's engine: turns QUEUED jobs into deployments when they fit.
 
-Three threads share the work, so that a pass never waits on the store:
-- the reader (`_read_loop`), when woken (a job was submitted, or let go of
-  its resources, or a quota changed) and every `interval` seconds as a
-  safety net, reads what changed into the copy of the queued and active
-  jobs (services/trainer/jobmirror.py), and the quotas when their copy is
-  getting old; then it asks for a pass;
-- the pass (`_loop`) decides on that copy as it is: it asks services/
-  trainer/admission.py what fits and in which order, counts each job that
-  does as reserved at once (`JobMirror.reserve`) and hands the reservations
-  to the writer. Jobs that wait get their reason and queue position
-  refreshed (queuenotes.py writes them); jobs that can no longer ever run (a
-  quota lowered below what they need) are failed with the reason. A team may
-  borrow in its cohort (cohorts.py); jobs that still wait may have running
-  ones halted for them (preemptor.py, after the pass's decision);
-- the writer (`_write_loop`) makes each reservation, in the order the passes
-  decided, by the atomic QUEUED -> DEPLOYING transition; the Deploy rule then
-  hands the LCM call to a worker of the pool, so a job is deployed only once
-  its reservation is written, and one slow backend call never holds up the
-  queue.
+Three threads share the work, so that a pass never waits on the store
+(each runs `_paced`):
+- the reader (`_read_step`), when woken (a submit, a job that let go of its
+  resources, a quota change) and every `interval` seconds, reads what changed
+  into the copy of the queued and active jobs (jobmirror.py), and the quotas
+  when their copy is getting old; then it asks for a pass;
+- the pass (`_pass_step`) decides on that copy: admission.py says what fits
+  and in which order; each job that does counts as reserved at once
+  (`JobMirror.reserve`) and goes to the writer. Waiting jobs' reasons and
+  positions go to queuenotes.py; jobs that can never run (a quota lowered
+  below their need) are failed with the reason. A team may borrow in its
+  cohort (cohorts.py); waiting jobs may have running ones halted for them
+  (preemptor.py);
+- the writer (reserver.py) makes the QUEUED -> DEPLOYING moves in the order
+  decided; the Deploy rule then hands the LCM call to the pool, so a job is
+  deployed only once its reservation is written.
 
 Why admission never overshoots a quota or the capacity, under any storm of
 submissions: QUEUED -> DEPLOYING is the only transition into the ACTIVE
@@ -45,13 +42,11 @@ state change the dispatcher makes goes through `Lifecycle.move`.
 tests' way in).
 """
 
-
 from __future__ import annotations
 
 import collections
 import contextlib
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -76,6 +71,7 @@ from trainforge_services.trainer.preemptor import Preemptor
 from trainforge_services.trainer.queuenotes import QueueNotes
 from trainforge_services.trainer.quotas import QUOTA_MAX_AGE, QuotaStore
 from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.reserver import Reservations, ReservationWriter
 from trainforge_services.trainer.rules import ACTOR, Lifecycle, Rule
 from trainforge_services.trainer.stamps import STAMPS
 from trainforge_services.trainer.store import JobStore
@@ -133,9 +129,6 @@ class Dispatcher(LcmCalls):
         self._reread: set[str] | None = set()  # jobs read again since the last pass took them (None: all)
         self._reread_lock = threading.Lock()
         self._last_read = (0, 0.0)  # (jobs, ms) of the last read of what changed
-        # the reservations each pass decided, written in order by the writer thread
-        self._writes: queue.Queue[_Writes | None] = queue.Queue()
-        self._writer: threading.Thread | None = None
         self._reader: threading.Thread | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -146,9 +139,9 @@ class Dispatcher(LcmCalls):
         # about once (stamps.py)
         self._jobs = JobMirror(store, dict.fromkeys([*_QUEUE_FIELDS, *_HELD_FIELDS]),
                                settled=STAMPS.settled if gate is None else None)
+        # writes each pass's reservations, in the order decided (reserver.py)
+        self._writer = ReservationWriter(self.lifecycle, self._jobs)
         self._mirror_term: int | None = None
-        # the reason and position each waiting job was last given (what its record says, once written)
-        self._noted: dict[str, tuple[str, int]] = {}
         self._capacity = CapacityCache(lcm)
         # grants elastic jobs room no queued job waits for (services/trainer/growth.py)
         self._grower = Grower(store, lcm, self._submit)
@@ -171,11 +164,12 @@ class Dispatcher(LcmCalls):
         """
         first = self._calls.submit(_logged, self._capacity.refresh)
         self._notes.start()
-        self._writer = threading.Thread(target=self._write_loop, name="trainer-reserve", daemon=True)
         self._writer.start()
-        self._reader = threading.Thread(target=self._read_loop, name="trainer-jobcopy", daemon=True)
+        self._reader = threading.Thread(target=self._paced, args=(self._wake, self._read_step),
+                                        name="trainer-jobcopy", daemon=True)
         self._reader.start()
-        self._thread = threading.Thread(target=self._loop, name="trainer-dispatcher", daemon=True)
+        self._thread = threading.Thread(target=self._paced, args=(self._pass_wanted, self._pass_step),
+                                        name="trainer-dispatcher", daemon=True)
         self._thread.start()
         self.wake()
         with contextlib.suppress(TimeoutError):
@@ -188,9 +182,7 @@ class Dispatcher(LcmCalls):
         for thread in (self._thread, self._reader):
             if thread is not None:
                 thread.join(timeout)
-        self._writes.put(None)  # after the last pass: the writer writes what was decided, then ends
-        if self._writer is not None:
-            self._writer.join(timeout)
+        self._writer.stop(timeout)  # after the last pass: what was decided is written
         self._calls.shutdown(wait=True)
         self._notes.stop(timeout)
         self._jobs.close(timeout)
@@ -198,53 +190,47 @@ class Dispatcher(LcmCalls):
     def wake(self) -> None:
         self._wake.set()
 
-    def _read_loop(self) -> None:
-        """The reader: when woken (and every `interval`), read what changed into the copy, then ask for a pass."""
+    def _paced(self, wanted: threading.Event, step: Callable[[], None]) -> None:
+        """Run `step` each time `wanted` is set (and every `interval`) while this replica leads, spaced
+        (`SPACING`: twice its last duration, within [MIN_SPACING, spacing])."""
         last, gap = -self._spacing, self._spacing
         while not self._stopping.is_set():
-            self._wake.wait(self._interval)
+            wanted.wait(self._interval)
             self._stopping.wait(max(0.0, last + gap - time.monotonic()))
-            self._wake.clear()
+            wanted.clear()
             if self._stopping.is_set():
                 return
             if self._gate is not None and not self._gate.leading:
                 continue  # a follower: the elected replica reads and runs the passes
             last = time.monotonic()
-            try:
-                self._scan_cleanups()
-                self._refresh()
-            except Unavailable as e:
-                log.warning("reading the queue: %s", e.message)
-                continue
-            except Exception:
-                log.exception("reading the queue failed")
-                continue
-            self._pass_wanted.set()
+            step()
             gap = min(self._spacing, max(MIN_SPACING, 2 * (time.monotonic() - last)))
 
-    def _loop(self) -> None:
-        """The passes: one each time the reader has read (and every `interval`), on the copy as last read."""
-        last_pass, gap = -self._spacing, self._spacing
-        while not self._stopping.is_set():
-            self._pass_wanted.wait(self._interval)
-            self._stopping.wait(max(0.0, last_pass + gap - time.monotonic()))
-            self._pass_wanted.clear()
-            if self._stopping.is_set():
-                return
-            if self._gate is not None and not self._gate.leading:
-                continue  # a follower: the elected replica runs the passes
-            last_pass = time.monotonic()
-            try:
-                _, writes = self._run_pass()
-                if writes is not None:
-                    self._writes.put(writes)
-            except Deposed as e:
-                log.warning("dispatch pass stopped: %s", e.message)
-            except Unavailable as e:
-                log.warning("dispatch pass skipped: %s", e.message)
-            except Exception:
-                log.exception("dispatch pass failed")
-            gap = min(self._spacing, max(MIN_SPACING, 2 * (time.monotonic() - last_pass)))
+    def _read_step(self) -> None:
+        """The reader's: read what changed into the copy, then ask for a pass."""
+        try:
+            self._scan_cleanups()
+            self._refresh()
+        except Unavailable as e:
+            log.warning("reading the queue: %s", e.message)
+            return
+        except Exception:
+            log.exception("reading the queue failed")
+            return
+        self._pass_wanted.set()
+
+    def _pass_step(self) -> None:
+        """The passes': one pass on the copy as last read; its reservations go to the writer."""
+        try:
+            _, writes = self._run_pass()
+            if writes is not None:
+                self._writer.hand(writes)
+        except Deposed as e:
+            log.warning("dispatch pass stopped: %s", e.message)
+        except Unavailable as e:
+            log.warning("dispatch pass skipped: %s", e.message)
+        except Exception:
+            log.exception("dispatch pass failed")
 
     def _refresh(self) -> None:
         """Read what changed into the copy (jobmirror.py); the first read of a new leader's term reads all."""
@@ -299,14 +285,11 @@ class Dispatcher(LcmCalls):
         self._refresh()
         result, writes = self._run_pass()
         if writes is not None:
-            if self._writer is not None and self._writer.is_alive():
-                self._writes.put(writes)  # after those of earlier passes
-                writes.done.wait()
-            else:
-                self._write(writes)
+            self._writer.hand(writes)  # after those of earlier passes
+            writes.done.wait()
         return result
 
-    def _run_pass(self) -> tuple[Plan, _Writes | None]:
+    def _run_pass(self) -> tuple[Plan, Reservations | None]:
         with self._pass_lock:
             started = self._decided = time.perf_counter()
             cpu = time.thread_time()
@@ -328,14 +311,10 @@ class Dispatcher(LcmCalls):
                          read_jobs, read_ms, (time.thread_time() - cpu) * 1000, self._jobs.pending)
             return result, writes
 
-    def _pass(self, reread: set[str] | None) -> tuple[Plan, _Writes | None]:
+    def _pass(self, reread: set[str] | None) -> tuple[Plan, Reservations | None]:
         """One admission pass on the copy as last read; the caller holds `_pass_lock`. Its reservations go to the
         writer thread (returned, None: none), and count as made for every later pass until read back."""
-        # what a job read again says is what its record holds (a requeued job's new reason, say)
-        if reread is None:
-            self._noted.clear()
-        for job_id in reread or ():
-            self._noted.pop(job_id, None)
+        self._notes.read_again(reread)
         copy = self._jobs.snapshot()
         queued = copy.queued
         held_back = self._held_back(queued, time.time())
@@ -368,7 +347,7 @@ class Dispatcher(LcmCalls):
         if result.dispatch:
             # QUEUED -> DEPLOYING holds the resources, counted as held from here on (`reserve`); the writer
             # makes the move, and the Deploy rule then hands the LCM call to a worker
-            writes = _Writes(term, time.perf_counter())
+            writes = Reservations(term, time.perf_counter())
             for job_id in result.dispatch:
                 job = queued[job_id]
                 fields = cohorts.dispatched(result.borrowed.get(job_id), quotas.get(job.team))
@@ -388,50 +367,15 @@ class Dispatcher(LcmCalls):
             done = self.lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt,
                                        fence=term, seen=queued[job_id])
             self._jobs.written(job_id, done.job)
-        self._note_waiting(queued, result)
+        # handing the reasons and positions to the note writer (queuenotes.py): storing them is not the pass's
+        self._notes.tell((queued[j], reason, position) for j, (reason, position) in result.wait.items())
+        self._notes.forget_gone(queued)
         ADMISSIONS.add("dispatched", "", n=len(result.dispatch))
         ADMISSIONS.add("rejected", "never_fits", n=len(result.reject))
         kinds = collections.Counter(admission.reason_kind(reason) for reason, _ in result.wait.values())
         for kind, n in kinds.items():
             ADMISSIONS.add("held", kind, n=n)
         return result, writes
-
-    def _write_loop(self) -> None:
-        """The writer: each pass's reservations, in the order decided (the module's docstring says why that
-        cannot overshoot). A write that failed leaves its job counted as reserved until a read says what it is."""
-        while True:
-            writes = self._writes.get()
-            if writes is None:
-                return
-            self._write(writes)
-
-    def _write(self, writes: _Writes) -> None:
-        try:
-            started = time.perf_counter()
-            moves, failed = writes.moves, 0
-            for i, (job, fields) in enumerate(moves):
-                try:
-                    done = self.lifecycle.move(job.id, JobState.DEPLOYING, cohorts.reserved_reason(fields), ACTOR,
-                                               attempt=job.attempt, fields=fields, fence=writes.term, seen=job)
-                except Deposed as e:
-                    log.warning("reservations stopped: %s; %d not written", e.message, len(moves) - i)
-                    for left, _ in moves[i:]:
-                        self._jobs.written(left.id, None, known=False)
-                    failed += len(moves) - i
-                    break
-                except Exception as e:
-                    log.warning("job %s: reserving it failed (%s); it counts as reserved until read again",
-                                job.id, e)
-                    self._jobs.written(job.id, None, known=False)
-                    failed += 1
-                    continue
-                self._jobs.written(job.id, done.job)
-            ended = time.perf_counter()
-            log.info("admission writes: %d reservations written in %.1f ms, %.1f ms after their pass decided; "
-                     "%d failed", len(moves) - failed, (ended - started) * 1000, (ended - writes.decided) * 1000,
-                     failed)
-        finally:
-            writes.done.set()
 
     def _grow_idle(self, held: dict[str, JobRecord]) -> None:
         """An empty queue: elastic jobs may grow into what is free (services/trainer/growth.py)."""
@@ -444,39 +388,10 @@ class Dispatcher(LcmCalls):
             self._grower.run(active, capacity, self._quotas.all() if self._quotas is not None else {}, fence=term)
 
     def _held_back(self, queued: dict[str, JobRecord], now: float) -> dict[str, JobRecord]:
-        """Queued jobs that may not be dispatched yet (restart backoff, previous learners not removed)."""
-        held: dict[str, JobRecord] = {}
-        notes = []
-        for job_id, job in queued.items():
-            if job.cleanup_pending:
-                reason = "waiting for the previous attempt's learners to be removed"
-            elif job.not_before > now:
-                at = time.strftime("%H:%M:%S", time.localtime(job.not_before))
-                reason = f"restart {job.restarts}: waiting out the backoff until {at}"
-            else:
-                continue
-            held[job_id] = job
-            if self._noted.get(job_id, (job.reason, job.queue_position)) != (reason, 0):
-                notes.append((job_id, job.attempt, reason, 0))
-        self._note(notes)
-        return held
-
-    def _note_waiting(self, queued: dict[str, JobRecord], result: Plan) -> None:
-        """Hand the reasons and positions that changed to the note writer (queuenotes.py): a reason names
-        the use, so most do, and writing them is not the pass's business."""
-        notes = []
-        for job_id, (reason, position) in result.wait.items():
-            job = queued[job_id]
-            if self._noted.get(job_id, (job.reason, job.queue_position)) != (reason, position):
-                notes.append((job_id, job.attempt, reason, position))
-        self._note(notes)
-        if len(self._noted) > 2 * len(queued) + 1000:  # forget jobs that left the queue
-            self._noted = {j: n for j, n in self._noted.items() if j in queued}
-
-    def _note(self, notes: list) -> None:
-        self._notes.add(notes)
-        for job_id, _, reason, position in notes:
-            self._noted[job_id] = (reason, position)
+        """Queued jobs that may not be dispatched yet (JobRecord.held_back), told why."""
+        why = {job_id: reason for job_id, job in queued.items() if (reason := job.held_back(now))}
+        self._notes.tell((queued[job_id], reason, 0) for job_id, reason in why.items())
+        return {job_id: queued[job_id] for job_id in why}
 
     # -- LCM calls off the pass (the rules' Actions) -------------------------
 
@@ -520,16 +435,6 @@ class Dispatcher(LcmCalls):
             self._calls.submit(_logged, fn, *args)
         except RuntimeError:
             log.warning("trainer is stopping; %s%s not run", fn.__name__, args[:1])
-
-
-class _Writes:
-    """One pass's reservations for the writer thread: (the job as the pass saw it, the fields to set) each."""
-
-    def __init__(self, term: int | None, decided: float):
-        self.term = term
-        self.decided = decided
-        self.moves: list[tuple[JobRecord, dict]] = []
-        self.done = threading.Event()
 
 
 def _logged(fn: Callable[..., None], *args: object) -> None:

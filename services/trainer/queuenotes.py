@@ -31,7 +31,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Collection, Iterable
 
+from trainforge_services.trainer.record import JobRecord
 from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,32 @@ class QueueNotes:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        # the reason and position each waiting job was last told by a pass (what its record says, once
+        # stored); only the passes' thread uses it
+        self._told: dict[str, tuple[str, int]] = {}
+
+    def tell(self, told: Iterable[tuple[JobRecord, str, int]]) -> None:
+        """A pass's (job, reason, position) of waiting jobs: each that differs from what the job was last told
+        (not told yet: from what its record says) is stored. A reason names the use, so most do."""
+        notes = []
+        for job, reason, position in told:
+            if self._told.get(job.id, (job.reason, job.queue_position)) != (reason, position):
+                notes.append((job.id, job.attempt, reason, position))
+                self._told[job.id] = (reason, position)
+        self.add(notes)
+
+    def read_again(self, job_ids: Iterable[str] | None) -> None:
+        """These jobs were read again (None: every job was): what their records say is what they were told
+        (a requeued job's new reason, say)."""
+        if job_ids is None:
+            self._told.clear()
+        for job_id in job_ids or ():
+            self._told.pop(job_id, None)
+
+    def forget_gone(self, queued: Collection[str]) -> None:
+        """Forget the jobs no longer in `queued` (once there are many of them)."""
+        if len(self._told) > 2 * len(queued) + 1000:
+            self._told = {j: n for j, n in self._told.items() if j in queued}
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="trainer-queue-notes", daemon=True)

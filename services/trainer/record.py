@@ -13,6 +13,7 @@ needs of the queue) leaves the fields it did not read at their defaults.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -129,3 +130,13 @@ class JobRecord(_Frozen):
         """What admission needs to place this job in the queue."""
         return Queued(self.id, self.team, self.resources, self.priority, self.created_at, self.gpu_type,
                       front=bool(self.preempted))
+
+    def held_back(self, now: float) -> str:
+        """Why this QUEUED job may not be dispatched yet ("": it may): its previous attempt's learners are not
+        removed, or its restart backoff has not run out."""
+        if self.cleanup_pending:
+            return "waiting for the previous attempt's learners to be removed"
+        if self.not_before > now:
+            at = time.strftime("%H:%M:%S", time.localtime(self.not_before))
+            return f"restart {self.restarts}: waiting out the backoff until {at}"
+        return ""

@@ -67,7 +67,7 @@ def test_a_reservation_not_yet_written_holds_its_room_for_the_next_passes(gated)
         dispatcher._refresh()
         result, writes = dispatcher._run_pass()
         assert result.dispatch == ["c", "d"] and writes is not None
-        writer = threading.Thread(target=dispatcher._write, args=(writes,))
+        writer = threading.Thread(target=dispatcher._writer.write, args=(writes,))
         writer.start()
         assert gated.waiting.wait(15)  # "c"'s write is under way, "d"'s not started
         # a read now still shows "c" and "d" QUEUED: the next pass must not take them, nor give "e" their room
@@ -146,7 +146,7 @@ def test_a_job_cancelled_between_its_reservation_and_the_write_is_not_deployed_a
         dispatcher._refresh()
         result, writes = dispatcher._run_pass()
         assert result.dispatch == ["j"] and writes is not None
-        writer = threading.Thread(target=dispatcher._write, args=(writes,))
+        writer = threading.Thread(target=dispatcher._writer.write, args=(writes,))
         writer.start()
         assert gated.waiting.wait(15)
         gated.transition("j", JobState.CANCELLED, "cancelled by the user", "alice")
