@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DeployJobRequest(_message.Message):
-    __slots__ = ("job_id", "team", "attempt", "manifest_json", "code_uri", "checkpoint_uri", "secret_env", "team_quota", "gated")
+    __slots__ = ("job_id", "team", "attempt", "manifest_json", "code_uri", "checkpoint_uri", "secret_env", "team_quota", "gated", "reads")
     class SecretEnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,7 @@ class DeployJobRequest(_message.Message):
     SECRET_ENV_FIELD_NUMBER: _ClassVar[int]
     TEAM_QUOTA_FIELD_NUMBER: _ClassVar[int]
     GATED_FIELD_NUMBER: _ClassVar[int]
+    READS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     team: str
     attempt: int
@@ -34,7 +35,8 @@ class DeployJobRequest(_message.Message):
     secret_env: _containers.ScalarMap[str, str]
     team_quota: TeamQuota
     gated: bool
-    def __init__(self, job_id: _Optional[str] = ..., team: _Optional[str] = ..., attempt: _Optional[int] = ..., manifest_json: _Optional[str] = ..., code_uri: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., team_quota: _Optional[_Union[TeamQuota, _Mapping]] = ..., gated: _Optional[bool] = ...) -> None: ...
+    reads: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., team: _Optional[str] = ..., attempt: _Optional[int] = ..., manifest_json: _Optional[str] = ..., code_uri: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., team_quota: _Optional[_Union[TeamQuota, _Mapping]] = ..., gated: _Optional[bool] = ..., reads: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TeamQuota(_message.Message):
     __slots__ = ("gpus", "cpus", "memory", "jobs", "gpus_by_type", "egress")

@@ -297,6 +297,34 @@ class ListUsageRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class Publication(_message.Message):
+    __slots__ = ("prefix", "teams")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    TEAMS_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    teams: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, prefix: _Optional[str] = ..., teams: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SetPublicationRequest(_message.Message):
+    __slots__ = ("prefix", "teams", "actor")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    TEAMS_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    teams: _containers.RepeatedScalarFieldContainer[str]
+    actor: str
+    def __init__(self, prefix: _Optional[str] = ..., teams: _Optional[_Iterable[str]] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class ListPublicationsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListPublicationsResponse(_message.Message):
+    __slots__ = ("publications",)
+    PUBLICATIONS_FIELD_NUMBER: _ClassVar[int]
+    publications: _containers.RepeatedCompositeFieldContainer[Publication]
+    def __init__(self, publications: _Optional[_Iterable[_Union[Publication, _Mapping]]] = ...) -> None: ...
+
 class ListUsageResponse(_message.Message):
     __slots__ = ("teams",)
     TEAMS_FIELD_NUMBER: _ClassVar[int]

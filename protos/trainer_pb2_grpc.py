@@ -95,6 +95,16 @@ class TrainerStub:
                 request_serializer=trainforge__protos_dot_trainer__pb2.GetClusterRequest.SerializeToString,
                 response_deserializer=trainforge__protos_dot_trainer__pb2.Cluster.FromString,
                 _registered_method=True)
+        self.SetPublication = channel.unary_unary(
+                '/trainforge.v1.Trainer/SetPublication',
+                request_serializer=trainforge__protos_dot_trainer__pb2.SetPublicationRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_trainer__pb2.Publication.FromString,
+                _registered_method=True)
+        self.ListPublications = channel.unary_unary(
+                '/trainforge.v1.Trainer/ListPublications',
+                request_serializer=trainforge__protos_dot_trainer__pb2.ListPublicationsRequest.SerializeToString,
+                response_deserializer=trainforge__protos_dot_trainer__pb2.ListPublicationsResponse.FromString,
+                _registered_method=True)
         self.SubmitExperiment = channel.unary_unary(
                 '/trainforge.v1.Trainer/SubmitExperiment',
                 request_serializer=trainforge__protos_dot_trainer__pb2.SubmitExperimentRequest.SerializeToString,
@@ -238,6 +248,22 @@ class TrainerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetPublication(self, request, context):
+        """Publish an object-store prefix (never under store://jobs/ or store://experiments/) to some teams or
+        every team ("*"), whose jobs may then read it (services/common/storeaccess.py); no teams withdraws it
+        (NOT_FOUND when it was not published). Platform admins, through the API.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPublications(self, request, context):
+        """Every published prefix and whom it is published to.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SubmitExperiment(self, request, context):
         """Experiments: a job template swept over parameters (services/common/contracts/experiments.py).
         Store the experiment and its planned trials; the Trainer's experiment driver submits them as jobs.
@@ -368,6 +394,16 @@ def add_TrainerServicer_to_server(servicer, server):
                     servicer.GetCluster,
                     request_deserializer=trainforge__protos_dot_trainer__pb2.GetClusterRequest.FromString,
                     response_serializer=trainforge__protos_dot_trainer__pb2.Cluster.SerializeToString,
+            ),
+            'SetPublication': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPublication,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.SetPublicationRequest.FromString,
+                    response_serializer=trainforge__protos_dot_trainer__pb2.Publication.SerializeToString,
+            ),
+            'ListPublications': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPublications,
+                    request_deserializer=trainforge__protos_dot_trainer__pb2.ListPublicationsRequest.FromString,
+                    response_serializer=trainforge__protos_dot_trainer__pb2.ListPublicationsResponse.SerializeToString,
             ),
             'SubmitExperiment': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitExperiment,
@@ -744,6 +780,60 @@ class Trainer:
             '/trainforge.v1.Trainer/GetCluster',
             trainforge__protos_dot_trainer__pb2.GetClusterRequest.SerializeToString,
             trainforge__protos_dot_trainer__pb2.Cluster.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPublication(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.Trainer/SetPublication',
+            trainforge__protos_dot_trainer__pb2.SetPublicationRequest.SerializeToString,
+            trainforge__protos_dot_trainer__pb2.Publication.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPublications(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainforge.v1.Trainer/ListPublications',
+            trainforge__protos_dot_trainer__pb2.ListPublicationsRequest.SerializeToString,
+            trainforge__protos_dot_trainer__pb2.ListPublicationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

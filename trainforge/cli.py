@@ -25,6 +25,7 @@ from trainforge import (
     cli_notify,
     cli_observe,
     cli_outputs,
+    cli_published,
     cli_retention,
     cli_secrets,
     cli_stack,
@@ -340,6 +341,7 @@ main.add_command(cli_notify.notifications)
 main.add_command(cli_notify.webhook)
 cli_admin.admin.add_command(cli_retention.retention)
 cli_admin.admin.add_command(cli_retention.reindex)
+cli_admin.admin.add_command(cli_published.published)
 main.add_command(cli_observe.metrics)
 main.add_command(cli_experiments.experiments)
 main.add_command(cli_experiments.experiment)

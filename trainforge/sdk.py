@@ -306,6 +306,10 @@ class Client(LogsMixin):
         """The team's quota, what its active jobs hold, its queue and what it consumed."""
         return self._request("GET", "/v1/team/usage")
 
+    def published(self) -> list[dict]:
+        """Object-store prefixes published to the team, which its jobs may read besides its own objects."""
+        return self._request("GET", "/v1/team/published")["publications"]
+
     def keys(self) -> list[dict]:
         """The team's API keys, never their secrets (team admins)."""
         return self._request("GET", "/v1/team/keys")["keys"]

@@ -72,6 +72,17 @@ class Admin:
                                 "borrowing_limit": dict(borrowing_limit or {}), "egress": egress}
         return self._c._request("PUT", f"/v1/admin/teams/{team}/quota", json=body)
 
+    def published(self) -> list[dict]:
+        """Every published object-store prefix: [{"prefix", "teams"}] ("*" among teams: every team)."""
+        return self._c._request("GET", "/v1/admin/published")["publications"]
+
+    def publish(self, prefix: str, teams: list[str]) -> dict:
+        """Let jobs of `teams` (["*"]: every team) read objects under `prefix` (a store:// URI), e.g. in `data:`."""
+        return self._c._request("PUT", "/v1/admin/published", json={"prefix": prefix, "teams": list(teams)})
+
+    def withdraw(self, prefix: str) -> dict:
+        return self._c._request("DELETE", "/v1/admin/published", params={"prefix": prefix})
+
     def usage(self, team: str | None = None) -> dict | list[dict]:
         """One team's usage, or every team's (a list) when team is None."""
         if team is not None:

@@ -26,7 +26,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trainforge_services.api import prom, retention, ui
-from trainforge_services.api.audit import AuditLog, AuditMiddleware
+from trainforge_services.api.audit import AuditLog, AuditMiddleware, note_refused
 from trainforge_services.api.deps import REQUIRED_ROLE
 from trainforge_services.api.experiments import ExperimentCalls
 from trainforge_services.api.identity import IdentityStore, Role
@@ -93,7 +93,8 @@ def error_response(status: int, code: str, message: str, details: list[dict] | N
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-async def _domain_error(_: Request, exc: TrainforgeError) -> JSONResponse:
+async def _domain_error(request: Request, exc: TrainforgeError) -> JSONResponse:
+    note_refused(request, exc)
     headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else getattr(exc, "headers", None)
     if exc.http_status >= 500:
         log.warning("%s: %s", exc.code, exc.message)

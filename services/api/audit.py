@@ -8,7 +8,9 @@ team, role, and whether a key or a token was used; empty when the request
 was not authenticated), the method, the route template
 (`/v1/jobs/{job_id}/cancel`), the concrete path, the target (the route's
 path parameter, or what the route names with `note_target`, e.g. the id of
-the job it created), and the HTTP status.
+the job it created), the HTTP status, and for a request refused because it
+named something its team may not reach (an object-store reference, say) what
+it named (`refused`).
 
 The entry is written before the response's status line goes out, so by the
 time a client sees the answer the entry is in the store. A failure to write
@@ -35,13 +37,22 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trainforge_services.common.adapters import mongo
 from trainforge_services.common.adapters.mongo import DESCENDING, Database, InvalidId, ObjectId, PyMongoError
-from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common.errors import InvalidArgument, PermissionDenied
 
 log = logging.getLogger(__name__)
 
 COLLECTION = "audit"
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _TARGET_PARAMS = ("job_id", "key_id", "team")
+
+
+def note_refused(request: Request, exc: Exception) -> None:
+    """Keep in the request's audit entry what a refused request named that its team may not reach: the
+    `source` of each detail of a PermissionDenied (e.g. `data[0].source: store://jobs/j-.../outputs/`)."""
+    if isinstance(exc, PermissionDenied):
+        refused = [f"{d.get('field', '')}: {d['source']}" for d in exc.details if d.get("source")]
+        if refused:
+            request.state.audit_refused = "; ".join(refused)
 
 
 def note_target(request: Request, target: str, *, team: str | None = None) -> None:
@@ -127,6 +138,7 @@ def entry_for(scope: Scope, status: int, now: float) -> dict:
         "target": str(target)[:256],
         "target_team": str(state.get("audit_target_team") or params.get("team") or team)[:64],
         "status": status,
+        **({"refused": str(state["audit_refused"])[:1024]} if state.get("audit_refused") else {}),
     }
 
 

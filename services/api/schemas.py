@@ -402,8 +402,30 @@ class AuditEntry(BaseModel):
     target: str = Field(description="id of what the request was about (job, key, team)")
     target_team: str = Field(description="the team the request was about")
     status: int = Field(description="HTTP status of the answer")
+    refused: str = Field("", description="what a refused request named that its team may not reach, e.g. "
+                                         "`data[0].source: store://jobs/j-.../outputs/`; empty otherwise")
 
 
 class AuditPage(BaseModel):
     entries: list[AuditEntry]
     next_cursor: str | None = Field(None, description="pass back as `cursor` for the next page; null: no more")
+
+
+class PublicationIn(BaseModel):
+    """An object-store prefix to publish, and to whom."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prefix: str = Field(max_length=1024, description="a store:// prefix, e.g. store://datasets/mnist/; never "
+                                                     "under store://jobs/ or store://experiments/")
+    teams: list[Annotated[str, Field(max_length=63)]] = Field(
+        min_length=1, max_length=1000, description='team names, or ["*"] for every team')
+
+
+class Publication(BaseModel):
+    prefix: str = Field(description="the store:// prefix, with its trailing slash")
+    teams: list[str] = Field(description='the teams whose jobs may read it; ["*"]: every team')
+
+
+class PublicationList(BaseModel):
+    publications: list[Publication]

@@ -51,6 +51,10 @@ class TrainerApi(Protocol):
 
     def cluster(self) -> dict: ...
 
+    def set_publication(self, prefix: str, teams: list[str], *, actor: str) -> dict: ...
+
+    def publications(self) -> list[dict]: ...
+
     def health(self) -> str: ...
 
     def close(self) -> None: ...
@@ -235,6 +239,15 @@ class TrainerClient:
 
     def cluster(self) -> dict:
         return cluster_to_json(rpc.call(self._stub.GetCluster, trainer_pb2.GetClusterRequest(), self._timeout))
+
+    def set_publication(self, prefix: str, teams: list[str], *, actor: str) -> dict:
+        req = trainer_pb2.SetPublicationRequest(prefix=prefix, teams=teams, actor=actor)
+        p = rpc.call(self._stub.SetPublication, req, self._timeout)
+        return {"prefix": p.prefix, "teams": list(p.teams)}
+
+    def publications(self) -> list[dict]:
+        resp = rpc.call(self._stub.ListPublications, trainer_pb2.ListPublicationsRequest(), self._timeout)
+        return [{"prefix": p.prefix, "teams": list(p.teams)} for p in resp.publications]
 
     def health(self) -> str:
         return rpc.call(self._stub.Health, trainer_pb2.HealthRequest(), self._health_timeout).status

@@ -5,6 +5,12 @@ a checkpoint), so nothing may escape the working directory: archive members
 with absolute paths, '..', links pointing outside or device files are
 refused with the member named, and every download target is checked to
 resolve inside the directory.
+
+Nothing is fetched that the job may not read: the controller holds the
+platform's object-store access, so each reference (code, data, checkpoint)
+must lie under the job's own `jobs/<id>/` or a key the Trainer granted it
+(`LearnerSpec.reads`, services/common/storeaccess.py), else PermissionDenied
+before any byte is read.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from trainforge_services.common.adapters.objectstore import (
     safe_relative,
 )
 from trainforge_services.common.contracts.specs import LearnerSpec
-from trainforge_services.common.errors import InvalidArgument, NotFound
+from trainforge_services.common.contracts.storekeys import job_prefix
+from trainforge_services.common.errors import InvalidArgument, NotFound, PermissionDenied
+from trainforge_services.common.storeaccess import check_key, covered, under
 
 from .checkpoints import restore
 
@@ -92,6 +100,17 @@ def fetch(store: ObjectStore, uri: str, dest: Path, root: Path, *, into_folder: 
     return count
 
 
+def check_granted(spec: LearnerSpec, uri: str, field: str) -> str:
+    """The key of `uri` when the job may read it (its own objects, or what the Trainer granted); else
+    PermissionDenied naming the field and the reference."""
+    key = check_key(key_from_uri(uri), field)
+    if under(key, job_prefix(spec.job_id)) or covered(key, spec.reads):
+        return key
+    raise PermissionDenied(f"{field} ({uri}): not granted to job {spec.job_id} of team {spec.team or '?'}; "
+                           "it reads only its own objects and what the Trainer granted at deploy",
+                           details=[{"field": field, "message": "not granted", "source": uri}])
+
+
 def prepare(spec: LearnerSpec, store: ObjectStore,
             stop_requested: Callable[[], bool] = lambda: False) -> int | None:
     """Code, data, checkpoint and the empty checkpoint/output folders, in that order.
@@ -101,6 +120,13 @@ def prepare(spec: LearnerSpec, store: ObjectStore,
     turns true, and a TrainforgeError (or OSError) naming what could not be
     prepared.
     """
+    # every reference is checked before anything is fetched
+    if spec.code_uri:
+        check_granted(spec, spec.code_uri, "code_uri")
+    for i, ds in enumerate(spec.manifest.data):
+        check_granted(spec, ds.source, f"data[{i}].source")
+    if spec.checkpoint_uri:
+        check_granted(spec, spec.checkpoint_uri, "checkpoint_uri")
     workdir = spec.workdir
     workdir.mkdir(parents=True, exist_ok=True)
 

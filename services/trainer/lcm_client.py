@@ -7,7 +7,7 @@ the LCM's gRPC errors into the platform's domain errors.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from trainforge_protos import lcm_pb2, lcm_pb2_grpc
@@ -20,10 +20,11 @@ from trainforge_services.trainer.admission import Capacity, Quota, Usage
 class Lcm(Protocol):
     def deploy_job(self, job_id: str, team: str, attempt: int, manifest_json: str, code_uri: str,
                    checkpoint_uri: str = "", *, secret_env: Mapping[str, str] | None = None,
-                   gated: bool = False) -> list[str]:
+                   reads: Sequence[str] = (), gated: bool = False) -> list[str]:
         """Start one attempt's learners; idempotent per (job_id, attempt). The backend's handles.
 
         secret_env: the values of the team secrets the manifest's env names, by variable (secret_env.py).
+        reads: the object keys the learners may read beyond the job's own (services/trainer/storerefs.py).
         gated: the learners prepare and wait for `open_gate` before they start (a prestarted trial).
         """
 
@@ -73,11 +74,11 @@ class GrpcLcm:
 
     def deploy_job(self, job_id: str, team: str, attempt: int, manifest_json: str, code_uri: str,
                    checkpoint_uri: str = "", *, secret_env: Mapping[str, str] | None = None,
-                   gated: bool = False) -> list[str]:
+                   reads: Sequence[str] = (), gated: bool = False) -> list[str]:
         request = lcm_pb2.DeployJobRequest(job_id=job_id, team=team, attempt=attempt,
                                            manifest_json=manifest_json, code_uri=code_uri,
                                            checkpoint_uri=checkpoint_uri, secret_env=dict(secret_env or {}),
-                                           gated=gated)
+                                           reads=list(reads), gated=gated)
         if self._quota_of is not None:
             request.team_quota.CopyFrom(team_quota_to_proto(self._quota_of(team)))
         return list(self._call(self._stub.DeployJob, request, self._timeout).handles)

@@ -53,10 +53,11 @@ from trainforge_services.trainer.quotas import COLLECTION as QUOTA_COLLECTION
 from trainforge_services.trainer.quotas import QUOTA_MAX_AGE, QuotaStore
 from trainforge_services.trainer.replicas import Leadership, leadership
 from trainforge_services.trainer.rules import DEFAULT_RULES, Announce
-from trainforge_services.trainer.secret_env import SecretResolvingLcm
+from trainforge_services.trainer.secret_env import ResolvingLcm
 from trainforge_services.trainer.service import JobService
 from trainforge_services.trainer.servicer import TrainerServicer
 from trainforge_services.trainer.store import COLLECTION, JobStore
+from trainforge_services.trainer.storerefs import Publications, StoreOwners, StoreRefs
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,12 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
     # the key is checked before anything else starts: without one (outside dev mode) no secret could be read
     key = load_key(settings.secrets_key, dev_mode=settings.dev_mode, state_dir=settings.state_dir)
     box = SecretBox(key)
-    lcm = SecretResolvingLcm(lcm, SecretStore(db, box).reveal)
+    # a test that names its own experiment collection gets its own workflow collection beside it
+    workflow_collection = (WORKFLOW_COLLECTION if experiment_collection == EXPERIMENT_COLLECTION
+                           else f"{experiment_collection}_workflows")
+    refs = StoreRefs(StoreOwners(db, jobs=collection, experiments=experiment_collection,
+                                 workflows=workflow_collection), Publications(db))
+    lcm = ResolvingLcm(lcm, SecretStore(db, box).reveal, refs.reads)
     store = JobStore(db, collection)
     notifier = Notifier(Outbox(db), TeamWebhooks(db, box), max_tries=settings.webhook_max_tries,
                         initial_backoff=settings.webhook_backoff)
@@ -166,7 +172,7 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
                             gate=lead.gate if lead is not None else None,
                             rules=(*DEFAULT_RULES, Announce(notifier.enqueue), trial_changed),
                             preemption=Policy(settings.preempt_min_runtime, settings.preempt_max_per_job))
-    service = JobService(store, dispatcher, quotas)
+    service = JobService(store, dispatcher, quotas, refs)
     if metrics is None:
         reader = LogStoreMetrics(settings.logstore_url, settings.logstore_index,
                                  objects=functools.cache(lambda: store_from_settings(settings)))
@@ -177,9 +183,7 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
                               wake=experiments_wake)
     trial_changed.hand_over = driver.hand_over  # a freed slot goes to the held trial in the transition that freed it
     experiment_service = ExperimentService(experiments, store, service, driver)
-    # a test that names its own experiment collection gets its own workflow collection beside it
-    workflow_store = WorkflowStore(db, WORKFLOW_COLLECTION if experiment_collection == EXPERIMENT_COLLECTION
-                                   else f"{experiment_collection}_workflows")
+    workflow_store = WorkflowStore(db, workflow_collection)
     driver.workflows = WorkflowRunner(workflow_store, experiment_service)
     workflow_service = WorkflowService(workflow_store, experiment_service, driver.wake)
     server, port = rpc.make_server(listen)

@@ -8,8 +8,9 @@ compare-and-set, then the rules for that transition (restart or fail,
 request the halt, remove the learners, look at the queue again), so no
 policy lives here and none is forgotten.
 
-Submit refuses, before anything is stored, a job that could never run: one
-bigger than the backend or than its team's whole quota. A retried submit
+Submit refuses, before anything is stored, a job that names an object its
+team may not read (services/trainer/storerefs.py) and a job that could never
+run: one bigger than the backend or than its team's whole quota. A retried submit
 (same team and idempotency key) returns the first job; the store's unique
 index decides between concurrent retries, so there is never a second one.
 """
@@ -36,6 +37,7 @@ from trainforge_services.trainer.record import JobRecord, LearnerReport
 from trainforge_services.trainer.rules import ACTOR, Proposal, RequestHalt
 from trainforge_services.trainer.stamps import STAMPS
 from trainforge_services.trainer.store import AlreadySubmitted, JobStore
+from trainforge_services.trainer.storerefs import StoreRefs
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +67,9 @@ def listing_as_of(*, sole_writer: bool) -> float:
 
 
 class JobService:
-    def __init__(self, store: JobStore, dispatcher: Dispatcher, quotas: QuotaStore):
+    def __init__(self, store: JobStore, dispatcher: Dispatcher, quotas: QuotaStore, refs: StoreRefs):
         self._store = store
+        self.refs = refs
         self._dispatcher = dispatcher
         self._quotas = quotas
         self._lifecycle = dispatcher.lifecycle
@@ -89,6 +92,8 @@ class JobService:
                                   details=[{"field": "idempotency_key", "message": message}])
         job_id = check_job_id(job_id or new_job_id())
         manifest = parse_manifest(manifest_source)
+        # every object the job names is one its team may read (services/common/storeaccess.py)
+        self.refs.reads(team, manifest, job_id=job_id, code_uri=code_uri)
         try:
             self.refuse_if_never_fits(team, manifest)
         except InvalidArgument:

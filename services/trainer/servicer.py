@@ -19,6 +19,7 @@ from trainforge_protos import common_pb2, trainer_pb2, trainer_pb2_grpc
 from trainforge_services.common.errors import InvalidArgument, Unavailable
 from trainforge_services.common.rpc import handler
 from trainforge_services.common.states import JobState
+from trainforge_services.common.storeaccess import Publication
 from trainforge_services.trainer.accounting import ClusterView, TeamReport
 from trainforge_services.trainer.admission import Limits, Quota, Usage
 from trainforge_services.trainer.experiments.service import ExperimentService
@@ -29,6 +30,10 @@ from trainforge_services.trainer.service import JobService
 
 Ctx = grpc.ServicerContext
 _BORROWABLE = ("gpus", "cpus", "memory")
+
+
+def publication_to_proto(pub: Publication) -> trainer_pb2.Publication:
+    return trainer_pb2.Publication(prefix=pub.uri, teams=sorted(pub.teams))
 
 
 def job_to_proto(job: JobRecord) -> common_pb2.Job:
@@ -200,6 +205,20 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     @handler
     def GetCluster(self, request: trainer_pb2.GetClusterRequest, context: Ctx) -> trainer_pb2.Cluster:
         return cluster_to_proto(self._service.cluster())
+
+    @handler
+    def SetPublication(self, request: trainer_pb2.SetPublicationRequest, context: Ctx) -> trainer_pb2.Publication:
+        publications = self._service.refs.publications
+        if not request.teams:
+            publications.remove(request.prefix)
+            return trainer_pb2.Publication(prefix=request.prefix)
+        return publication_to_proto(publications.put(request.prefix, request.teams, request.actor or "admin"))
+
+    @handler
+    def ListPublications(self, request: trainer_pb2.ListPublicationsRequest,
+                         context: Ctx) -> trainer_pb2.ListPublicationsResponse:
+        return trainer_pb2.ListPublicationsResponse(
+            publications=[publication_to_proto(p) for p in self._service.refs.publications.all()])
 
     # -- experiments --------------------------------------------------------
 

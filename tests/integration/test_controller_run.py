@@ -69,7 +69,7 @@ def launch(store_settings, tmp_path, unique):
 
     def start(manifest: dict, *, rank: int = 0, world_size: int = 1, code: bytes | None = None, code_uri: str = "",
               job: str | None = None, master_port: int = 29500, attempt: int = 1, checkpoint_uri: str = "",
-              gated: bool = False, **env_extra) -> Run:
+              gated: bool = False, reads: tuple[str, ...] = (), **env_extra) -> Run:
         job = job or f"job-{unique}"
         attempt_dir = tmp_path / "work" / job / str(attempt)
         attempt_dir.mkdir(parents=True, exist_ok=True)
@@ -79,7 +79,8 @@ def launch(store_settings, tmp_path, unique):
         spec = {"job_id": job, "team": "team-a", "attempt": attempt, "rank": rank, "world_size": world_size,
                 "manifest": {"name": "t"} | manifest, "code_uri": code_uri, "checkpoint_uri": checkpoint_uri,
                 "workdir": str(attempt_dir / f"learner-{rank}"), "master_addr": "127.0.0.1",
-                "master_port": master_port, "gpu_ids": [], "lease_ttl": 4} | ({"gated": True} if gated else {})
+                "master_port": master_port, "gpu_ids": [], "lease_ttl": 4, "reads": list(reads)} | (
+                    {"gated": True} if gated else {})
         spec_path = attempt_dir / f"learner-{rank}.json"
         spec_path.write_text(json.dumps(spec))
         with open(attempt_dir / f"controller-{rank}.log", "w") as log_file:
@@ -255,7 +256,7 @@ def test_code_data_and_env_reach_the_learner(launch, coordinator, store_settings
                            "(out / 'sub').mkdir(parents=True)\n"
                            "(out / 'sub' / 'r.txt').write_text('ok')\n"})
     run = launch({"command": "python run.py", "env": {"MY_FLAG": "on"}, "outputs": "out/",
-                  "data": [{"source": "store://datasets/d", "path": "data"}]}, code=code)
+                  "data": [{"source": "store://datasets/d", "path": "data"}]}, code=code, reads=("datasets/d",))
     assert run.wait() == 0, controller_log(run)
     doc = status(coordinator, run)
     assert doc["state"] == LearnerState.LEARNER_COMPLETED, doc
@@ -264,7 +265,7 @@ def test_code_data_and_env_reach_the_learner(launch, coordinator, store_settings
 
 
 def test_a_missing_code_archive_fails_the_learner_with_a_reason(launch, coordinator):
-    run = launch({"command": "true"}, code_uri="store://jobs/nowhere/code.tar.gz")
+    run = launch({"command": "true"}, job="nowhere", code_uri="store://jobs/nowhere/code.tar.gz")
     assert run.wait() == 0, controller_log(run)
     doc = status(coordinator, run)
     assert doc["state"] == LearnerState.LEARNER_FAILED

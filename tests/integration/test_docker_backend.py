@@ -21,6 +21,7 @@ from tests.e2e.test_embedded_stack import cli_json, run_cli, stack_processes, wa
 from tests.e2e.test_halt_resume import EPOCHS, assert_bitwise_equal, example, log_text, model_of
 from tests.engine import NUMPY_IMAGE, Daemon, start_engine
 from tests.servers import wait_for
+from tests.tenancy import published_read, refused_probes, two_teams
 from trainforge_services.common.adapters.docker_engine import Engine
 from trainforge_services.common.errors import ResourceExhausted, Unavailable
 from trainforge_services.common.manifest import Manifest
@@ -94,6 +95,13 @@ def test_a_script_importing_a_library_only_its_image_has_runs(docker_stack, tmp_
     assert job["state"] == "completed", job
     lines = [line["line"] for line in cli_json(env, "logs", job_id)["lines"]]
     assert any(line.startswith("numpy 2.") and line.endswith(" 10") for line in lines), lines
+
+
+def test_another_teams_objects_are_refused_and_a_published_prefix_is_read_in_a_container(docker_stack, tmp_path):
+    env, state, _ = docker_stack
+    teams = two_teams(env, tmp_path)
+    refused_probes(teams, tmp_path)
+    published_read(teams, state, tmp_path)
 
 
 def test_a_missing_image_fails_the_job_naming_it(docker_stack, tmp_path):

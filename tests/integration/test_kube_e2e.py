@@ -22,6 +22,7 @@ from tests.e2e.test_embedded_stack import cli_json, run_cli, wait_terminal
 from tests.e2e.test_halt_resume import EPOCHS, assert_bitwise_equal, example, log_text, model_of
 from tests.kube import start_node
 from tests.servers import wait_for
+from tests.tenancy import published_read, refused_probes, two_teams
 from trainforge_services.common.adapters.kube import Kube
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,3 +118,10 @@ def test_an_unschedulable_learner_fails_the_job_with_the_schedulers_words(kube_s
     assert "Unschedulable: 0/1 nodes are available" in job["reason"], job
     assert "(still pending after 15s)" in job["reason"], job
     wait_for(lambda: not job_pods(kube, job_id), 60, "the failed job's pods removed")
+
+
+def test_another_teams_objects_are_refused_and_a_published_prefix_is_read_on_a_pod(kube_stack, tmp_path):
+    env, state, _ = kube_stack
+    teams = two_teams(env, tmp_path)
+    refused_probes(teams, tmp_path)
+    published_read(teams, state, tmp_path)

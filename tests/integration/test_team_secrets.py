@@ -16,7 +16,7 @@ import pytest
 from tests.integration.test_api_admin import make_platform
 from trainforge_services.common.errors import NotFound, TrainforgeError
 from trainforge_services.common.secrets import SecretBox, SecretStore, load_key
-from trainforge_services.trainer.secret_env import SecretResolvingLcm
+from trainforge_services.trainer.secret_env import ResolvingLcm
 
 VALUE = "sk-live-0123456789abcdef-not-for-anyone"
 
@@ -112,7 +112,7 @@ def test_deploys_carry_the_values_only_for_jobs_that_name_secrets(mongo_db, tmp_
     store = SecretStore(mongo_db, SecretBox(load_key("", dev_mode=True, state_dir=tmp_path)))
     store.put("alpha", "wandb", VALUE)
     inner = RecordingLcm()
-    lcm = SecretResolvingLcm(inner, store.reveal)
+    lcm = ResolvingLcm(inner, store.reveal, lambda team, manifest, **_: [])  # names no object
     plain = json.dumps({"name": "a", "command": "true", "env": {"X": "1"}})
     lcm.deploy_job("j-1", "alpha", 1, plain, "")
     assert inner.calls[-1][1] == {}  # unchanged call for a job without secrets

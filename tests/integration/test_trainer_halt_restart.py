@@ -23,9 +23,16 @@ from trainforge_services.trainer.quotas import QuotaStore
 from trainforge_services.trainer.record import LearnerReport
 from trainforge_services.trainer.service import JobService
 from trainforge_services.trainer.store import JobStore
+from trainforge_services.trainer.storerefs import Publications, StoreOwners, StoreRefs
 
 GI = 2**30
 TEAM = "vision"
+
+
+def refs_for(db, unique: str) -> StoreRefs:
+    """The store-reference rule over the collections a test named with `unique`."""
+    return StoreRefs(StoreOwners(db, jobs=f"jobs_{unique}", experiments=f"experiments_{unique}",
+                                 workflows=f"workflows_{unique}"), Publications(db, f"publications_{unique}"))
 
 
 @pytest.fixture
@@ -35,7 +42,7 @@ def trainer(mongo_db, unique):
     lcm = ScriptedLcm(Capacity(Usage(cpus=8, memory=32 * GI, learners=8)))
     dispatcher = Dispatcher(store, lcm, quotas=QuotaStore(mongo_db, f"quotas_{unique}"), interval=0.2,
                             spacing=0.0, kill_backoff=0.01)
-    service = JobService(store, dispatcher, QuotaStore(mongo_db, f"quotas_{unique}"))
+    service = JobService(store, dispatcher, QuotaStore(mongo_db, f"quotas_{unique}"), refs_for(mongo_db, unique))
     dispatcher.start()
     yield service, store, lcm
     dispatcher.stop()
@@ -281,7 +288,7 @@ def test_a_deploy_the_lcm_refuses_because_its_attempt_was_killed_loses_nothing(m
     lcm = LateLcm(Capacity(Usage(cpus=8, memory=32 * GI, learners=8)), job)
     quotas = QuotaStore(mongo_db, f"quotas_{unique}")
     dispatcher = Dispatcher(store, lcm, quotas=quotas, interval=0.2, spacing=0.0, kill_backoff=0.01)
-    service = JobService(store, dispatcher, quotas)
+    service = JobService(store, dispatcher, quotas, refs_for(mongo_db, unique))
     dispatcher.start()
     try:
         body = {"name": "train", "command": "python train.py", "learners": 2,

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.integration.test_trainer_dispatcher import ScriptedLcm
-from tests.integration.test_trainer_halt_restart import state_of
+from tests.integration.test_trainer_halt_restart import refs_for, state_of
 from tests.servers import wait_for
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.admission import Capacity, Quota, Usage
@@ -36,7 +36,7 @@ def make_trainer(mongo_db, unique, *, max_preemptions: int = 3):
     quotas = QuotaStore(mongo_db, f"quotas_{unique}")
     dispatcher = Dispatcher(store, lcm, quotas=quotas, interval=0.1, spacing=0.0, kill_backoff=0.01,
                             preemption=Policy(min_runtime=MIN_RUNTIME, max_preemptions=max_preemptions))
-    service = JobService(store, dispatcher, quotas)
+    service = JobService(store, dispatcher, quotas, refs_for(mongo_db, unique))
     service.set_quota("a", Quota(cpus=2, cohort="lab"), "admin")
     service.set_quota("b", Quota(cpus=4, cohort="lab"), "admin")
     dispatcher.start()

@@ -9,7 +9,7 @@ import pytest
 
 from trainforge_services.common.adapters.objectstore import LocalStore
 from trainforge_services.common.contracts.specs import LearnerSpec
-from trainforge_services.common.errors import InvalidArgument, NotFound
+from trainforge_services.common.errors import InvalidArgument, NotFound, PermissionDenied
 from trainforge_services.controller.workdir import Stopped, extract_code, fetch, prepare
 
 
@@ -125,7 +125,8 @@ def test_prepare_fills_the_working_directory(store, tmp_path):
     spec = LearnerSpec.model_validate(
         spec_for(tmp_path, data=[{"source": "store://datasets/mnist", "path": "data"},
                                  {"source": "store://datasets/labels.csv", "path": "meta/"}])
-        | {"code_uri": "store://jobs/j1/code.tar.gz", "checkpoint_uri": "store://jobs/j1/checkpoints/"})
+        | {"code_uri": "store://jobs/j1/code.tar.gz", "checkpoint_uri": "store://jobs/j1/checkpoints/",
+           "reads": ["datasets/mnist", "datasets/labels.csv"]})
     assert prepare(spec, store) == 9
     w = spec.workdir
     assert (w / "train.py").read_text() == "print('hi')\n"
@@ -167,12 +168,45 @@ def test_prepare_names_the_missing_code_archive(store, tmp_path):
 
 
 def test_prepare_names_the_data_source(store, tmp_path):
-    spec = LearnerSpec.model_validate(spec_for(tmp_path, data=[{"source": "store://nope", "path": "d"}]))
+    spec = LearnerSpec.model_validate(spec_for(tmp_path, data=[{"source": "store://nope", "path": "d"}])
+                                      | {"reads": ["nope"]})
     with pytest.raises(NotFound, match=r"data\[0\] \(store://nope\): store://nope holds no objects"):
         prepare(spec, store)
 
 
 def test_prepare_stops_between_steps(store, tmp_path):
-    spec = LearnerSpec.model_validate(spec_for(tmp_path, data=[{"source": "store://datasets/mnist", "path": "d"}]))
+    spec = LearnerSpec.model_validate(spec_for(tmp_path, data=[{"source": "store://datasets/mnist", "path": "d"}])
+                                      | {"reads": ["datasets/mnist"]})
     with pytest.raises(Stopped, match="stopped while downloading data"):
         prepare(spec, store, stop_requested=lambda: True)
+
+
+@pytest.mark.parametrize(("fields", "refused"), [
+    ({"manifest": {"data": [{"source": "store://datasets/mnist", "path": "d"}]}}, r"data\[0\]\.source"),
+    # a grant is a whole segment: datasets/mnist does not grant datasets/mnist2
+    ({"manifest": {"data": [{"source": "store://datasets/mnist2", "path": "d"}]}, "reads": ["datasets/mnist"]},
+     r"data\[0\]\.source \(store://datasets/mnist2\)"),
+    ({"manifest": {"data": [{"source": "store://jobs/j2/outputs/", "path": "d"}]}}, "store://jobs/j2/outputs/"),
+    ({"code_uri": "store://jobs/j2/code.tar.gz"}, "code_uri"),
+    ({"checkpoint_uri": "store://jobs/j2/checkpoints/"}, "checkpoint_uri"),
+    ({"checkpoint_uri": "store://jobs/j10/checkpoints/"}, "checkpoint_uri"),  # j1's prefix is jobs/j1/, not jobs/j1*
+])
+def test_prepare_fetches_nothing_the_job_was_not_granted(store, tmp_path, fields, refused):
+    """The controller's own wall, whatever the Trainer sent: another job's objects or an ungranted prefix are
+    refused before any byte is fetched."""
+    store.put_bytes("jobs/j2/code.tar.gz", tar_bytes([("stolen.py", b"secret")]))
+    store.put_bytes("jobs/j2/outputs/0/secret.txt", b"secret")
+    store.put_bytes("jobs/j2/checkpoints/0/000000000001/checkpoint.json", b'{"step": 1}')
+    store.put_bytes("jobs/j10/checkpoints/0/000000000001/checkpoint.json", b'{"step": 1}')
+    raw = spec_for(tmp_path, **fields.pop("manifest", {})) | fields
+    spec = LearnerSpec.model_validate(raw)
+    with pytest.raises(PermissionDenied, match=refused):
+        prepare(spec, store)
+    assert not spec.workdir.exists() or not any(spec.workdir.rglob("*"))
+
+
+def test_prepare_refuses_dot_segments_a_local_store_would_resolve(store, tmp_path):
+    spec = LearnerSpec.model_validate(spec_for(tmp_path, data=[{"source": "store://jobs/j1/../j2/outputs", "path": "d"},
+                                                                {"source": "store://jobs/./j2/outputs", "path": "e"}]))
+    with pytest.raises(InvalidArgument):
+        prepare(spec, store)

@@ -22,6 +22,9 @@ from trainforge_services.api.schemas import (
     IssuedKey,
     KeyIn,
     KeyList,
+    Publication,
+    PublicationIn,
+    PublicationList,
     QuotaIn,
     Team,
     TeamIn,
@@ -170,3 +173,27 @@ def audit_log(
         lambda n: audit.query(team=team, since=access.unix(since, "since"), until=access.unix(until, "until"),
                               limit=n, before=before), limit, lambda e: (float(e["ts"]), e["id"]))
     return {"entries": entries, "next_cursor": next_cursor}
+
+
+@router.get("/published", response_model=PublicationList, summary="Every published object-store prefix")
+def list_published(_: PlatformAdminDep, trainer: TrainerDep) -> dict:
+    """Prefixes jobs may read besides their team's own objects, and the teams each is published to."""
+    return {"publications": trainer.publications()}
+
+
+@router.put("/published", response_model=Publication, summary="Publish an object-store prefix to teams")
+def publish(tenant: PlatformAdminDep, trainer: TrainerDep, body: PublicationIn, request: Request) -> dict:
+    """Jobs of these teams (["*"]: every team) may read objects under the prefix, e.g. a data set in
+    `data:`; replaces whom it was published to. A prefix under store://jobs/ or store://experiments/
+    names teams' own objects and is refused."""
+    note_target(request, body.prefix)
+    return trainer.set_publication(body.prefix, body.teams, actor=tenant.key_id)
+
+
+@router.delete("/published", response_model=Publication, responses=error_responses(404, e404="not published"),
+               summary="Withdraw a published prefix")
+def withdraw(tenant: PlatformAdminDep, trainer: TrainerDep, request: Request,
+             prefix: Annotated[str, Query(max_length=1024, description="the store:// prefix")]) -> dict:
+    """Jobs submitted or deployed from now on may no longer read it; a running attempt keeps what it fetched."""
+    note_target(request, prefix)
+    return trainer.set_publication(prefix, [], actor=tenant.key_id)

@@ -13,7 +13,15 @@ from fastapi import APIRouter, Path, Request
 from trainforge_services.api import access
 from trainforge_services.api.audit import note_target
 from trainforge_services.api.deps import IdentityDep, TeamAdminDep, TenantDep, TrainerDep
-from trainforge_services.api.schemas import ApiKey, IssuedKey, KeyIn, KeyList, TeamUsage, error_responses
+from trainforge_services.api.schemas import (
+    ApiKey,
+    IssuedKey,
+    KeyIn,
+    KeyList,
+    PublicationList,
+    TeamUsage,
+    error_responses,
+)
 
 router = APIRouter(prefix="/v1/team", tags=["team"], responses=error_responses(400, 401, 422, 429))
 
@@ -24,6 +32,18 @@ _ADMIN = error_responses(403)
 @router.get("/usage", response_model=TeamUsage, summary="The team's quota, what it holds now, its queue")
 def team_usage(tenant: TenantDep, trainer: TrainerDep) -> dict:
     return trainer.team_usage(tenant.team)
+
+
+@router.get("/published", response_model=PublicationList,
+            summary="Object-store prefixes published to the team, which its jobs may read")
+def published(tenant: TenantDep, trainer: TrainerDep) -> dict:
+    """Besides these, a job reads only its team's own objects (store://jobs/<id>/ of its jobs,
+    store://experiments/<id>/ of its experiments and workflows). Other teams are not named."""
+    mine = []
+    for p in trainer.publications():
+        if "*" in p["teams"] or tenant.team in p["teams"]:
+            mine.append({"prefix": p["prefix"], "teams": ["*"] if "*" in p["teams"] else [tenant.team]})
+    return {"publications": mine}
 
 
 @router.get("/keys", response_model=KeyList, responses=_ADMIN, summary="The team's API keys (never their secrets)")

@@ -94,13 +94,17 @@ class LearnerSpec(_Spec):
     # prepare everything, then wait for the job's etcd `gate` key before starting the learner (a trial started
     # ahead of its slot: docs/EXPERIMENTS.md, "Prestarted trials")
     gated: bool = False
+    # object keys (objects or prefixes) the controller may fetch besides the job's own jobs/<id>/: its code
+    # archive when that is an experiment's, its data sources (granted by the Trainer: services/common/storeaccess.py)
+    reads: list[str] = Field(default_factory=list)
     # Values of the team secrets the manifest's env names, by variable: only in the spec file the
     # controller reads (0600), never in a record, a repr or a log (`model_dump` leaves them out).
     secret_env: dict[str, str] = Field(default_factory=dict, exclude=True, repr=False)
 
     def to_json(self) -> str:
         # without a launcher or a team egress policy the spec reads as it always did
-        data = self.model_dump(mode="json", exclude={k for k in ("launcher", "egress", "gated") if not getattr(self, k)})
+        data = self.model_dump(mode="json", exclude={k for k in ("launcher", "egress", "gated", "reads")
+                                                       if not getattr(self, k)})
         if self.secret_env:
             data["secret_env"] = dict(self.secret_env)
         return json.dumps(data, indent=2)

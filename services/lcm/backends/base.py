@@ -131,6 +131,8 @@ class JobDeployment(BaseModel):
     team_quota: TeamQuota | None = None
     # its learners wait for the job's gate before they start (DeployJobRequest.gated)
     gated: bool = False
+    # object keys its learners may read besides the job's own (DeployJobRequest.reads)
+    reads: tuple[str, ...] = ()
 
     @property
     def world_size(self) -> int:

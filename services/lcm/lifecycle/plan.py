@@ -38,7 +38,8 @@ def deployment_from_request(request: lcm_pb2.DeployJobRequest) -> JobDeployment:
     return JobDeployment(job_id=request.job_id, team=request.team, attempt=request.attempt,
                          manifest=parse_manifest(request.manifest_json), code_uri=request.code_uri,
                          checkpoint_uri=request.checkpoint_uri, secret_env=dict(request.secret_env),
-                         team_quota=team_quota_from_request(request), gated=request.gated)
+                         team_quota=team_quota_from_request(request), gated=request.gated,
+                         reads=tuple(request.reads))
 
 
 def team_quota_from_request(request: lcm_pb2.DeployJobRequest) -> TeamQuota | None:
@@ -75,7 +76,7 @@ def build_plan(job: JobDeployment, site: Site, gpus: list[int], *, lease_ttl: in
                     manifest=job.manifest, code_uri=job.code_uri, checkpoint_uri=job.checkpoint_uri,
                     workdir=site.attempt_dir / f"learner-{rank}", master_addr=site.master_addr,
                     master_port=site.master_port, gpu_ids=list(gpu_ids[rank]), lease_ttl=lease_ttl,
-                    secret_env=job.secret_env, gated=job.gated,
+                    secret_env=job.secret_env, gated=job.gated, reads=list(job.reads),
                     egress=(job.team_quota.egress or "") if job.team_quota else "")
         for rank in range(size))
     elastic = {"min_learners": job.manifest.min_learners, "max_learners": job.manifest.max_learners} \

@@ -48,6 +48,7 @@ class ExperimentService:
         self._jobs = jobs
         self._job_service = job_service
         self._driver = driver
+        self.refs = job_service.refs
 
     def submit(self, team: str, recipe: str, *, code_uri: str = "", submitted_by: str = "",
                experiment_id: str = "", workflow_id: str = "") -> ExperimentView:
@@ -65,7 +66,10 @@ class ExperimentService:
         if len(experiment_id) > MAX_ID:
             raise InvalidArgument(f"experiment_id: at most {MAX_ID} characters",
                                   details=[{"field": "experiment_id", "message": f"at most {MAX_ID} characters"}])
-        self._job_service.refuse_if_never_fits(team, trial_manifest(spec, 0, plan[0], experiment_id))
+        first = trial_manifest(spec, 0, plan[0], experiment_id)
+        # each trial is checked again at its submit, its code archive included (its experiment exists by then)
+        self._job_service.refs.reads(team, first, field="template.")
+        self._job_service.refuse_if_never_fits(team, first)
         exp = self._experiments.insert(experiment_id, team, spec, plan, code_uri=code_uri,
                                        submitted_by=submitted_by, workflow_id=workflow_id,
                                        reason=f"{len(plan)} trials planned; at most {spec.max_parallel} at once"

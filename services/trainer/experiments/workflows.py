@@ -23,7 +23,7 @@ from trainforge_services.common.contracts.experiments import (
 from trainforge_services.common.contracts.ids import check_job_id, new_workflow_id
 from trainforge_services.common.contracts.sampling import plan_trials
 from trainforge_services.common.contracts.workflows import Take, inputs_for, parse_workflow, with_inputs
-from trainforge_services.common.errors import Conflict, InvalidArgument
+from trainforge_services.common.errors import Conflict, InvalidArgument, PermissionDenied
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.experiments.workflow_store import NodeRecord, WorkflowRecord, WorkflowStore
 
@@ -89,7 +89,7 @@ class WorkflowRunner:
         except Conflict as e:
             if "already taken" not in e.message:
                 raise  # made by a pass that died before it could see it: it exists once
-        except InvalidArgument as e:  # e.g. bigger than the team's quota: it can never run
+        except (InvalidArgument, PermissionDenied) as e:  # e.g. bigger than the team's quota: it can never run
             self._store.skip(wf.id, index, f"not run: {e.message}")
 
     def _maybe_finish(self, wf: WorkflowRecord, views: dict) -> None:
@@ -128,6 +128,8 @@ class WorkflowService:
         if len(workflow_id) > MAX_WORKFLOW_ID:
             raise InvalidArgument(f"workflow_id: at most {MAX_WORKFLOW_ID} characters",
                                   details=[{"field": "workflow_id", "message": f"at most {MAX_WORKFLOW_ID} characters"}])
+        for node in spec.nodes:  # a node's inputs from upstream are checked when its experiment is made
+            self._experiments.refs.reads(team, parse_experiment(node.recipe).template, field=f"{node.name}.template.")
         wf = self._store.insert(workflow_id, team, spec, code_uri=code_uri, submitted_by=submitted_by)
         self._wake()
         return wf
