@@ -203,6 +203,8 @@ class ControllerSettings(StoreSettings):
                                                          "are built and cached (default <state_dir>/envs)")
     env_build_timeout: float = Field(1800.0, gt=0, le=86400,
                                      description="longest one environment may take to build")
+    env_source_builds: bool = Field(False, description="let an environment build source distributions (their "
+                                    "build code runs on the host with the controller's rights; default: wheels only)")
     job_nice: int = Field(0, ge=0, le=19, description="the nice this controller and its learner take at start "
                           "(the local backend passes its own TF_JOB_NICE; 0: unchanged)")
 
