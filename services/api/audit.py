@@ -8,7 +8,12 @@ team, role, and whether a key or a token was used; empty when the request
 was not authenticated), the method, the route template
 (`/v1/jobs/{job_id}/cancel`), the concrete path, the target (the route's
 path parameter, or what the route names with `note_target`, e.g. the id of
-the job it created), and the HTTP status.
+the job it created), and the HTTP status. A request refused because it named
+something the platform will not reach for the tenant (a requirement line
+that is an installer option, a webhook to the platform's own network:
+services/common/errors.RefusedReference) also gets `refused`: for each
+reference its field, its source (the file and line, or the URL) and the
+rule it broke - so the entry names the team, the key and the source.
 
 The entry is written before the response's status line goes out, so by the
 time a client sees the answer the entry is in the store. A failure to write
@@ -49,6 +54,12 @@ def note_target(request: Request, target: str, *, team: str | None = None) -> No
     request.state.audit_target = target
     if team is not None:
         request.state.audit_target_team = team
+
+
+def note_refused(request: Request, refusals: list[dict]) -> None:
+    """Record in the request's audit entry which references were refused ({field, source, rule} each)."""
+    request.state.audit_refused = [{k: str(r.get(k, ""))[:300] for k in ("field", "source", "rule")}
+                                   for r in refusals[:20]]
 
 
 class AuditLog:
@@ -115,7 +126,8 @@ def entry_for(scope: Scope, status: int, now: float) -> dict:
     params = scope.get("path_params") or {}
     target = state.get("audit_target") or next((str(params[p]) for p in _TARGET_PARAMS if p in params), "")
     team = tenant.team if tenant is not None else ""
-    return {
+    refused = state.get("audit_refused")
+    return {**({"refused": refused} if refused else {}),
         "ts": now,
         "key_id": tenant.key_id if tenant is not None else "",
         "team": team,
