@@ -239,9 +239,9 @@ def start_seaweedfs(*, volume_max: int = 16, volume_size_limit_mb: int = 128, ti
 
 
 @contextlib.contextmanager
-def serve_app(app) -> Iterator[str]:
+def serve_app(app, port: int | None = None) -> Iterator[str]:
     """An ASGI app on a real loopback HTTP server in a thread, as the CLI and SDK meet it; yields its URL."""
-    port = free_port()
+    port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws="none"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

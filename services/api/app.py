@@ -26,7 +26,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trainforge_services.api import prom, retention, ui
-from trainforge_services.api.audit import AuditLog, AuditMiddleware, note_refused
+from trainforge_services.api.audit import AuditLog, AuditMiddleware, note_refused, refusals_of
 from trainforge_services.api.deps import REQUIRED_ROLE
 from trainforge_services.api.experiments import ExperimentCalls
 from trainforge_services.api.identity import IdentityStore, Role
@@ -48,6 +48,7 @@ from trainforge_services.api.routes import team as team_routes
 from trainforge_services.api.routes import workflows as workflow_routes
 from trainforge_services.api.tokens import TokenCodec
 from trainforge_services.api.trainer_client import TrainerApi, TrainerClient
+from trainforge_services.common import destinations
 from trainforge_services.common.adapters import mongo
 from trainforge_services.common.adapters.logstore import LogStore
 from trainforge_services.common.adapters.objectstore import ObjectStore, store_from_settings
@@ -94,7 +95,7 @@ def error_response(status: int, code: str, message: str, details: list[dict] | N
 
 
 async def _domain_error(request: Request, exc: TrainforgeError) -> JSONResponse:
-    note_refused(request, exc)
+    note_refused(request, refusals_of(exc))
     headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else getattr(exc, "headers", None)
     if exc.http_status >= 500:
         log.warning("%s: %s", exc.code, exc.message)
@@ -286,6 +287,7 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
     app.state.tokens = tokens
     app.state.audit = audit
     app.state.limiter = limiter
+    app.state.webhook_policy = destinations.policy(settings.webhook_allow, settings.service_addresses())
     app.state.secrets = secrets  # None: made on first use (trainforge_services.api.routes.secrets), so building touches nothing
 
     app.add_exception_handler(TrainforgeError, _domain_error)

@@ -8,9 +8,12 @@ team, role, and whether a key or a token was used; empty when the request
 was not authenticated), the method, the route template
 (`/v1/jobs/{job_id}/cancel`), the concrete path, the target (the route's
 path parameter, or what the route names with `note_target`, e.g. the id of
-the job it created), the HTTP status, and for a request refused because it
-named something its team may not reach (an object-store reference, say) what
-it named (`refused`).
+the job it created), and the HTTP status. A request refused because it named
+something the platform will not reach for the tenant (a requirement line
+that is an installer option, a webhook to the platform's own network:
+services/common/errors.RefusedReference) also gets `refused`: for each
+reference its field, its source (the file and line, or the URL) and the
+rule it broke - so the entry names the team, the key and the source.
 
 The entry is written before the response's status line goes out, so by the
 time a client sees the answer the entry is in the store. A failure to write
@@ -37,7 +40,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trainforge_services.common.adapters import mongo
 from trainforge_services.common.adapters.mongo import DESCENDING, Database, InvalidId, ObjectId, PyMongoError
-from trainforge_services.common.errors import InvalidArgument, PermissionDenied
+from trainforge_services.common.errors import InvalidArgument, PermissionDenied, RefusedReference
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +49,15 @@ STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _TARGET_PARAMS = ("job_id", "key_id", "team")
 
 
-def note_refused(request: Request, exc: Exception) -> None:
-    """Keep in the request's audit entry what a refused request named that its team may not reach: the
-    `source` of each detail of a PermissionDenied (e.g. `data[0].source: store://jobs/j-.../outputs/`)."""
+def refusals_of(exc: Exception) -> list[dict]:
+    """What a refused request named that the platform will not reach for its team ({field, source, rule} each):
+    a RefusedReference's refusals, or the details of a PermissionDenied that name a source (a `store://`
+    reference the team may not read, services/common/storeaccess.py)."""
+    if isinstance(exc, RefusedReference):
+        return exc.refusals
     if isinstance(exc, PermissionDenied):
-        refused = [f"{d.get('field', '')}: {d['source']}" for d in exc.details if d.get("source")]
-        if refused:
-            request.state.audit_refused = "; ".join(refused)
+        return [d for d in exc.details if d.get("source")]
+    return []
 
 
 def note_target(request: Request, target: str, *, team: str | None = None) -> None:
@@ -60,6 +65,13 @@ def note_target(request: Request, target: str, *, team: str | None = None) -> No
     request.state.audit_target = target
     if team is not None:
         request.state.audit_target_team = team
+
+
+def note_refused(request: Request, refusals: list[dict]) -> None:
+    """Record in the request's audit entry which references were refused ({field, source, rule} each)."""
+    if refusals:
+        request.state.audit_refused = [{k: str(r.get(k, ""))[:300] for k in ("field", "source", "rule")}
+                                   for r in refusals[:20]]
 
 
 class AuditLog:
@@ -126,7 +138,8 @@ def entry_for(scope: Scope, status: int, now: float) -> dict:
     params = scope.get("path_params") or {}
     target = state.get("audit_target") or next((str(params[p]) for p in _TARGET_PARAMS if p in params), "")
     team = tenant.team if tenant is not None else ""
-    return {
+    refused = state.get("audit_refused")
+    return {**({"refused": refused} if refused else {}),
         "ts": now,
         "key_id": tenant.key_id if tenant is not None else "",
         "team": team,
@@ -138,7 +151,6 @@ def entry_for(scope: Scope, status: int, now: float) -> dict:
         "target": str(target)[:256],
         "target_team": str(state.get("audit_target_team") or params.get("team") or team)[:64],
         "status": status,
-        **({"refused": str(state["audit_refused"])[:1024]} if state.get("audit_refused") else {}),
     }
 
 

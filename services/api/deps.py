@@ -30,6 +30,7 @@ from trainforge_services.api.trainer_client import TrainerApi
 from trainforge_services.api.ui import session as ui_session
 from trainforge_services.common.adapters.logstore import LogStore
 from trainforge_services.common.adapters.objectstore import ObjectStore
+from trainforge_services.common.destinations import WebhookPolicy
 from trainforge_services.common.errors import PermissionDenied, Unauthenticated
 from trainforge_services.common.settings import ApiSettings
 
@@ -72,6 +73,10 @@ async def _audit(request: Request) -> AuditLog:
     return request.app.state.audit
 
 
+async def _webhook_policy(request: Request) -> WebhookPolicy:
+    return request.app.state.webhook_policy
+
+
 SettingsDep = Annotated[ApiSettings, Depends(_settings)]
 TrainerDep = Annotated[TrainerApi, Depends(_trainer)]
 IdentityDep = Annotated[IdentityStore, Depends(_identity)]
@@ -79,6 +84,7 @@ LogsDep = Annotated[LogStore, Depends(_logs)]
 ObjectsDep = Annotated[ObjectStore, Depends(_objects)]
 TokensDep = Annotated[TokenCodec, Depends(_tokens)]
 AuditDep = Annotated[AuditLog, Depends(_audit)]
+WebhookPolicyDep = Annotated[WebhookPolicy, Depends(_webhook_policy)]
 
 
 def authenticate(credential: str, identity: IdentityStore, tokens: TokenCodec) -> Tenant:

@@ -389,6 +389,12 @@ class UsageList(BaseModel):
 
 # -- audit ------------------------------------------------------------------------------------
 
+class RefusedReference(BaseModel):
+    field: str = Field(description="the manifest field or setting, e.g. requirements, notify.webhook")
+    source: str = Field(description="where: the requirements file and line, or the URL")
+    rule: str = Field(description="the rule it broke")
+
+
 class AuditEntry(BaseModel):
     id: str
     ts: float = Field(description="unix time, seconds")
@@ -402,8 +408,8 @@ class AuditEntry(BaseModel):
     target: str = Field(description="id of what the request was about (job, key, team)")
     target_team: str = Field(description="the team the request was about")
     status: int = Field(description="HTTP status of the answer")
-    refused: str = Field("", description="what a refused request named that its team may not reach, e.g. "
-                                         "`data[0].source: store://jobs/j-.../outputs/`; empty otherwise")
+    refused: list[RefusedReference] = Field(default_factory=list, description="what the request named that the "
+                                            "platform will not reach for the tenant (the request was refused)")
 
 
 class AuditPage(BaseModel):

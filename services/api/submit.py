@@ -10,6 +10,7 @@ second one.
 from __future__ import annotations
 
 import logging
+import posixpath
 import shutil
 import tarfile
 import tempfile
@@ -19,15 +20,25 @@ from typing import BinaryIO
 
 from trainforge_services.api.identity import Tenant
 from trainforge_services.api.trainer_client import TrainerApi
+from trainforge_services.common import reqlines
 from trainforge_services.common.adapters.objectstore import ObjectStore
 from trainforge_services.common.contracts.ids import new_job_id
 from trainforge_services.common.contracts.storekeys import code_key, uri_for
-from trainforge_services.common.errors import Conflict, InvalidArgument, NotFound, TrainforgeError
-from trainforge_services.common.manifest import parse_manifest
+from trainforge_services.common.destinations import WebhookPolicy
+from trainforge_services.common.errors import (
+    Conflict,
+    InvalidArgument,
+    NotFound,
+    RefusedReference,
+    TrainforgeError,
+)
+from trainforge_services.common.manifest import Manifest, parse_manifest
 
 log = logging.getLogger(__name__)
 
 _MAX_IDEMPOTENCY_KEY = 255
+# A requirements file larger than this is not read at submit (the controller refuses it: the same bound).
+MAX_REQUIREMENTS_BYTES = 1 << 20
 
 
 class PayloadTooLarge(TrainforgeError):
@@ -57,10 +68,38 @@ def check_archive(path: Path) -> None:
                                   details=[{"field": "code", "message": f"unsafe member {m.name!r}"}])
 
 
+def check_requirements_file(archive: Path, spec: str) -> None:
+    """RefusedReference when the archive's requirements file `spec` has a line reqlines refuses. A file that is
+    not a plain member of at most MAX_REQUIREMENTS_BYTES is left to the controller, which reads the extracted
+    folder (a link, say) and refuses the same lines before it builds anything."""
+    wanted = posixpath.normpath(spec)
+    with tarfile.open(archive, mode="r:gz") as tar:
+        member = next((m for m in tar if posixpath.normpath(m.name) == wanted), None)
+        if member is None or not member.isfile() or member.size > MAX_REQUIREMENTS_BYTES:
+            return
+        stream = tar.extractfile(member)
+        data = stream.read(MAX_REQUIREMENTS_BYTES + 1) if stream is not None else b""
+    try:
+        reqlines.file_lines(data.decode("utf-8"), spec)
+    except UnicodeDecodeError:
+        return  # the controller names it
+    except reqlines.RefusedLine as e:
+        raise RefusedReference(str(e.refusal), refusals=[e.refusal.audit()],
+                               details=[{"field": "requirements", "message": str(e.refusal)}]) from None
+
+
+def check_references(manifest: Manifest, webhooks: WebhookPolicy | None) -> None:
+    """What the manifest names that the platform would reach for the tenant, besides its requirement lines
+    (the manifest's own validator): the webhook's destination."""
+    if webhooks is not None and manifest.notify is not None:
+        webhooks.check_url(manifest.notify.webhook, "notify.webhook")
+
+
 def submit_job(trainer: TrainerApi, objects: ObjectStore, tenant: Tenant, *, manifest_text: str,
                code: BinaryIO | None, code_size: int | None, max_upload_bytes: int,
-               idempotency_key: str | None = None) -> Submitted:
+               idempotency_key: str | None = None, webhooks: WebhookPolicy | None = None) -> Submitted:
     manifest = parse_manifest(manifest_text)
+    check_references(manifest, webhooks)
     manifest_json = manifest.model_dump_json()
     if idempotency_key is not None and not 0 < len(idempotency_key) <= _MAX_IDEMPOTENCY_KEY:
         raise InvalidArgument("Idempotency-Key must be 1-255 characters",
@@ -76,7 +115,8 @@ def submit_job(trainer: TrainerApi, objects: ObjectStore, tenant: Tenant, *, man
 
     code_uri = ""
     if code is not None:
-        code_uri = store_code(objects, code_key(job_id), code, code_size, max_upload_bytes)
+        requirements = manifest.requirements if isinstance(manifest.requirements, str) else None
+        code_uri = store_code(objects, code_key(job_id), code, code_size, max_upload_bytes, requirements)
     try:
         job = trainer.submit_job(team=tenant.team, manifest_json=manifest_json, code_uri=code_uri,
                                  submitted_by=tenant.key_id, job_id=job_id)
@@ -109,8 +149,10 @@ def _earlier(trainer: TrainerApi, team: str, job_id: str, manifest_json: str) ->
     return job
 
 
-def store_code(objects: ObjectStore, key: str, code: BinaryIO, size: int | None, limit: int) -> str:
-    """Check an uploaded code archive (size, then its members) and store it at `key`; its store:// URI."""
+def store_code(objects: ObjectStore, key: str, code: BinaryIO, size: int | None, limit: int,
+               requirements: str | None = None) -> str:
+    """Check an uploaded code archive (size, its members, the lines of its `requirements` file) and store it at
+    `key`; its store:// URI."""
     if size is not None and size > limit:
         raise PayloadTooLarge(f"code: archive is {size} bytes; the limit is {limit}",
                               details=[{"field": "code", "message": f"larger than {limit} bytes"}])
@@ -122,6 +164,8 @@ def store_code(objects: ObjectStore, key: str, code: BinaryIO, size: int | None,
             raise PayloadTooLarge(f"code: archive is larger than the limit of {limit} bytes",
                                   details=[{"field": "code", "message": f"larger than {limit} bytes"}])
         check_archive(path)
+        if requirements is not None:
+            check_requirements_file(path, requirements)
         objects.put_file(key, path)
     return uri_for(key)
 

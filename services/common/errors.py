@@ -25,6 +25,16 @@ class InvalidArgument(TrainforgeError):
     http_status = 422
 
 
+class RefusedReference(InvalidArgument):
+    """A job names something the platform will not reach for it (a requirement line that is an installer option
+    or a local path, a webhook to the platform's own network). `refusals` ({field, source, rule}, never the
+    referenced content) are what the API's audit log records of the request."""
+
+    def __init__(self, message: str, *, refusals: list[dict], details: list[dict] | None = None):
+        super().__init__(message, details=details)
+        self.refusals = refusals
+
+
 class NotFound(TrainforgeError):
     code = "not_found"
     http_status = 404

@@ -28,7 +28,8 @@ from pydantic import (
 )
 from pydantic.functional_validators import BeforeValidator
 
-from trainforge_services.common.errors import InvalidArgument
+from trainforge_services.common import reqlines
+from trainforge_services.common.errors import InvalidArgument, RefusedReference
 
 _FAST_LOADER = getattr(yaml, "CSafeLoader", None)  # libyaml's parser, when PyYAML was built with it
 
@@ -45,9 +46,6 @@ _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 SECRET_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 SECRET_NAME_RULE = "1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit"
 _GPU_TYPE = re.compile(r"^[a-z0-9-]{1,32}$")
-# One requirement specifier (PEP 508 name, extras, version, marker or URL); never an installer option.
-_REQUIREMENT = re.compile(r"^[A-Za-z0-9][^\s\n\r;#]*(\s*;[^\n\r#]*)?$|^[A-Za-z0-9][A-Za-z0-9._\[\], -]*[<>=!~@][^\n\r#]*$")
-_MAX_REQUIREMENTS = 200
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _MAX_LABELS = 32
 
@@ -268,12 +266,7 @@ class Manifest(_Strict):
         if isinstance(v, str):
             return _relative_path(v)
         if isinstance(v, list):
-            if len(v) > _MAX_REQUIREMENTS:
-                raise ValueError(f"at most {_MAX_REQUIREMENTS} requirements")
-            for item in v:
-                if not _REQUIREMENT.match(item):
-                    raise ValueError(f"{item!r} is not a requirement such as numpy or numpy>=2,<3 "
-                                     "(one per entry, no installer options)")
+            reqlines.list_lines(v)  # the same rules as a requirements file's lines (services/common/reqlines.py)
         return v
 
     @field_validator("labels")
@@ -405,4 +398,8 @@ def parse_manifest(source: str | bytes | dict) -> Manifest:
     except ValidationError as e:
         details = _field_errors(e)
         summary = "; ".join(f"{d['field']}: {d['message']}" for d in details)
+        refused = [err["ctx"]["error"].refusal.audit() for err in e.errors(include_url=False)
+                   if isinstance((err.get("ctx") or {}).get("error"), reqlines.RefusedLine)]
+        if refused:
+            raise RefusedReference(f"invalid manifest: {summary}", refusals=refused, details=details) from None
         raise InvalidArgument(f"invalid manifest: {summary}", details=details) from None

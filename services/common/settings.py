@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from trainforge_services.common.destinations import parse_allow
 from trainforge_services.common.egress import parse as parse_egress
 
 DEV_JWT_SECRET = "dev-only-insecure-secret-change-me"  # noqa: S105 - refused outside dev mode
@@ -67,6 +68,22 @@ class StoreSettings(_Base):
     def objectstore(self) -> str:
         return self.objectstore_url or (self.state_dir / "objects").resolve().as_uri()
 
+    def service_addresses(self) -> list[str]:
+        """The addresses of the platform's own services these settings know (no webhook may target them)."""
+        return [self.etcd_endpoints, self.mongo_url, self.logstore_url, self.s3_endpoint, self.trainer_address,
+                self.lcm_address, self.listen_address]
+
+
+_WEBHOOK_ALLOW = ("destinations webhooks may target although they are loopback, link-local or one of the "
+                  "platform's own services: comma-separated host names, IPv4 addresses or CIDRs, [IPv6] "
+                  "addresses or CIDRs, each with an optional :port (the platform's own services need the port), "
+                  "e.g. hooks.internal,127.0.0.1:9000,10.1.0.0/16")
+
+
+def _check_allow(v: str) -> str:
+    parse_allow(v)
+    return v
+
 
 class ApiSettings(StoreSettings):
     api_host: str = Field("127.0.0.1", description="interface the REST API listens on")
@@ -93,6 +110,12 @@ class ApiSettings(StoreSettings):
                                      "0: every GET asks the Trainer)")
     secrets_key: str = Field("", description="Fernet key encrypting team secrets at rest; required outside dev "
                                           "mode (dev mode: generated into <state_dir>/secrets.key)")
+    webhook_allow: str = Field("", description=_WEBHOOK_ALLOW)
+
+    _allow = field_validator("webhook_allow")(_check_allow)
+
+    def service_addresses(self) -> list[str]:
+        return [*super().service_addresses(), f"{self.api_host}:{self.api_port}"]
 
     @model_validator(mode="after")
     def _no_default_secret(self) -> ApiSettings:
@@ -117,6 +140,15 @@ class TrainerSettings(StoreSettings):
                                        "may halt it for a job of higher priority or its quota's owner")
     preempt_max_per_job: int = Field(3, ge=0, le=1000, description="most times one job is preempted (0: the "
                                      "scheduler never preempts)")
+    webhook_allow: str = Field("", description=_WEBHOOK_ALLOW)
+    api_address: str = Field("", description="host:port[,host:port...] of the REST API as this network reaches it "
+                             "(webhooks may not target it)")
+
+    _allow = field_validator("webhook_allow")(_check_allow)
+
+    def service_addresses(self) -> list[str]:
+        metrics = [f"0.0.0.0:{self.metrics_port}"] if self.metrics_port > 0 else []
+        return [*super().service_addresses(), self.api_address, *metrics]
 
 
 class LcmSettings(StoreSettings):
@@ -203,6 +235,8 @@ class ControllerSettings(StoreSettings):
                                                          "are built and cached (default <state_dir>/envs)")
     env_build_timeout: float = Field(1800.0, gt=0, le=86400,
                                      description="longest one environment may take to build")
+    env_source_builds: bool = Field(False, description="let an environment build source distributions (their "
+                                    "build code runs on the host with the controller's rights; default: wheels only)")
     job_nice: int = Field(0, ge=0, le=19, description="the nice this controller and its learner take at start "
                           "(the local backend passes its own TF_JOB_NICE; 0: unchanged)")
 

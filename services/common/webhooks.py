@@ -45,6 +45,7 @@ mapped = mapped_as("notification store")
 
 
 def check_url(url: str, field: str = "webhook") -> str:
+    """The URL's form; where it may point is services/common/destinations.py's rule."""
     if not isinstance(url, str) or not url.startswith(("http://", "https://")) or len(url) > 2048 or " " in url:
         raise InvalidArgument(f"{field} must be an http:// or https:// URL of at most 2048 characters",
                               details=[{"field": field, "message": "must be an http(s) URL"}])
@@ -142,14 +143,17 @@ class Outbox:
             sort=[("next_at", ASCENDING)], return_document=ReturnDocument.AFTER)
 
     @mapped
-    def record(self, did: str, attempt: dict, *, status: str, next_at: float = 0.0) -> None:
-        """One attempt's outcome, and where the delivery stands after it."""
+    def record(self, did: str, attempt: dict, *, status: str, next_at: float = 0.0, refused: str = "") -> None:
+        """One attempt's outcome, and where the delivery stands after it (`refused`: the destination rule that
+        failed it, services/common/destinations.py)."""
         doc = self._docs.find_one({"_id": did}, {"tries": 1}) or {}
         tries = int(doc.get("tries", 0)) + 1
         fields = {f"attempts.{tries:04d}": attempt, "tries": tries, "status": status, "next_at": next_at,
                   "lease_until": 0.0}
         if status == DELIVERED:
             fields["delivered_at"] = attempt["at"]
+        if refused:
+            fields["refused"] = refused
         self._docs.update_one({"_id": did}, {"$set": fields})
 
     @mapped
@@ -175,4 +179,5 @@ def public(doc: dict) -> dict:
     return {"id": doc["_id"], "job_id": doc["job_id"], "team": doc["team"], "url": doc["url"],
             "event": doc.get("event") or {}, "status": doc["status"], "tries": doc.get("tries", 0),
             "created_at": doc.get("created_at"), "delivered_at": doc.get("delivered_at"),
+            "refused": doc.get("refused") or "",
             "attempts": [attempts[k] for k in sorted(attempts)]}

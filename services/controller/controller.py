@@ -379,7 +379,8 @@ class Controller:
                 shown[0] = now
                 self._halt.publish_unless_halting(LearnerState.LEARNER_PREPARING, message=line[:MAX_PROGRESS_CHARS])
 
-        cache = EnvCache(self.settings.env_cache(), python=self.python, timeout=self.settings.env_build_timeout)
+        cache = EnvCache(self.settings.env_cache(), python=self.python, timeout=self.settings.env_build_timeout,
+                         source_builds=self.settings.env_source_builds)
         python = cache.ensure(reqs, progress=progress, stop_requested=self._stop.is_set)
         # the status says PREPARING without a stale installer line, unless a HALTING was published meanwhile
         self._halt.publish_unless_halting(LearnerState.LEARNER_PREPARING, message="environment ready")

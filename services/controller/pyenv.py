@@ -21,6 +21,19 @@ killed controller is removed and built again. The installer is uv (fast,
 and its own download cache keeps rebuilds cheap); its output lines are the
 progress the learner's PREPARING status shows, and its last lines are the
 message of a failed build.
+
+The installer runs on the host with the platform's file and network access,
+for a tenant. So every requirement line is checked first (services/common/
+reqlines.py: package names only - no installer option, local path, URL or
+variable), and uv runs with `--no-config` in an empty HOME and config folder
+of its own (no user or system uv.toml, pip.conf or netrc of the host's), with
+only the platform's UV_* index settings and proxies passed through, and with
+`--no-build` unless TF_ENV_SOURCE_BUILDS allows source distributions (whose
+build code would run on the host with the controller's rights and could print
+any file it can read into the installer's output). What a failed build
+reports - its last TAIL_LINES lines - is then about the job's own requirement
+names, the index's answers and the platform's own paths; credentials in URLs
+are masked in it besides.
 """
 
 from __future__ import annotations
@@ -30,10 +43,12 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -42,7 +57,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import trainforge_frameworks
-from trainforge_services.common.errors import InvalidArgument, TrainforgeError
+from trainforge_services.common import reqlines
+from trainforge_services.common.errors import InvalidArgument, RefusedReference, TrainforgeError
 from trainforge_services.common.manifest import Manifest
 
 log = logging.getLogger(__name__)
@@ -54,9 +70,13 @@ PLATFORM_PTH = "_trainforge_platform.pth"
 TAIL_LINES = 15
 # A requirements file larger than this is not a requirements file.
 MAX_REQUIREMENTS_BYTES = 1 << 20
-# Installer variables passed through to uv (index, cache, offline mode, proxies); nothing else of ours.
-_PASSED = ("HOME", "PATH", "LANG", "TMPDIR", "SSL_CERT_FILE", "SSL_CERT_DIR", "HTTP_PROXY", "HTTPS_PROXY",
-           "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
+# Installer variables passed through to uv (the admin's UV_* index, cache and offline settings, proxies, a
+# NETRC file for the index's credentials); nothing else of ours. HOME and the config folders are the build's
+# own, empty, and no uv.toml is read (the admin configures uv through UV_* variables).
+_PASSED = ("PATH", "LANG", "TMPDIR", "SSL_CERT_FILE", "SSL_CERT_DIR", "HTTP_PROXY", "HTTPS_PROXY",
+           "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "NETRC")
+_UV_DROPPED = ("UV_CONFIG_FILE", "UV_NO_CONFIG")
+_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
 
 
 class EnvBuildFailed(TrainforgeError):
@@ -80,26 +100,28 @@ class Requirements:
         return "".join(f"{line}\n" for line in self.lines)
 
 
-def _normalise(text: str) -> list[str]:
-    out = []
-    for raw in text.splitlines():
-        line = raw.split(" #", 1)[0].strip()
-        if line and not line.startswith("#"):
-            out.append(line)
-    return out
+def _refused(e: reqlines.RefusedLine) -> RefusedReference:
+    return RefusedReference(str(e.refusal), refusals=[e.refusal.audit()],
+                            details=[{"field": "requirements", "message": str(e.refusal)}])
 
 
 def requirements_of(manifest: Manifest, workdir: Path) -> Requirements | None:
     """The manifest's requirement set, reading a requirements file from the (already extracted) code folder.
 
-    InvalidArgument names the field when the file is missing or unreadable.
+    InvalidArgument names the field when the file is missing or unreadable; RefusedReference names the file,
+    the line and the rule a line breaks (services/common/reqlines.py), for the list form too (a job stored
+    before the manifest checked it).
     """
     spec = manifest.requirements
     if spec is None:
         return None
     if isinstance(spec, list):
+        try:
+            lines = reqlines.list_lines(spec)
+        except reqlines.RefusedLine as e:
+            raise _refused(e) from None
         # A list has no order that matters: the same set in another order is the same environment.
-        return Requirements(tuple(sorted(dict.fromkeys(s.strip() for s in spec))), "the manifest's requirements")
+        return Requirements(tuple(sorted(dict.fromkeys(lines))), "the manifest's requirements")
     path = (workdir / spec).resolve()
     if not path.is_relative_to(workdir.resolve()):
         raise InvalidArgument(f"requirements: {spec} resolves outside the code folder")
@@ -110,8 +132,17 @@ def requirements_of(manifest: Manifest, workdir: Path) -> Requirements | None:
     except FileNotFoundError:
         raise InvalidArgument(f"requirements: {spec} is not in the code folder") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise InvalidArgument(f"requirements: cannot read {spec}: {e}") from None
-    return Requirements(tuple(_normalise(text)), spec)
+        raise InvalidArgument(f"requirements: cannot read {spec}: {type(e).__name__}") from None
+    try:
+        return Requirements(reqlines.file_lines(text, spec), spec)
+    except reqlines.RefusedLine as e:
+        raise _refused(e) from None
+
+
+def _uv_cache() -> Path:
+    """uv's download cache where it would be without our empty HOME: the platform user's own."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "uv"
 
 
 def installer() -> str:
@@ -156,9 +187,10 @@ class EnvCache:
     """Builds and finds environments under `root`; `ensure()` returns the environment's interpreter."""
 
     def __init__(self, root: Path, *, python: str = sys.executable, uv: str | None = None,
-                 timeout: float = 1800.0, lock_poll: float = 0.5):
+                 timeout: float = 1800.0, lock_poll: float = 0.5, source_builds: bool = False):
         self.root, self.python, self.timeout, self.lock_poll = Path(root), python, timeout, lock_poll
         self._uv = uv
+        self.source_builds = source_builds
 
     def digest(self, reqs: Requirements) -> str:
         h = hashlib.sha256()
@@ -213,8 +245,8 @@ class EnvCache:
         uv = self._uv or installer()
         n = len(reqs.lines)
         progress(f"building the environment for {reqs.source} ({n} requirement{'s' * (n != 1)})")
-        self._run([uv, "venv", "--quiet", "--python", self.python, str(env_dir)], "creating the environment",
-                  progress, stop_requested)
+        self._run([uv, "venv", "--no-config", "--quiet", "--python", self.python, str(env_dir)],
+                  "creating the environment", progress, stop_requested)
         site_packages = self._site_packages(env_dir)
         root = helper_root()
         lines = [str(root)] * (root is not None) + [f"import site; site.addsitedir({d!r})" for d in
@@ -223,11 +255,27 @@ class EnvCache:
         req_file = env_dir / REQUIREMENTS_FILE
         req_file.write_text(reqs.text())
         if reqs.lines:
-            self._run([uv, "pip", "install", "--python", str(env_dir / "bin" / "python"), "-r", str(req_file)],
-                      f"installing {reqs.source}", progress, stop_requested)
+            self._run(self.install_argv(uv, env_dir, req_file), f"installing {reqs.source}", progress,
+                      stop_requested)
         (env_dir / READY).write_text(json.dumps({"requirements": list(reqs.lines), "source": reqs.source,
                                                  "built_at": time.time()}))
         log.info("built the environment %s for %s", env_dir, reqs.source)
+
+    def install_argv(self, uv: str, env_dir: Path, req_file: Path) -> list[str]:
+        """uv's command line for the install: no configuration file of the host's, no source builds unless
+        allowed; the requirement file is the platform's copy of lines checked by reqlines."""
+        return [uv, "pip", "install", "--no-config", *(() if self.source_builds else ("--no-build",)),
+                "--python", str(env_dir / "bin" / "python"), "-r", str(req_file)]
+
+    @staticmethod
+    def installer_env(home: Path) -> dict[str, str]:
+        """The installer's environment: ours filtered (_PASSED, the index's UV_* settings), an empty HOME."""
+        env = {k: v for k, v in os.environ.items()
+               if k in _PASSED or (k.startswith("UV_") and k not in _UV_DROPPED)}
+        env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), XDG_CONFIG_DIRS=str(home / ".config"),
+                   NO_COLOR="1", UV_NO_CONFIG="1")
+        env.setdefault("UV_CACHE_DIR", str(_uv_cache()))
+        return env
 
     @staticmethod
     def _site_packages(env_dir: Path) -> Path:
@@ -239,8 +287,11 @@ class EnvCache:
     def _run(self, argv: list[str], what: str, progress: Callable[[str], None],
              stop_requested: Callable[[], bool]) -> None:
         """Run the installer, its output lines as progress; EnvBuildFailed with its last lines if it fails."""
-        env = {k: v for k, v in os.environ.items() if k in _PASSED or k.startswith("UV_")}
-        env["NO_COLOR"] = "1"
+        with tempfile.TemporaryDirectory(prefix="tf-uv-home-") as home:
+            self._run_in(argv, what, progress, stop_requested, self.installer_env(Path(home)))
+
+    def _run_in(self, argv: list[str], what: str, progress: Callable[[str], None],
+                stop_requested: Callable[[], bool], env: dict[str, str]) -> None:
         tail: deque[str] = deque(maxlen=TAIL_LINES)
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -272,7 +323,7 @@ class EnvCache:
     def _read(stream, tail: deque[str], progress: Callable[[str], None]) -> None:
         with stream:
             for raw in stream:
-                line = raw.rstrip()
+                line = _CREDENTIALS.sub("***@", raw.rstrip())
                 if line:
                     tail.append(line)
                     log.info("installer: %s", line)

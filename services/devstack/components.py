@@ -234,7 +234,8 @@ COMPONENTS: tuple[Component, ...] = (
     Component("trainer", _service_argv("trainforge_services.trainer"), _port_health("trainer"), ("trainer", "trainer_metrics"),
               lambda plan: plan.hostport("trainer"),
               settings=lambda plan: TrainerSettings(**plan.store_settings(), metrics_port=plan.ports["trainer_metrics"],
-                                                    listen_address=plan.hostport("trainer")),
+                                                    listen_address=plan.hostport("trainer"),
+                                                    api_address=plan.every("api")),
               metrics=lambda plan: plan.url("trainer_metrics") + "/metrics"),
     Component("lcm", _service_argv("trainforge_services.lcm"), _port_health("lcm"), ("lcm", "lcm_metrics"),
               lambda plan: plan.hostport("lcm"),
@@ -254,11 +255,14 @@ def _replica(service: str, i: int) -> Component:
         return Component(f"api-{i}", _service_argv("trainforge_services.api"), _http_health(port, "/healthz"), (port,),
                          lambda plan: plan.url(port), settings=lambda plan: plan.api_settings(i),
                          metrics=lambda plan: plan.url(port) + "/metrics")
-    kind = TrainerSettings if service == "trainer" else LcmSettings
+    def settings(plan: Plan) -> StoreSettings:
+        if service == "trainer":
+            return TrainerSettings(**plan.store_settings(), metrics_port=plan.ports[metrics],
+                                   listen_address=plan.hostport(port), api_address=plan.every("api"))
+        return LcmSettings(**plan.store_settings(), metrics_port=plan.ports[metrics], listen_address=plan.hostport(port))
+
     return Component(f"{service}-{i}", _service_argv(f"trainforge_services.{service}"), _port_health(port), (port, metrics),
-                     lambda plan: plan.hostport(port),
-                     settings=lambda plan: kind(**plan.store_settings(), metrics_port=plan.ports[metrics],
-                                                listen_address=plan.hostport(port)),
+                     lambda plan: plan.hostport(port), settings=settings,
                      metrics=lambda plan: plan.url(metrics) + "/metrics")
 
 

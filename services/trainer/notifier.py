@@ -6,6 +6,11 @@ transition; `enqueue` writes one outbox document per target (the manifest's
 claims due deliveries with a lease, POSTs them signed, and records each
 attempt: 2xx delivers, anything else is tried again after a capped
 exponential backoff (services/common/retry.Backoff) until `max_tries`.
+Before each POST the destination is checked (services/common/destinations.py):
+its name is resolved once, every address checked, and the POST goes to the
+checked address with the name in Host and SNI; a destination the rule refuses
+fails the delivery at once, the rule recorded as its `refused` reason (what
+the job's and the admins' notification listings show), never retried.
 `reconcile` (at start) enqueues the events of recently ended jobs again -
 idempotent by delivery id - so one whose Trainer died between the commit
 and the enqueue is not lost.
@@ -22,7 +27,8 @@ from collections.abc import Callable
 import httpx
 
 from trainforge_services.common import states
-from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.destinations import Target, WebhookPolicy
+from trainforge_services.common.errors import RefusedReference, TrainforgeError
 from trainforge_services.common.retry import Backoff
 from trainforge_services.common.states import JobState
 from trainforge_services.common.webhooks import (
@@ -53,12 +59,15 @@ def event_of(job: JobRecord) -> dict:
 class Notifier:
     def __init__(self, outbox: Outbox, hooks: TeamWebhooks, *, max_tries: int = 8, initial_backoff: float = 1.0,
                  max_backoff: float = 300.0, timeout: float = 10.0, lease: float = 60.0, poll: float = 1.0,
-                 transport: httpx.BaseTransport | None = None, clock: Callable[[], float] = time.time):
+                 transport: httpx.BaseTransport | None = None, clock: Callable[[], float] = time.time,
+                 policy: WebhookPolicy | None = None):
         self._outbox, self._hooks = outbox, hooks
+        self._policy = policy if policy is not None else WebhookPolicy()
         self._max_tries, self._lease, self._poll = max_tries, lease, poll
         self._backoff = (initial_backoff, max_backoff)
         self._clock = clock
-        self._http = httpx.Client(timeout=timeout, follow_redirects=False, transport=transport)
+        # no proxy from the environment: the connection goes to the address that was checked, or nowhere
+        self._http = httpx.Client(timeout=timeout, follow_redirects=False, transport=transport, trust_env=False)
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -135,15 +144,19 @@ class Notifier:
                    "User-Agent": "trainforge-webhooks/1"}
         started = time.monotonic()
         attempt: dict = {"at": self._clock(), "status_code": None, "error": ""}
+        ok = False
         try:
-            resp = self._http.post(doc["url"], content=body, headers=headers)
-            attempt["status_code"] = resp.status_code
-            ok = resp.is_success
-            if not ok:
-                attempt["error"] = f"HTTP {resp.status_code}"
-        except httpx.HTTPError as e:
-            ok = False
-            attempt["error"] = f"{type(e).__name__}: {e}"[:300]
+            target = self._policy.target(doc["url"])
+        except RefusedReference as e:
+            attempt.update(error=f"refused: {e.message}"[:300], ms=0.0)
+            self._outbox.record(doc["_id"], attempt, status=FAILED, refused=e.refusals[0]["rule"])
+            log.warning("delivery %s of team %s to %s: refused (%s)", doc["_id"], doc["team"], doc["url"],
+                        e.message)
+            return True
+        except OSError as e:  # the name does not resolve now: tried again like an unreachable receiver
+            attempt["error"] = f"cannot resolve the host: {e}"[:300]
+        else:
+            ok = self._post(target, body, headers, attempt)
         attempt["ms"] = round((time.monotonic() - started) * 1000, 1)
         tries = int(doc.get("tries", 0)) + 1
         if ok:
@@ -159,3 +172,16 @@ class Notifier:
             self._outbox.record(doc["_id"], attempt, status=PENDING, next_at=self._clock() + delay)
             log.info("delivery %s to %s: %s; trying again in %gs", doc["_id"], doc["url"], attempt["error"], delay)
         return True
+
+    def _post(self, target: Target, body: bytes, headers: dict, attempt: dict) -> bool:
+        """POST to the checked address, the URL's name in Host and TLS SNI (the certificate is checked for it)."""
+        try:
+            resp = self._http.post(target.connect_url, content=body, headers={**headers, "Host": target.host_header},
+                                   extensions={"sni_hostname": target.host})
+        except httpx.HTTPError as e:
+            attempt["error"] = f"{type(e).__name__}: {e}"[:300]
+            return False
+        attempt["status_code"] = resp.status_code
+        if not resp.is_success:
+            attempt["error"] = f"HTTP {resp.status_code}"
+        return resp.is_success

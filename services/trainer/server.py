@@ -21,7 +21,7 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from trainforge_protos import trainer_pb2_grpc
-from trainforge_services.common import rpc
+from trainforge_services.common import destinations, rpc
 from trainforge_services.common.adapters.mongo import Database, connect
 from trainforge_services.common.adapters.objectstore import store_from_settings
 from trainforge_services.common.errors import Unavailable
@@ -162,7 +162,8 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
     lcm = ResolvingLcm(lcm, SecretStore(db, box).reveal, refs.reads)
     store = JobStore(db, collection)
     notifier = Notifier(Outbox(db), TeamWebhooks(db, box), max_tries=settings.webhook_max_tries,
-                        initial_backoff=settings.webhook_backoff)
+                        initial_backoff=settings.webhook_backoff,
+                        policy=destinations.policy(settings.webhook_allow, settings.service_addresses()))
     experiments_wake = threading.Event()
     trial_changed = TrialChanged(experiments_wake)
     listen = settings.listen_address or settings.trainer_address

@@ -30,8 +30,10 @@ def test_another_teams_objects_are_refused_at_submit_and_each_refusal_is_audited
     refused = [e for e in entries if e.get("refused")]
     assert len(refused) == len(answers) - 1  # all but the malformed store://jobs/./..., a 422
     assert all(e["status"] == 403 and e["team"] == teams.other_team and e["key_id"] for e in refused)
-    assert {e["refused"] for e in refused} >= {f"data[0].source: store://jobs/{teams.secret_job}/outputs/",
-                                               "data[0].source: store://jobs/", "data[0].source: store://"}
+    named = {(r["field"], r["source"]) for e in refused for r in e["refused"]}
+    assert named >= {("data[0].source", f"store://jobs/{teams.secret_job}/outputs/"),
+                     ("data[0].source", "store://jobs/"), ("data[0].source", "store://")}
+    assert all("published to its team" in r["rule"] for e in refused for r in e["refused"])
     # the job itself stays out of reach through every other door too
     for args in (("status", teams.secret_job), ("resume", teams.secret_job), ("logs", teams.secret_job),
                  ("download", teams.secret_job, "-o", str(tmp_path / "stolen"))):

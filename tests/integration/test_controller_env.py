@@ -89,3 +89,26 @@ def test_a_learner_running_past_its_timeout_fails(launch, coordinator):  # noqa:
     assert doc["state"] == LearnerState.LEARNER_FAILED
     assert doc["message"].startswith("ran longer than 1s (the manifest's timeout)"), doc["message"]
     assert doc["timed_out"] is True  # what tells the Trainer not to restart it
+
+
+HOST_SECRET = "root:x:0:0:host-only-secret"
+
+
+def test_a_requirements_file_that_reaches_the_host_fails_before_any_build(launch, coordinator, logstore,  # noqa: F811
+                                                                          env_cache, tmp_path):
+    # A job stored before the API checked its file (or whose file the API could not read): the controller
+    # refuses the line itself, naming the file, the line and the rule, and the installer never runs.
+    host = tmp_path / "host-config.json"
+    host.write_text(HOST_SECRET + "\n")
+    reqs = f"numpy\n-r {host}\n-c {host}\n-e file://{tmp_path}\n--find-links {tmp_path}\n"
+    run = launch({"command": "echo never", "requirements": "requirements.txt"},
+                 code=pack({"requirements.txt": reqs}), env_cache_dir=env_cache)
+    assert run.wait(120) == 0, controller_log(run)
+    doc = status(coordinator, run)
+    assert doc["state"] == LearnerState.LEARNER_FAILED
+    assert doc["message"].startswith("preparing the learner failed: requirements: requirements.txt, line 2: "
+                                     "installer options are not allowed"), doc
+    lines = lines_of(logstore, run.job)
+    seen = "\n".join([doc["message"], *doc.get("tail", []), *lines, controller_log(run)])
+    assert HOST_SECRET not in seen
+    assert not any("building the environment" in ln for ln in lines), lines

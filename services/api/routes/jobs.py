@@ -18,7 +18,14 @@ from pydantic import StringConstraints, TypeAdapter, WithJsonSchema
 from trainforge_services.api import paging
 from trainforge_services.api.access import unix
 from trainforge_services.api.audit import note_target
-from trainforge_services.api.deps import LogsDep, ObjectsDep, SettingsDep, TenantDep, TrainerDep
+from trainforge_services.api.deps import (
+    LogsDep,
+    ObjectsDep,
+    SettingsDep,
+    TenantDep,
+    TrainerDep,
+    WebhookPolicyDep,
+)
 from trainforge_services.api.jobcache import CachingTrainer
 from trainforge_services.api.logs import raw_archive, read_job_logs, stream_job_logs
 from trainforge_services.api.schemas import ErrorResponse, Job, JobList, LogPage, error_responses
@@ -92,7 +99,7 @@ def parse_states(values: list[str] | None) -> list[JobState]:
 )
 def submit(
     tenant: TenantDep, settings: SettingsDep, trainer: TrainerDep, objects: ObjectsDep, request: Request,
-    response: Response,
+    response: Response, webhooks: WebhookPolicyDep,
     manifest: Annotated[str, Form(description="the job manifest, YAML or JSON text")],
     code: Annotated[UploadFile | None, File(description="the job's code folder as a .tar.gz archive"),
                     WithJsonSchema(CODE_SCHEMA)] = None,
@@ -104,7 +111,8 @@ def submit(
     result = submit_job(trainer, objects, tenant, manifest_text=manifest,
                         code=code.file if code is not None else None,
                         code_size=code.size if code is not None else None,
-                        max_upload_bytes=settings.max_upload_bytes, idempotency_key=idempotency_key)
+                        max_upload_bytes=settings.max_upload_bytes, idempotency_key=idempotency_key,
+                        webhooks=webhooks)
     note_target(request, result.job["id"])
     if not result.created:
         response.status_code = 200

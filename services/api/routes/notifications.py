@@ -14,7 +14,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainforge_services.api.deps import PlatformAdminDep, TeamAdminDep, TenantDep, TrainerDep
+from trainforge_services.api.deps import (
+    PlatformAdminDep,
+    TeamAdminDep,
+    TenantDep,
+    TrainerDep,
+    WebhookPolicyDep,
+)
 from trainforge_services.api.schemas import error_responses
 from trainforge_services.common.contracts.ids import check_job_id
 from trainforge_services.common.secrets import SecretBox, load_key
@@ -46,6 +52,8 @@ class Delivery(_Frozen):
     tries: int
     created_at: float | None = None
     delivered_at: float | None = None
+    refused: str = Field("", description="why the destination was refused (loopback, link-local, the platform's "
+                                         "own services; TF_WEBHOOK_ALLOW): the delivery failed without a POST")
     attempts: list[DeliveryAttempt]
 
 
@@ -93,8 +101,11 @@ def team_webhook(tenant: TeamAdminDep, request: Request) -> dict:
 
 @router.put("/v1/team/notifications", response_model=TeamWebhook, responses=error_responses(403),
             summary="Set (or remove) the team's default webhook")
-def set_team_webhook(tenant: TeamAdminDep, body: TeamWebhookIn, request: Request) -> dict:
-    """Every job of the team announces its terminal and halted states here, besides its own `notify:`."""
+def set_team_webhook(tenant: TeamAdminDep, body: TeamWebhookIn, request: Request, policy: WebhookPolicyDep) -> dict:
+    """Every job of the team announces its terminal and halted states here, besides its own `notify:`. A
+    destination in the platform's own network is refused (422) unless the admin's TF_WEBHOOK_ALLOW allows it."""
+    if body.webhook is not None:
+        policy.check_url(body.webhook)
     return _hooks(request).set_default(tenant.team, body.webhook)
 
 
