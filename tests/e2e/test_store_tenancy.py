@@ -14,6 +14,8 @@ import pytest
 
 from tests.e2e.test_embedded_stack import cli_json, run_cli, wait_terminal
 from tests.tenancy import READS, Teams, job_manifest, published_read, refused_probes, submit, two_teams
+from trainforge_services.devstack.components import BY_NAME
+from trainforge_services.devstack.launcher import recorded_plan
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +89,37 @@ def test_an_experiment_or_workflow_naming_another_teams_job_is_refused(teams, tm
         assert "data[0].source" in text, text
     # neither was stored: the refusal came before anything was
     assert cli_json(teams.other, "experiments") == [] and cli_json(teams.other, "workflows") == []
+
+
+def test_an_environment_reaching_the_host_or_a_webhook_to_the_platform_is_refused(teams, stack, tmp_path):
+    """The other places a job names, on the same stack: a requirements file's host paths, and webhooks to
+    loopback, to a name resolving to it and to the API's own port (services/common/reqlines.py, destinations.py)."""
+    _, state, _ = stack
+    host_file = state / "stack.json"  # a file of the platform's, readable by the services
+    probes = []
+    for i, line in enumerate([f"-r {host_file}", f"-c {host_file}", f"-e file://{state}",
+                              f"--find-links {state}", f"pkg @ file://{host_file}"]):
+        code = tmp_path / f"req-{i}"
+        code.mkdir()
+        (code / "main.py").write_text("print('never runs')\n")
+        (code / "requirements.txt").write_text(f"numpy\n{line}\n")
+        path = tmp_path / f"req-{i}.json"
+        path.write_text(json.dumps({"name": f"req-{i}", "framework": "custom", "command": "python main.py",
+                                    "code": str(code), "requirements": "requirements.txt"}))
+        probes.append((line, path))
+    api_port = BY_NAME["api"].address(recorded_plan(state)).rsplit(":", 1)[1]
+    for url in ("http://127.0.0.1:9/hook", "http://localhost:9/hook", f"http://127.0.0.1:{api_port}/v1/jobs",
+                "http://169.254.169.254/latest/meta-data/"):
+        path = tmp_path / f"hook-{len(probes)}.json"
+        path.write_text(json.dumps({"name": "hooked", "framework": "custom", "command": "true",
+                                    "notify": {"webhook": url}}))
+        probes.append((url, path))
+    stack_file = host_file.read_text()
+    for what, path in probes:
+        proc = run_cli(teams.other, "submit", str(path), "--json", check=False)
+        text = proc.stdout + proc.stderr
+        assert proc.returncode != 0, (what, text)
+        assert ("requirements" in text and "line 2" in text) or "notify.webhook" in text, (what, text)
+        assert stack_file not in text and teams.secret not in text
+    stored = {j["name"] for j in cli_json(teams.other, "status")}
+    assert "hooked" not in stored and not any(n.startswith("req-") for n in stored), stored
