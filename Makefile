@@ -25,28 +25,37 @@ demo: $(STAMP)
 down:
 	$(VENV)/bin/trainforge down
 
+# The slow setup steps below cache what they build in the per-user cache, not in the clone, keyed by version
+# and by a hash of their script: ${XDG_CACHE_HOME:-~/.cache}/trainforge/<thing>/<key>/ (tools/cache.sh), so a
+# fresh clone on a machine that built them once is warm. `tools/<thing>/<script> --where` (or
+# `python -m tests.toolcache <thing>`) prints the folder; each keeps its override variable.
+
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m trainforge_protos.generate --check
 
 # The docker backend's private engine (binaries, learner image root filesystem, a wheel), cached in
-# .cache/engine/; seconds when warm. Its tests start dockerd themselves and fail (never skip) without it.
+# .../trainforge/engine/<debian-codename>-<hash>/ (TF_ENGINE_CACHE elsewhere); a second when warm. Its tests start
+# dockerd themselves and fail (never skip) without it.
 engine: $(STAMP)
 	PYTHON=$(PY) tools/engine/setup.sh
 
-# Debian's chromium for the dashboard's browser tests (tests/browser/), .debs cached in .cache/browser/;
-# Playwright is pointed at it. The browser tests fail (never skip) without it.
+# Debian's chromium for the dashboard's browser tests (tests/browser/), installed with apt, its .debs cached in
+# .../trainforge/browser/<debian-codename>-<hash>/ (TF_BROWSER_CACHE elsewhere); Playwright is pointed at it. The
+# browser tests fail (never skip) without it.
 browser:
 	tools/browser/setup.sh
 
 # kube-apiserver and kube-controller-manager built from Debian's kubernetes source for the real control-plane
-# tier (tests/kube.py), cached in .cache/kube/<debian-version>/bin/: 15-25 minutes cold on 2 cores, a no-op
-# when warm. Its tests fail (never skip) without them.
+# tier (tests/kube.py), cached in .../trainforge/kube/<debian-version>-<hash>/bin/ (TF_KUBE_CACHE for the
+# .../trainforge/kube part): 15-25 minutes cold on 2 cores, a no-op when warm. Its tests fail (never skip) without
+# them.
 kube: $(STAMP)
 	PYTHON=$(PY) tools/kube/build.sh
 
-# helm v3.18 and kubectl for the chart's and the kubernetes backend's tests, cached in .cache/kube/clients/.
+# helm v3.18 and kubectl for the chart's and the kubernetes backend's tests, cached in
+# .../trainforge/kube-clients/<package-version>-<hash>/ (TF_KUBE_CLIENTS elsewhere).
 kube-clients: $(STAMP)
 	PYTHON=$(PY) tools/kube/clients.sh
 
@@ -81,18 +90,14 @@ bench: $(STAMP) wrk
 	$(PY) bench/train_overhead.py
 
 # A separate venv for bench peers, never the project's own: Ray Jobs for `bench/submit_latency.py --peer ray`,
-# Ray Tune for `bench/sweep_overhead.py`. Elsewhere: `make bench-venv BENCH_VENV=DIR` and export BENCH_VENV=DIR.
-BENCH_VENV ?= .cache/bench-venv
-RAY := ray[default,tune]==2.60.0
-$(BENCH_VENV)/.stamp-ray-tune:
-	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/python -m pip --disable-pip-version-check -q install "$(RAY)"
-	touch $@
+# Ray Tune for `bench/sweep_overhead.py`, in .../trainforge/bench-venv/ray-<version>-py<X.Y>-<hash>/
+# (tools/benchvenv/setup.sh). Elsewhere: `make bench-venv BENCH_VENV=DIR` and export BENCH_VENV=DIR.
+bench-venv:
+	PYTHON=$(PYTHON) tools/benchvenv/setup.sh >/dev/null
 
-bench-venv: $(BENCH_VENV)/.stamp-ray-tune
-
-# Debian's wrk for bench/api_read.py, unpacked (not installed) into .cache/wrk/ (TF_WRK_CACHE elsewhere; export it
-# for the script too): a load generator in C leaves the 2 cores to the servers it measures. Not part of `make test`.
+# Debian's wrk for bench/api_read.py, unpacked (not installed) into .../trainforge/wrk/<debian-codename>-<hash>/
+# (TF_WRK_CACHE elsewhere; export it for the script too): a load generator in C leaves the 2 cores to the servers
+# it measures. Not part of `make test`.
 wrk:
 	tools/wrk/setup.sh >/dev/null
 

@@ -4,7 +4,7 @@ Starts a private single-node Ray cluster (head only, no dashboard UI build neede
 warm-up job (the job agent starts after the dashboard), submits N jobs whose entrypoint is the given
 command one after another through the Jobs SDK, polls each until it ends, and prints one JSON line
 {"running": [...], "completed": [...]} of seconds from submit, then stops the cluster (its own
-processes only). Usage: .cache/bench-venv/bin/python bench/_ray_peer.py N COMMAND
+processes only). Usage: "$(tools/benchvenv/setup.sh --where)"/bin/python bench/_ray_peer.py N COMMAND
 """
 
 from __future__ import annotations

@@ -31,8 +31,11 @@ TERMINAL = ("completed", "failed", "cancelled")
 
 
 def bench_python() -> Path:
-    """The bench venv's interpreter (`make bench-venv`): `$BENCH_VENV/bin/python`, default .cache/bench-venv."""
-    return Path(os.environ.get("BENCH_VENV") or ROOT / ".cache" / "bench-venv") / "bin" / "python"
+    """The bench venv's interpreter (`make bench-venv`): `$BENCH_VENV/bin/python`, else the one
+    tools/benchvenv/setup.sh makes in the per-user cache (tests/toolcache.py)."""
+    from tests import toolcache
+
+    return toolcache.where("bench-venv") / "bin" / "python"
 
 
 def machine_line() -> str:

@@ -8,7 +8,7 @@ prints one JSON line: {"startup": s, "fit": s, "trials": n, "errors": k},
 where `startup` is `ray.init()` and `fit` is `Tuner.fit()` from its call to
 its return; then it shuts Ray down. Usage:
 
-    .cache/bench-venv/bin/python bench/_tune_peer.py TRIALS PARALLEL SECONDS
+    "$(tools/benchvenv/setup.sh --where)"/bin/python bench/_tune_peer.py TRIALS PARALLEL SECONDS
 """
 
 from __future__ import annotations

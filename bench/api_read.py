@@ -5,8 +5,8 @@ trivial job to completion, then alternates R rounds of D seconds each between
 the real API (authentication on every request, the Trainer's GetJob behind it)
 and `bench/_bare_api.py` (the same JSON from a bare FastAPI route under the
 same uvicorn settings), with `wrk` when it is installed (`--tool wrk`; `make wrk`
-unpacks Debian's into .cache/wrk/, or $TF_WRK_CACHE, which is looked at before
-PATH) or an asyncio + httpx load generator in this process (`--tool python`). Prints the
+unpacks Debian's into the per-user cache, or $TF_WRK_CACHE, which is looked at
+before PATH) or an asyncio + httpx load generator in this process (`--tool python`). Prints the
 rate and mean latency of each, median and spread over the rounds, and the
 ratio real / bare. Usage:
 
@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 from _stack import ROOT, machine_line, spread, stack
 
+from tests import toolcache
 from tests.servers import wait_for
 from trainforge.sdk import Client
 
@@ -70,7 +71,7 @@ async def _load(url: str, headers: dict, conns: int, seconds: float) -> tuple[fl
 
 def wrk_path() -> str | None:
     """The wrk `make wrk` unpacked (tools/wrk/setup.sh), else one on PATH, else None."""
-    cached = Path(os.environ.get("TF_WRK_CACHE") or ROOT / ".cache" / "wrk") / "bin" / "wrk"
+    cached = toolcache.where("wrk") / "bin" / "wrk"
     return str(cached) if os.access(cached, os.X_OK) else shutil.which("wrk")
 
 

@@ -6,7 +6,7 @@ and prints p50/p99 of submit→RUNNING and submit→COMPLETED (from the job's
 status history, stamped by the Trainer) next to the wall time of running the
 same command directly, as ratios. With `--peer ray`, the same N jobs go
 through Ray Jobs on a private single-node Ray cluster in the same run, from
-the separate bench venv (`make bench-venv`, .cache/bench-venv or $BENCH_VENV;
+the separate bench venv (`make bench-venv`, in the per-user cache or $BENCH_VENV;
 never the project's own environment), and the ratios platform / Ray are printed too.
 Usage:
 

@@ -11,7 +11,7 @@ learner at once. Baselines measured in the same run: the ideal N * S / P,
 and the same N commands run bare by a local pool of P processes.
 
 When a bench venv with Ray Tune is present (`make bench-venv`; `--ray-python`,
-default `$BENCH_VENV/bin/python` or .cache/bench-venv/bin/python), Ray Tune
+default `$BENCH_VENV/bin/python` or the per-user cache's, `bench_python()`), Ray Tune
 runs the same trials in the same run (bench/_tune_peer.py: a private Ray on
 loopback with `num_cpus` P, a trainable that sleeps S seconds and reports
 once, 1 CPU per trial, `max_concurrent_trials` P): its makespan is

@@ -1,17 +1,21 @@
 """A private Docker engine for the docker backend's tests and bench, from tools/engine/setup.sh's cache.
 
 `start_engine()` runs the setup script (a second when warm), starts dockerd
-on a socket of its own with its own data and exec roots under
-`.cache/engine/`, waits until it answers, builds the learner images once
-(they stay in the engine's data root between runs) and returns an `Engine`
-handle; `stop()` stops dockerd by its PID. Anything that goes wrong raises
-`EngineUnavailable` with the reason: the tier fails, it never skips.
+on a socket of its own with its own exec root and a data root in the engine's
+cache folder (the per-user cache, `~/.cache/trainforge/engine/<key>/`, which
+the setup script prints), waits until it answers, builds the learner images
+once (they stay in the data root between runs, and between clones) and
+returns an `Engine` handle; `stop()` stops dockerd by its PID. Anything that
+goes wrong raises `EngineUnavailable` with the reason: the tier fails, it
+never skips.
 
-The data root is one per cache, and two dockerds on one data root fail with a
-bare "timeout waiting for containerd" (its metadata database is locked). So a
-daemon holds an exclusive lock on `<cache>/data.lock` from start to stop; a
-second test run on the same cache waits for it up to `lock_wait` seconds, then
-fails naming the holder.
+Two dockerds on one data root fail with a bare "timeout waiting for
+containerd" (its metadata database is locked). So a daemon holds an
+exclusive lock on its data root (`<cache>/data.lock` for `data/`) from start
+to stop. The cache is shared by every clone on the machine, so it has
+`DATA_ROOTS` of them (`data/`, `data-1/`, ...): a run takes the first free
+one (each warms its images once); when all are taken it waits for the first
+up to `lock_wait` seconds, then fails naming the holder.
 
 Images:
 - `trainforge/learner:bookworm`: Debian bookworm (minbase plus the libraries
@@ -24,6 +28,7 @@ Images:
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import shutil
 import signal
@@ -42,6 +47,7 @@ SETUP = ROOT / "tools" / "engine" / "setup.sh"
 BASE_IMAGE = "trainforge/learner:bookworm"
 NUMPY_IMAGE = "trainforge/learner-numpy:bookworm"
 IMAGE_LIBS = "/opt/image-libs"
+DATA_ROOTS = 3  # test runs from that many clones at once each get a data root
 
 
 class EngineUnavailable(RuntimeError):
@@ -57,7 +63,7 @@ class Daemon:
     log: Path
     proc: subprocess.Popen | None = None
     run_dir: Path | None = None  # socket, pid file, exec root
-    lock: int | None = None  # fd holding `<cache>/data.lock` while this daemon owns the data root
+    lock: int | None = None  # fd holding `<cache>/<data root>.lock` while this daemon owns the data root
 
     def stop(self, timeout: float = 30.0) -> None:
         self.engine.close()
@@ -105,44 +111,54 @@ def setup(cache: Path | None = None) -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def lock_data_root(cache: Path, wait: float) -> int:
-    """An fd holding the exclusive lock on the cache's data root; EngineUnavailable naming the holder after `wait` s."""
-    fd = os.open(cache / "data.lock", os.O_RDWR | os.O_CREAT, 0o644)
-
-    def taken() -> bool:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        return True
-
+def _try_lock(fd: int) -> bool:
     try:
-        wait_for(taken, wait, "the engine's data root to be free", interval=1.0)
-    except TimeoutError:
-        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def lock_data_root(cache: Path, wait: float) -> tuple[int, str]:
+    """An fd holding the exclusive lock on one of the cache's data roots, and that root's name: the first free
+    one of DATA_ROOTS, else the first once it is free; EngineUnavailable naming the holder after `wait` s."""
+    names = ["data"] + [f"data-{i}" for i in range(1, DATA_ROOTS)]
+    for name in names:
+        fd = os.open(cache / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        if _try_lock(fd):
+            break
         os.close(fd)
-        raise EngineUnavailable(f"the engine's data root {cache / 'data'} is in use by another test run ({holder}) "
-                                f"and was not freed within {wait:g}s: run one docker tier at a time per engine "
-                                f"cache, or give this run its own with TF_ENGINE_CACHE") from None
+    else:
+        name = names[0]
+        fd = os.open(cache / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            wait_for(functools.partial(_try_lock, fd), wait, "the engine's data root to be free", interval=1.0)
+        except TimeoutError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise EngineUnavailable(f"the engine's {DATA_ROOTS} data roots in {cache} are in use by other test runs "
+                                    f"({cache / name}: {holder}) and were not freed within {wait:g}s: run fewer "
+                                    f"docker tiers at once, or give this run its own with TF_ENGINE_CACHE") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv)[:150]}".encode(), 0)
-    return fd
+    return fd, name
 
 
 def start_engine(cache: Path | None = None, timeout: float = 60.0, lock_wait: float = 120.0) -> Daemon:
     cache = setup(cache)
-    lock = lock_data_root(cache, lock_wait)
+    lock, name = lock_data_root(cache, lock_wait)
     try:
-        return _start(cache, timeout, lock)
+        return _start(cache, name, timeout, lock)
     except BaseException:
         os.close(lock)
         raise
 
 
-def _start(cache: Path, timeout: float, lock: int) -> Daemon:
+def _start(cache: Path, name: str, timeout: float, lock: int) -> Daemon:
     run = Path(tempfile.mkdtemp(prefix="tf-dockerd-"))  # short: a unix socket path is at most 107 bytes
-    sock, pidfile, log = run / "docker.sock", run / "dockerd.pid", cache / "dockerd.log"
-    data = cache / "data"
+    log = cache / ("dockerd.log" if name == "data" else f"dockerd-{name}.log")
+    sock, pidfile = run / "docker.sock", run / "dockerd.pid"
+    data = cache / name
     data.mkdir(exist_ok=True)
     env = dict(os.environ, PATH=f"{cache / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("DOCKER_HOST", None)

@@ -1,7 +1,8 @@
 """A real Kubernetes control plane for tests: etcd, kube-apiserver and kube-controller-manager on loopback.
 
-The binaries come from tools/kube/build.sh (`make kube`), cached under
-`.cache/kube/<debian-version>/bin/`. `start_control_plane()` makes a CA, a
+The binaries come from tools/kube/build.sh (`make kube`), cached in the
+per-user cache (`~/.cache/trainforge/kube/<debian-version>-<hash>/bin/`,
+found through tests/toolcache.py). `start_control_plane()` makes a CA, a
 serving certificate and service-account keys in a temporary directory,
 starts its own etcd (tests/servers.py), then kube-apiserver (token
 authentication, RBAC, the default admission plugins but ServiceAccount) and
@@ -38,11 +39,10 @@ from pathlib import Path
 
 import pytest
 
-from tests import servers
+from tests import servers, toolcache
 from tests.servers import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / ".cache" / "kube"
 CONTROLLERS = "job,namespace,garbagecollector,resourcequota,serviceaccount,serviceaccount-token,endpoint,endpointslice"
 SERVICE_CIDR = "10.96.0.0/24"
 
@@ -65,19 +65,16 @@ class KubeCluster:
 
 
 def bin_dir() -> Path:
-    """The built binaries: TF_KUBE_BIN, else the version tools/kube/build.sh last built."""
+    """The built binaries: TF_KUBE_BIN, else the folder tools/kube/build.sh builds for this tree's script."""
     explicit = os.environ.get("TF_KUBE_BIN")
-    if explicit:
-        d = Path(explicit)
-    else:
-        current = CACHE / "current"
-        if not current.is_file():
-            raise KubeUnavailable(f"no Kubernetes binaries built ({current} is missing): run `make kube` "
-                                  "(tools/kube/build.sh, about 15-25 minutes the first time)")
-        d = CACHE / current.read_text().strip() / "bin"
+    try:
+        d = Path(explicit) if explicit else toolcache.where("kube") / "bin"
+    except RuntimeError as e:
+        raise KubeUnavailable(str(e)) from None
     for name in ("kube-apiserver", "kube-controller-manager"):
         if not os.access(d / name, os.X_OK):
-            raise KubeUnavailable(f"{d / name} is missing: run `make kube` (tools/kube/build.sh)")
+            raise KubeUnavailable(f"{d / name} is missing: run `make kube` (tools/kube/build.sh, about 15-25 "
+                                  "minutes the first time on a machine)")
     return d
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import toolcache
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -45,7 +47,7 @@ def test_gate_trace_bench_smoke():
 
 
 def test_the_ray_tune_peer_runs_the_same_trials_when_the_bench_venv_is_there():
-    python = Path(os.environ.get("BENCH_VENV") or ROOT / ".cache" / "bench-venv") / "bin" / "python"
+    python = toolcache.where("bench-venv") / "bin" / "python"
     if not python.exists():
         pytest.skip(f"no bench venv at {python} (make bench-venv)")
     proc = subprocess.run([str(python), str(ROOT / "bench" / "_tune_peer.py"), "3", "2", "0.2"],

@@ -13,9 +13,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests import toolcache
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "trainforge"
-HELM = ROOT / ".cache" / "kube" / "clients" / "helm"
+HELM = toolcache.where("kube-clients") / "helm"
 VERSION = "1.33.0"
 
 pytestmark = pytest.mark.integration

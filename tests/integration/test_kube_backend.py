@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import toolcache
 from tests.servers import wait_for
 from trainforge_services.common.adapters.kube import Kube
 from trainforge_services.common.errors import ResourceExhausted
@@ -28,7 +29,8 @@ from trainforge_services.lcm.backends.kubernetes.team import TeamQuota
 from trainforge_services.lcm.lifecycle import JobDeployment, Lifecycle
 
 ROOT = Path(__file__).resolve().parents[2]
-HELM = ROOT / ".cache" / "kube" / "clients" / "helm"
+CLIENTS = toolcache.where("kube-clients")  # make kube-clients
+HELM, KUBECTL = CLIENTS / "helm", CLIENTS / "kubectl"
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -232,7 +234,7 @@ def test_helm_install_of_the_chart_succeeds(kube_cluster, unique):
         assert out.returncode == 0, out.stdout + out.stderr
         kube = Kube(str(kube_cluster.kubeconfig))
         assert kube.get("Namespace", None, ns) is not None
-        deployments = subprocess.run([str(ROOT / ".cache/kube/clients/kubectl"), "--kubeconfig",
+        deployments = subprocess.run([str(KUBECTL), "--kubeconfig",
                                       str(kube_cluster.kubeconfig), "-n", ns, "get", "deployments,pdb,networkpolicies,"
                                       "services,serviceaccounts", "-o", "name"], capture_output=True, text=True,
                                      timeout=60, check=True).stdout.split()
@@ -242,7 +244,7 @@ def test_helm_install_of_the_chart_succeeds(kube_cluster, unique):
         kube.close()
     finally:
         subprocess.run([*base, "uninstall", f"tf{unique[:6]}"], capture_output=True, timeout=120)
-        subprocess.run([str(ROOT / ".cache/kube/clients/kubectl"), "--kubeconfig", str(kube_cluster.kubeconfig),
+        subprocess.run([str(KUBECTL), "--kubeconfig", str(kube_cluster.kubeconfig),
                         "delete", "namespace", ns, "--wait=false"], capture_output=True, timeout=60)
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds kube-apiserver and kube-controller-manager from Debian's `kubernetes` source package for the real
-# Kubernetes control-plane test tier (tests/kube.py), cached under .cache/kube/<debian-version>/bin/.
+# Kubernetes control-plane test tier (tests/kube.py), cached under
+# ${XDG_CACHE_HOME:-~/.cache}/trainforge/kube/<debian-version>-<hash of this script>/bin/ (TF_KUBE_CACHE replaces
+# the .../trainforge/kube part; `build.sh --where` prints the folder; tools/cache.sh says how it is written).
 #   - source: `apt-get source --download-only kubernetes` through a private apt configuration (its own
 #     sources list with a deb-src line, its own lists directory; the system's apt state is not touched)
 #   - toolchain: Debian's golang-1.19-go/-src (+ rsync, libpopt0 for the build scripts), unpacked with
@@ -8,27 +10,34 @@
 #   - the vendored modern-go/reflect2 v1.0.1 is replaced by Debian's 1.0.2: v1.0.1 reads Go runtime internals
 #     that changed in Go 1.18 and the apiserver dies with SIGSEGV in the quota evaluator
 # Only the two binaries are kept (the source, toolchain and Go build cache are deleted: CI disk and cache
-# size); a warm run is a no-op. kube-scheduler and kubelet are not built: the test node (tests/kubenode/)
-# schedules and runs pods, and a cold build of both would push CI past its time budget.
+# size); a warm run is a no-op, in any clone on the machine. kube-scheduler and kubelet are not built: the test
+# node (tests/kubenode/) schedules and runs pods, and a cold build of both would push CI past its time budget.
 # Fails loudly (non-zero, with the reason) when anything cannot be had: the tier never skips.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-CACHE="${TF_KUBE_CACHE:-$ROOT/.cache/kube}"
+. "$ROOT/tools/cache.sh"
+CACHE="${TF_KUBE_CACHE:-$(tf_cache_home)/kube}"
 # Debian's version of the source package; the cache is keyed by it. Debian mirrors carry only the current
 # version of a suite, so a newer bookworm update makes this fail with the version the mirror offers.
 KUBE_DEB_VERSION="${TF_KUBE_DEB_VERSION:-1.20.5+really1.20.2-1.1+deb12u1}"
 GO_PKG=golang-1.19
-OUT="$CACHE/$KUBE_DEB_VERSION"
+OUT="$CACHE/$(tf_key "$KUBE_DEB_VERSION" "${BASH_SOURCE[0]}")"
 BIN="$OUT/bin"
 WHAT=(kube-apiserver kube-controller-manager)
 say() { echo "kube build: $*" >&2; }
 die() { echo "kube build FAILED: $*" >&2; exit 1; }
 
+if [ "${1:-}" = --where ]; then echo "$OUT"; exit 0; fi
+
 have_bins() { for b in "${WHAT[@]}"; do [ -x "$BIN/$b" ] || return 1; done; }
 
 if have_bins; then
-  echo "$KUBE_DEB_VERSION" >"$CACHE/current"
+  echo "$BIN"
+  exit 0
+fi
+tf_lock "$OUT"
+if have_bins; then  # another run built it while this one waited
   echo "$BIN"
   exit 0
 fi
@@ -43,10 +52,11 @@ MIRROR="${TF_DEBIAN_MIRROR:-$(apt-get indextargets --format '$(RELEASE) $(REPO_U
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 [ -r "$KEYRING" ] || die "$KEYRING is missing (debian-archive-keyring)"
 
-WORK="$CACHE/work"
-rm -rf "$WORK"
+TMP="$OUT.tmp.$$"
+WORK="$TMP/work"
+LOG="$OUT.build.log"
 mkdir -p "$WORK/apt/lists/partial" "$WORK/apt/archives/partial" "$WORK/apt/parts" "$WORK/src" "$WORK/debs" "$WORK/tc"
-trap 'rm -rf "$WORK"' EXIT
+trap 'rm -rf "$TMP"' EXIT
 cat >"$WORK/apt/sources.list" <<EOF
 deb [signed-by=$KEYRING] $MIRROR bookworm main
 deb-src [signed-by=$KEYRING] $MIRROR bookworm main
@@ -97,16 +107,16 @@ say "building ${WHAT[*]} (about 10-20 minutes on 2 cores)"
   export PATH="$GOROOT/bin:$WORK/tc/usr/bin:$PATH" LD_LIBRARY_PATH="$WORK/tc/usr/lib/x86_64-linux-gnu"
   export CGO_ENABLED=0 GOPROXY=off GOFLAGS=-p=2
   make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" KUBE_BUILD_PLATFORMS=linux/amd64
-) >"$CACHE/build.log" 2>&1 || { tail -40 "$CACHE/build.log" >&2; die "make failed (full log: $CACHE/build.log)"; }
+) >"$LOG" 2>&1 || { tail -40 "$LOG" >&2; die "make failed (full log: $LOG)"; }
 
-mkdir -p "$BIN.tmp"
+mkdir -p "$TMP/bin"
 for b in "${WHAT[@]}"; do
   f=$(find "$SRC/_output" -type f -name "$b" | head -1)
-  [ -n "$f" ] || die "$b was not produced by the build (log: $CACHE/build.log)"
-  cp "$f" "$BIN.tmp/$b"
+  [ -n "$f" ] || die "$b was not produced by the build (log: $LOG)"
+  cp "$f" "$TMP/bin/$b"
 done
-rm -rf "$BIN" && mv "$BIN.tmp" "$BIN"
-"$BIN/kube-apiserver" --version >&2 || die "the built kube-apiserver does not run"
-echo "$KUBE_DEB_VERSION" >"$CACHE/current"
+"$TMP/bin/kube-apiserver" --version >&2 || die "the built kube-apiserver does not run"
+rm -rf "$WORK"
+tf_publish "$TMP" "$OUT"
 say "built in $(( $(date +%s) - start ))s into $BIN"
 echo "$BIN"
