@@ -53,7 +53,10 @@ find "$work" -mindepth 1 -maxdepth 1 ! -name .venv -exec rm -rf {} +
     | tar --null -T - -cf -) | runuser -u "$TIER_USER" -- tar -C "$work" -xf - \
     || fail "copying the working tree to $work failed"
 
-# The user's environment: nothing of root's (no pyenv on PATH); pip's cache in the user's home.
+# The user's environment: nothing of root's (no pyenv on PATH); pip's cache in the user's home. Where root's
+# pip finds wheels in a local folder (torch's) by its own configuration, the user gets that folder too.
+links=${PIP_FIND_LINKS:-$(python3 -m pip config get global.find-links 2>/dev/null || true)}
+[ -z "$links" ] || PIP_FIND_LINKS=$links
 as_user() {
     runuser -u "$TIER_USER" -- env -i HOME="$home" USER="$TIER_USER" LOGNAME="$TIER_USER" LANG=C.UTF-8 \
         PATH=/usr/local/bin:/usr/bin:/bin PIP_CACHE_DIR="$home/.cache/pip" PIP_DISABLE_PIP_VERSION_CHECK=1 \
