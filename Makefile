@@ -7,9 +7,17 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 TORCH := torch==2.13.0
 STAMP := $(VENV)/.stamp-installed
 
-.PHONY: demo test check unit integration e2e protos protos-check lock bench clean down engine browser kube kube-clients bench-venv wrk
+.PHONY: demo test check unit integration e2e protos protos-check lock bench clean down engine browser kube kube-clients bench-venv wrk python-version py311
 
-$(STAMP): requirements/runtime.lock requirements/dev.lock pyproject.toml
+# The oldest Python the project runs on is 3.11.2 (Debian 12's own; tools/py311/run.sh tests it). Older ones
+# stop here with the reason; 3.12 and newer go on with a warning (the lock files are resolved for 3.11).
+python-version:
+	@test -n "$(PYTHON)" || { echo "make: no python3.11 or python3 on PATH; trainforge needs Python 3.11.2 or a later 3.11: set PYTHON=/path/to/python3.11" >&2; exit 1; }
+	@$(PYTHON) -c 'import sys; v = sys.version_info; found = "%d.%d.%d" % v[:3]; \
+	sys.exit("make: %s is Python %s; trainforge needs Python 3.11.2 or a later 3.11 (README, Requirements): set PYTHON=/path/to/python3.11" % (sys.executable, found)) if v < (3, 11, 2) else None; \
+	v >= (3, 12) and print("make: warning: %s is Python %s; trainforge is tested on 3.11 (3.11.2 and 3.11.7) and its lock files are resolved for 3.11" % (sys.executable, found), file=sys.stderr)'
+
+$(STAMP): requirements/runtime.lock requirements/dev.lock pyproject.toml | python-version
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(TORCH)
 	$(PIP) install -r requirements/runtime.lock -r requirements/dev.lock
@@ -59,8 +67,15 @@ kube: $(STAMP)
 kube-clients: $(STAMP)
 	PYTHON=$(PY) tools/kube/clients.sh
 
-test: check engine browser kube kube-clients
+test: check engine browser kube kube-clients py311
 	$(PY) -m pytest tests
+
+# The oldest Python the README admits: Debian's own /usr/bin/python3.11 (3.11.2), as the non-root user tf-py311
+# (created if missing, so the sandbox without root runs), in a copy of this working tree that user owns: the
+# archive-safety and unit tests, the sandbox's hostile tests and the example job (`make demo`, then down).
+# Needs root; fails, never skips. Minutes; the venv and pip cache are that user's, so a second run is faster.
+py311:
+	tools/py311/run.sh
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit
@@ -92,7 +107,7 @@ bench: $(STAMP) wrk
 # A separate venv for bench peers, never the project's own: Ray Jobs for `bench/submit_latency.py --peer ray`,
 # Ray Tune for `bench/sweep_overhead.py`, in .../trainforge/bench-venv/ray-<version>-py<X.Y>-<hash>/
 # (tools/benchvenv/setup.sh). Elsewhere: `make bench-venv BENCH_VENV=DIR` and export BENCH_VENV=DIR.
-bench-venv:
+bench-venv: | python-version
 	PYTHON=$(PYTHON) tools/benchvenv/setup.sh >/dev/null
 
 # Debian's wrk for bench/api_read.py, unpacked (not installed) into .../trainforge/wrk/<debian-codename>-<hash>/

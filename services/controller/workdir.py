@@ -2,9 +2,17 @@
 
 Everything that lands here comes from users (the code archive, data sets,
 a checkpoint), so nothing may escape the working directory: archive members
-with absolute paths, '..', links pointing outside or device files are
-refused with the member named, and every download target is checked to
-resolve inside the directory.
+with absolute paths, '..', links pointing outside, members under a link the
+archive makes, hard links to anything but an earlier file of the archive or
+device files are refused with the member named, and every download target is
+checked to resolve inside the directory.
+
+The archive is then extracted with tarfile's "data" filter where the Python
+has it (3.11.4 and newer); on an older 3.11 (Debian 12's 3.11.2) `_extract_plain`
+does what that filter does on top of the checks: it checks every target
+resolves inside the directory as it goes, masks modes (no setuid, setgid or
+sticky bit, no group or other write, owner read and write on files) and
+ignores the archive's owners.
 
 Nothing is fetched that the job may not read: the controller holds the
 platform's object-store access, so each reference (code, data, checkpoint)
@@ -15,7 +23,9 @@ before any byte is read.
 
 from __future__ import annotations
 
+import copy
 import logging
+import os
 import posixpath
 import tarfile
 from collections.abc import Callable
@@ -45,6 +55,11 @@ def _unsafe(name: str) -> bool:
     return not safe_relative(name)
 
 
+# tarfile's extraction filters (PEP 706) came with 3.11.4; module-level so a test can force the other path.
+HAS_DATA_FILTER = hasattr(tarfile, "data_filter")
+_FILTER_ERRORS: tuple[type[Exception], ...] = (tarfile.FilterError,) if HAS_DATA_FILTER else ()
+
+
 def check_member(m: tarfile.TarInfo) -> None:
     """Raise InvalidArgument when extracting `m` could write outside the target directory."""
     if _unsafe(m.name):
@@ -60,14 +75,98 @@ def check_member(m: tarfile.TarInfo) -> None:
         raise InvalidArgument(f"code archive member {m.name!r} is a device or pipe; refusing to extract")
 
 
+def _parents(path: str) -> list[str]:
+    """'a/b/c' -> ['a', 'a/b']: the folders a member's path passes through."""
+    parts = PurePosixPath(path).parts
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def check_archive(members: list[tarfile.TarInfo]) -> None:
+    """Every member by itself (`check_member`), then what the members do to each other.
+
+    Refused: a member whose path, or a link's target path, passes through a
+    symbolic link of the archive (a link inside may point anywhere inside,
+    but "l -> sub" then "l/../../x", or "a -> ." then "a/b -> .." then
+    "a/b/x", would leave the folder once the links exist on disk), and a hard
+    link to anything but a regular file the archive holds before it. A link
+    to a link ("lib.so -> lib.so.1 -> lib.so.1.2") is fine.
+    """
+    for m in members:
+        check_member(m)
+    links = {posixpath.normpath(m.name) for m in members if m.issym()}
+    files: set[str] = set()
+    for m in members:
+        name = posixpath.normpath(m.name)
+        via = next((p for p in _parents(name) if p in links), None)
+        if via is not None:
+            raise InvalidArgument(f"code archive member {m.name!r} lies under the archive's link {via!r}")
+        if m.issym():
+            through = posixpath.join(posixpath.dirname(name), m.linkname)
+            via = next((p for p in map(posixpath.normpath, _parents(through)) if p in links), None)
+            if via is not None:
+                raise InvalidArgument(f"code archive member {m.name!r} links through the archive's link {via!r}")
+        elif m.islnk():
+            if posixpath.normpath(m.linkname) not in files:
+                raise InvalidArgument(f"code archive member {m.name!r} is a hard link to {m.linkname!r}, "
+                                      "which is no earlier file of the archive")
+            files.add(name)
+        elif m.isfile():
+            files.add(name)
+        else:
+            files.discard(name)
+        if m.issym():
+            files.discard(name)
+
+
+def _within(root: str, path: str) -> bool:
+    return os.path.commonpath([root, path]) == root
+
+
+def _plain_copy(m: tarfile.TarInfo, root: str) -> tarfile.TarInfo:
+    """What the "data" filter makes of a member that passed `check_archive`, for a tarfile without it."""
+    target = os.path.realpath(os.path.join(root, m.name))
+    if not _within(root, target):
+        raise InvalidArgument(f"code archive member {m.name!r} would be written outside the folder ({target})")
+    if m.issym() or m.islnk():
+        base = os.path.dirname(os.path.join(root, m.name)) if m.issym() else root
+        linked = os.path.realpath(os.path.join(base, m.linkname))
+        if not _within(root, linked):
+            raise InvalidArgument(f"code archive member {m.name!r} links outside the folder ({linked})")
+    c = copy.copy(m)
+    mode = m.mode & 0o755
+    if m.isdir():
+        mode |= 0o700
+    elif not m.issym():
+        if not mode & 0o100:
+            mode &= ~0o111
+        mode |= 0o600
+    c.mode = mode
+    c.uid, c.gid, c.uname, c.gname = os.getuid(), os.getgid(), "", ""
+    return c
+
+
+def _extract_plain(tar: tarfile.TarFile, members: list[tarfile.TarInfo], dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    root = os.path.realpath(dest)
+    # Where tarfile has filters (a test forcing this path), say the members are filtered already.
+    trusted = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+    for m in members:
+        # One at a time, so each target is resolved with the members before it on disk.
+        tar.extract(_plain_copy(m, root), root, **trusted)
+
+
 def extract_code(archive: Path, dest: Path) -> int:
     """Extract a (gzipped) tar archive into dest after checking every member; returns the member count."""
     try:
         with tarfile.open(archive, "r:*") as tar:
             members = tar.getmembers()
-            for m in members:
-                check_member(m)
-            tar.extractall(dest, members=members, filter="data")
+            check_archive(members)
+            if HAS_DATA_FILTER:
+                tar.extractall(dest, members=members, filter="data")
+            else:
+                _extract_plain(tar, members, dest)
+    except _FILTER_ERRORS as e:
+        raise InvalidArgument(f"code archive member refused: {e}") from None
     except tarfile.TarError as e:
         raise InvalidArgument(f"code archive is not a readable tar archive: {e}") from None
     return len(members)

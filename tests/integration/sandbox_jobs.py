@@ -7,7 +7,7 @@ holds `hostile.py`, run as `python hostile.py` by the local backend, whose
 final learner status is returned. A hostile script prints `BLOCKED <what>`
 for each attempt that failed and `ESCAPED <what>` for one that worked.
 
-`unprivileged_platform` is the same with every controller (and the job
+`unprivileged_platform` (root only) is the same with every controller (and the job
 monitor) run as uid 65534 (`nobody`), so the learners get the sandbox
 without root (`isolation: userns`). Its state directory lies outside the
 test's 0700 tmp_path, world-traversable and owned by that uid, and the
@@ -15,7 +15,8 @@ controllers run an interpreter that uid can reach (the test process's may
 live below a 0700 home, as a pyenv build under /root does): a copy of the
 running interpreter and its standard library in a world-readable folder
 (its library path made relative), and a venv of it that sees the same
-packages (the running venv's .pth files).
+packages (the running venv's .pth files). Run as a user other than root,
+`own_userns_platform` is the platform as that user, which gets `userns` too.
 """
 
 from __future__ import annotations
@@ -122,11 +123,20 @@ def root_platform(store_settings, coordinator, tmp_path) -> Iterator[Platform]:
 @pytest.fixture(params=["sandbox", "userns"])
 def platform(request) -> Platform:
     """The platform as root (`sandbox`) or with its controllers as uid 65534 (`userns`), where possible; a test
-    module using it imports root_platform, unprivileged_platform and nobody_python too."""
+    module using it imports root_platform, unprivileged_platform and nobody_python too.
+
+    Run by a user other than root (tools/py311/run.sh does), `userns` is the platform as that user, whose
+    learners get the sandbox without root, and `sandbox` is root's only."""
     if request.param == "sandbox":
+        if os.geteuid() != 0:
+            pytest.skip("the sandbox with cgroups needs root; this user's learners get `userns`")
         if isolation.unavailable():
             pytest.skip(f"no sandbox here: {isolation.unavailable()}")
         return request.getfixturevalue("root_platform")
+    if os.geteuid() != 0:
+        if why := isolation.unavailable():
+            pytest.fail(f"run as uid {os.geteuid()}, which should get the sandbox without root: {why}")
+        return request.getfixturevalue("own_userns_platform")
     if why := unprivileged_unavailable():
         pytest.skip(why)
     return request.getfixturevalue("unprivileged_platform")
@@ -222,6 +232,21 @@ def unprivileged_platform(store_settings, coordinator, tmp_path, nobody_python) 
         os.chown(state, NOBODY, NOBODY)
         files = store_settings.objectstore_url.startswith("file:")  # else the S3 store of the egress tests
         with _platform(store_settings, coordinator, tmp_path, kind="userns", state_dir=state, python=str(wrapper),
+                       **({"objectstore_url": (state / "objects").as_uri()} if files else {})) as p:
+            yield p
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture
+def own_userns_platform(store_settings, coordinator, tmp_path) -> Iterator[Platform]:
+    """The platform as the test's own user when that is not root: its learners get `isolation: userns`."""
+    state = Path(tempfile.mkdtemp(prefix="tf-userns-", dir="/var/tmp"))  # not below the learner's private /tmp
+    try:
+        os.chmod(state, 0o755)
+        (state / "objects").mkdir()
+        files = store_settings.objectstore_url.startswith("file:")  # else the S3 store of the egress tests
+        with _platform(store_settings, coordinator, tmp_path, kind="userns", state_dir=state,
                        **({"objectstore_url": (state / "objects").as_uri()} if files else {})) as p:
             yield p
     finally:

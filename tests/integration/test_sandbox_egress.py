@@ -20,6 +20,7 @@ import pytest
 
 from tests.integration.sandbox_jobs import (  # noqa: F401 - fixtures
     nobody_python,
+    own_userns_platform,
     platform,
     root_platform,
     unprivileged_platform,

@@ -25,6 +25,7 @@ import pytest
 from tests.integration.sandbox_jobs import (  # noqa: F401 - fixtures
     nobody_python,
     outcome_lines,
+    own_userns_platform,
     platform,
     root_platform,
     unprivileged_platform,
@@ -95,8 +96,9 @@ print("uid", os.getuid(), "pid", os.getpid(), flush=True)
     assert doc["state"] == LearnerState.LEARNER_COMPLETED, platform.log(job)
     blocked = sandboxed(doc, platform.isolation)
     assert len(blocked) == len(targets) + 1, doc["tail"]
-    # A folder above its own workdir shows only the way down to it (and the home only the bound Python).
-    own = set(platform.workdir(job).parts) | set(Path(sys.base_prefix).parts)
+    # A folder above its own workdir shows only the way down to it (and the home only the bound Python: the
+    # interpreter's prefix, and the venv's where the platform's venv lies in the home, as tools/py311/run.sh's does).
+    own = set(platform.workdir(job).parts) | set(Path(sys.base_prefix).parts) | set(Path(sys.prefix).parts)
     for line in (ln for ln in doc["tail"] if ln.startswith("LIST ")):
         path, seen = json.loads(line.removeprefix("LIST "))
         assert seen == "FileNotFoundError" or set(seen) <= own, (path, seen)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import stat
 import tarfile
 
 import pytest
@@ -10,10 +11,21 @@ import pytest
 from trainforge_services.common.adapters.objectstore import LocalStore
 from trainforge_services.common.contracts.specs import LearnerSpec
 from trainforge_services.common.errors import InvalidArgument, NotFound, PermissionDenied
+from trainforge_services.controller import workdir
 from trainforge_services.controller.workdir import Stopped, extract_code, fetch, prepare
 
+# Both ways of extracting where this Python has tarfile's "data" filter (3.11.4+); only the plain one before.
+PATHS = ["plain", "data-filter"] if workdir.HAS_DATA_FILTER else ["plain"]
 
-def tar_bytes(entries: list[tarfile.TarInfo | tuple[str, bytes]]) -> bytes:
+
+@pytest.fixture(params=PATHS)
+def extraction(request, monkeypatch):
+    """Runs a test once per extraction path, the plain one forced by hiding the filter."""
+    monkeypatch.setattr(workdir, "HAS_DATA_FILTER", request.param == "data-filter")
+    return request.param
+
+
+def tar_bytes(entries: list[tarfile.TarInfo | tuple[str | tarfile.TarInfo, bytes]]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for e in entries:
@@ -21,10 +33,16 @@ def tar_bytes(entries: list[tarfile.TarInfo | tuple[str, bytes]]) -> bytes:
                 tar.addfile(e)
             else:
                 name, data = e
-                info = tarfile.TarInfo(name)
+                info = name if isinstance(name, tarfile.TarInfo) else tarfile.TarInfo(name)
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
+
+
+def file(name: str, data: bytes, mode: int = 0o644) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), mode
+    return info, data
 
 
 def link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tarfile.TarInfo:
@@ -39,7 +57,7 @@ def special(name: str, kind: bytes) -> tarfile.TarInfo:
     return info
 
 
-def test_extracts_files_folders_and_inner_links(tmp_path):
+def test_extracts_files_folders_and_inner_links(tmp_path, extraction):
     archive = tmp_path / "code.tar.gz"
     archive.write_bytes(tar_bytes([("train.py", b"print(1)\n"), ("pkg/util.py", b"X = 1\n"),
                                    link("pkg/alias.py", "util.py")]))
@@ -56,15 +74,76 @@ def test_extracts_files_folders_and_inner_links(tmp_path):
     (link("out", "/etc/passwd"), "'out' links outside the archive"),
     (link("a/out", "../../x"), "'a/out' links outside the archive"),
     (link("hard", "../x", tarfile.LNKTYPE), "'hard' links outside the archive"),
+    (link("hard", "/etc/passwd", tarfile.LNKTYPE), "'hard' links outside the archive"),
+    (link("hard", "etc/passwd", tarfile.LNKTYPE), "'hard' is a hard link to 'etc/passwd', which is no earlier file"),
     (special("dev", tarfile.CHRTYPE), "'dev' is a device or pipe"),
+    (special("disk", tarfile.BLKTYPE), "'disk' is a device or pipe"),
     (special("fifo", tarfile.FIFOTYPE), "'fifo' is a device or pipe"),
 ])
-def test_refuses_members_that_escape(tmp_path, entry, message):
+def test_refuses_members_that_escape(tmp_path, entry, message, extraction):
     archive = tmp_path / "code.tar.gz"
     archive.write_bytes(tar_bytes([("ok.py", b""), entry]))
     with pytest.raises(InvalidArgument, match=message):
         extract_code(archive, tmp_path / "w")
     assert not (tmp_path / "w" / "ok.py").exists(), "nothing is extracted from a refused archive"
+
+
+@pytest.mark.parametrize(("entries", "message"), [
+    # A link inside, then a member written through it: "a -> ." makes "a/b -> .." point at the folder's parent.
+    ([link("a", "."), link("a/b", ".."), ("a/b/escaped", b"x")], "'a/b' lies under the archive's link 'a'"),
+    ([link("l", "sub"), ("l/x.py", b"x")], "'l/x.py' lies under the archive's link 'l'"),
+    ([("l/x.py", b"x"), link("l", "sub")], "'l/x.py' lies under the archive's link 'l'"),
+    # A link whose target passes through another link of the archive ("sub/y -> .." makes "sub/y/.." the parent).
+    ([link("sub/x", "y/../../escaped"), link("sub/y", "..")], "'sub/x' links through the archive's link 'sub/y'"),
+    ([link("sub/y", ".."), link("sub/x", "y/z")], "'sub/x' links through the archive's link 'sub/y'"),
+    # Hard links: only to an earlier regular file, never to a link or to what comes later.
+    ([link("s", "train.py"), link("h", "s", tarfile.LNKTYPE)], "'h' is a hard link to 's', which is no earlier file"),
+    ([link("h", "later.py", tarfile.LNKTYPE), ("later.py", b"x")], "'h' is a hard link to 'later.py'"),
+])
+def test_refuses_members_that_escape_through_other_members(tmp_path, entries, message, extraction):
+    archive = tmp_path / "code.tar.gz"
+    archive.write_bytes(tar_bytes([("train.py", b"print(1)\n"), *entries]))
+    dest = tmp_path / "w" / "learner"
+    with pytest.raises(InvalidArgument, match=message):
+        extract_code(archive, dest)
+    assert not dest.exists() or not any(dest.iterdir()), "nothing is extracted from a refused archive"
+    assert not (tmp_path / "w" / "escaped").exists() and not (tmp_path / "escaped").exists()
+
+
+def test_refuses_writing_through_a_link_already_in_the_folder(tmp_path, extraction):
+    dest = tmp_path / "w"
+    dest.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (dest / "out").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    archive = tmp_path / "code.tar.gz"
+    archive.write_bytes(tar_bytes([("out/x.py", b"x")]))
+    with pytest.raises(InvalidArgument, match="'out/x.py'.*outside"):
+        extract_code(archive, dest)
+    assert not (tmp_path / "elsewhere" / "x.py").exists()
+
+
+def test_modes_are_masked_and_links_inside_kept(tmp_path, extraction):
+    d = tarfile.TarInfo("bin")
+    d.type, d.mode = tarfile.DIRTYPE, 0o7777
+    archive = tmp_path / "code.tar.gz"
+    archive.write_bytes(tar_bytes([
+        d,
+        file("bin/run", b"#!/bin/sh\n", 0o6777),     # setuid, setgid, world-writable, executable
+        file("data.txt", b"abc", 0o666),             # group/other writable
+        file("secret", b"s", 0o000),                 # the owner can still read and write it
+        file("lib.so.1.2", b"ELF", 0o755),
+        link("lib.so.1", "lib.so.1.2"), link("lib.so", "lib.so.1"),   # a link to a link
+        link("copy.txt", "data.txt", tarfile.LNKTYPE),
+    ]))
+    dest = tmp_path / "w"
+    assert extract_code(archive, dest) == 8
+    mode = {name: stat.S_IMODE((dest / name).stat().st_mode) for name in ("bin/run", "data.txt", "secret")}
+    assert mode == {"bin/run": 0o755, "data.txt": 0o644, "secret": 0o600}
+    assert not stat.S_IMODE((dest / "bin").stat().st_mode) & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | 0o022)
+    assert (dest / "bin" / "run").read_bytes() == b"#!/bin/sh\n"
+    assert (dest / "lib.so").read_bytes() == b"ELF" and (dest / "lib.so").is_symlink()
+    assert (dest / "copy.txt").read_bytes() == b"abc"
+    assert (dest / "copy.txt").stat().st_ino == (dest / "data.txt").stat().st_ino
 
 
 def test_not_a_tar_archive(tmp_path):
