@@ -253,6 +253,8 @@ class WebhookPolicy:
             scheme, host, port = "", "", None
         if scheme not in ("http", "https") or not host:
             raise _refused(field, url, "not an http:// or https:// URL with a host")
+        if _address(host) is None and not _HOST.match(host):  # e.g. a label over 63 characters: no resolver takes it
+            raise _refused(field, url, "its host is not a valid host name or address")
         return scheme, host.lower(), port or (443 if scheme == "https" else 80)
 
     def check_url(self, url: str, field: str = "webhook") -> str:

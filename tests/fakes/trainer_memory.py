@@ -22,6 +22,7 @@ from trainforge_services.api.trainer_client import job_state_name
 from trainforge_services.common import states
 from trainforge_services.common.errors import Conflict, InvalidArgument, NotFound
 from trainforge_services.common.states import JobState
+from trainforge_services.common.storeaccess import Publication, publication_prefix, publication_teams
 
 # States in which a job holds its resources (protos/trainer.proto, Quota.jobs).
 _HOLDING = frozenset({"deploying", "running", "storing", "halting", "restarting"})
@@ -36,12 +37,28 @@ class InMemoryTrainer:
         self.quota_requests: list[dict] = []  # every SetQuota request as received
         # what the backend runs at once ({gpus, cpus, memory, learners}); None: the LCM has not said
         self.capacity: dict | None = None
+        self._published: dict[str, Publication] = {}
 
     def close(self) -> None:
         pass
 
     def health(self) -> str:
         return "ok"
+
+    def set_publication(self, prefix: str, teams: list[str], *, actor: str) -> dict:
+        """The Trainer's rule (services/trainer/storerefs.py's Publications), kept in memory."""
+        key = publication_prefix(prefix)
+        with self._lock:
+            if not teams:
+                if self._published.pop(key, None) is None:
+                    raise NotFound(f"{prefix} is not published")
+                return {"prefix": prefix, "teams": []}
+            pub = self._published[key] = Publication(key, publication_teams(teams))
+        return {"prefix": pub.uri, "teams": sorted(pub.teams)}
+
+    def publications(self) -> list[dict]:
+        with self._lock:
+            return [{"prefix": p.uri, "teams": sorted(p.teams)} for _, p in sorted(self._published.items())]
 
     def submit_job(self, *, team: str, manifest_json: str, code_uri: str, submitted_by: str,
                    job_id: str) -> dict:

@@ -89,3 +89,12 @@ def test_the_settings_name_the_platforms_services():
             ("127.0.0.1", 2379), ("127.0.0.1", 9200)} <= set(d.endpoints(api.service_addresses()))
     trainer = TrainerSettings(api_address="api.svc:8080,api2.svc:8081", metrics_port=9100)
     assert {("api.svc", 8080), ("api2.svc", 8081), ("0.0.0.0", 9100)} <= set(d.endpoints(trainer.service_addresses()))
+
+
+@pytest.mark.parametrize("url", ["https://" + "0" * 64 + "/", "http://a..b/", "http://-x.example/",
+                                 "http://bad_host!.example/"])
+def test_a_host_no_resolver_takes_is_refused_as_invalid(url):
+    """Not an error from the resolver (an IDNA label over 63 characters made the API answer 500)."""
+    for check in (policy().check_url, policy().target):
+        with pytest.raises(RefusedReference, match="not a valid host name"):
+            check(url)
