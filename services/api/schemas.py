@@ -423,9 +423,10 @@ class PublicationIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     prefix: str = Field(max_length=1024, description="a store:// prefix, e.g. store://datasets/mnist/; never "
-                                                     "under store://jobs/ or store://experiments/")
+                                                     "under store://jobs/ or store://experiments/",
+                        examples=["store://datasets/mnist/"])
     teams: list[Annotated[str, Field(max_length=63)]] = Field(
-        min_length=1, max_length=1000, description='team names, or ["*"] for every team')
+        min_length=1, max_length=1000, description='team names, or ["*"] for every team', examples=[["vision"]])
 
 
 class Publication(BaseModel):

@@ -40,7 +40,8 @@ class ScriptedLcm:
         self.synced: list[tuple[str, object]] = []  # every SyncTeam: (team, quota)
         self._lock = threading.Lock()
 
-    def deploy_job(self, job_id, team, attempt, manifest_json, code_uri, checkpoint_uri="", gated=False):  # noqa: ANN001
+    def deploy_job(self, job_id, team, attempt, manifest_json, code_uri, checkpoint_uri="", gated=False,  # noqa: ANN001
+                   reads=()):
         with self._lock:
             if gated:
                 self.gated.add((job_id, attempt))

@@ -267,7 +267,8 @@ class LateLcm(ScriptedLcm):
         self.job_id, self.arrived, self.go, self.answered = job_id, threading.Event(), threading.Event(), \
             threading.Event()
 
-    def deploy_job(self, job_id, team, attempt, manifest_json, code_uri, checkpoint_uri="", gated=False):  # noqa: ANN001
+    def deploy_job(self, job_id, team, attempt, manifest_json, code_uri, checkpoint_uri="", gated=False,  # noqa: ANN001
+                   reads=()):
         if (job_id, attempt) == (self.job_id, 1):
             self.arrived.set()
             try:

@@ -115,7 +115,8 @@ class Client:
         manifest = {"name": name, "command": "python train.py", "priority": priority,
                     "resources": {"cpus": cpus, "gpus": gpus, "memory": "1Gi"}}
         return rpc.call(self.stub.SubmitJob, trainer_pb2.SubmitJobRequest(
-            team=team, manifest_json=json.dumps(manifest), code_uri=f"store://jobs/{name}/code.tar.gz",
+            # the job's own archive, as the API stores it (another job's is refused: services/common/storeaccess.py)
+            team=team, manifest_json=json.dumps(manifest), code_uri=f"store://jobs/{job_id}/code.tar.gz" if job_id else "",
             submitted_by="key-1", job_id=job_id))
 
     def get(self, job_id: str, team: str = "t") -> common_pb2.Job:
@@ -154,7 +155,7 @@ def test_a_job_that_fits_is_deployed(client, fake_lcm):
     wait_for(lambda: fake_lcm.deployed() == ["first"], 10, "DeployJob")
     deploy = fake_lcm.deploys[0]
     assert (deploy.team, deploy.attempt, deploy.code_uri, deploy.checkpoint_uri) == \
-        ("t", 1, "store://jobs/mnist/code.tar.gz", "")
+        ("t", 1, "store://jobs/first/code.tar.gz", "")
     assert parse_manifest(deploy.manifest_json).resources.cpus == 2
     assert [(e.from_state, e.to_state) for e in job.history] == [
         (JobState.JOB_STATE_UNSPECIFIED, JobState.PENDING), (JobState.PENDING, JobState.QUEUED),
