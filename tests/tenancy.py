@@ -36,14 +36,14 @@ class Teams:
     secret_job: str
 
 
-def job_manifest(tmp_path: Path, name: str, script: str, data: list[dict], extra: str = "") -> Path:
+def job_manifest(tmp_path: Path, name: str, script: str, data: list[dict]) -> Path:
     code = tmp_path / f"{name}-code"
     code.mkdir()
     (code / "main.py").write_text(script)
     manifest = {"name": name, "framework": "custom", "command": "python main.py", "code": str(code),
                 "outputs": "outputs/", "data": data, "resources": {"cpus": 0.5, "memory": "512Mi"}}
     path = tmp_path / f"{name}.json"
-    path.write_text(json.dumps(manifest) if not extra else json.dumps(manifest) + extra)
+    path.write_text(json.dumps(manifest))
     return path
 
 

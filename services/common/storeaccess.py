@@ -126,8 +126,8 @@ def grant(team: str, uri: str, field: str, owners: Owners, publications: Iterabl
             raise _refuse(field, uri, team, f"it names every team's {root}")
         owner = owners.job_team(owned_id) if root == "jobs" else owners.experiment_team(owned_id)
         if owner != team:  # another team's, or none at all: the same answer, so ids cannot be probed
-            kind = "job" if root == "jobs" else "experiment or workflow"
-            raise _refuse(field, uri, team, f"{owned_id} is not a {kind} of team {team}")
+            kind = "a job" if root == "jobs" else "an experiment or workflow"
+            raise _refuse(field, uri, team, f"{owned_id} is not {kind} of team {team}")
         return key
     visible = [p for p in publications if p.visible_to(team)]
     if any(under(key, p.prefix) for p in visible):

@@ -9,26 +9,14 @@ the same lines again before it builds: tests/integration/test_controller_env.py.
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 
 import pytest
 
+from tests.integration.test_controller_run import pack
 from tests.integration.test_webhooks import platform
 
 HOST_SECRET = "root:x:0:0:host-only-secret"
-
-
-def archive(files: dict[str, str]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 @pytest.mark.parametrize("line", ["-r {host}", "-c {host}", "-e file://{dir}", "--find-links {dir}",
@@ -40,7 +28,7 @@ def test_a_requirements_file_reaching_the_host_is_refused_at_submit(mongo_server
     reqs = "# deps\nnumpy\n" + line.format(host=host, dir=tmp_path) + "\n"
     with platform(mongo_server, mongo_db, logstore, tmp_path, unique) as p:
         manifest = {"name": "reqs", "framework": "custom", "command": "true", "requirements": "./requirements.txt"}
-        code = archive({"./train.py": "print(1)\n", "./requirements.txt": reqs})
+        code = pack({"./train.py": "print(1)\n", "./requirements.txt": reqs})
         resp = p.http.post("/v1/jobs", data={"manifest": json.dumps(manifest)},
                            files={"code": ("code.tar.gz", code, "application/gzip")}, headers=p.h["member"])
         assert resp.status_code == 422, resp.text
@@ -57,7 +45,7 @@ def test_a_requirements_file_reaching_the_host_is_refused_at_submit(mongo_server
 def test_a_clean_requirements_file_and_a_list_entry(mongo_server, mongo_db, logstore, tmp_path, unique):
     with platform(mongo_server, mongo_db, logstore, tmp_path, unique) as p:
         manifest = {"name": "reqs", "framework": "custom", "command": "true", "requirements": "requirements.txt"}
-        code = archive({"requirements.txt": "numpy>=1  # arrays\n"})
+        code = pack({"requirements.txt": "numpy>=1  # arrays\n"})
         resp = p.http.post("/v1/jobs", data={"manifest": json.dumps(manifest)},
                            files={"code": ("code.tar.gz", code, "application/gzip")}, headers=p.h["member"])
         assert resp.status_code == 201, resp.text

@@ -39,7 +39,7 @@ def test_a_job_is_granted_its_teams_objects_and_published_prefixes(refs):
                    "experiments/wf-vision/code.tar.gz", "jobs/j-vision/outputs"]
     # its own code archive needs no grant: the controller reads jobs/<id>/ anyway
     assert refs.reads("vision", manifest(), job_id="j-new", code_uri="store://jobs/j-new/code.tar.gz") == []
-    with pytest.raises(PermissionDenied, match=r"code_uri: team nlp may not read .*e-vision is not a experiment"):
+    with pytest.raises(PermissionDenied, match=r"code_uri: team nlp may not read .*e-vision is not an experiment"):
         refs.reads("nlp", manifest(), job_id="j-x", code_uri="store://experiments/e-vision/code.tar.gz")
     with pytest.raises(PermissionDenied, match=r"data\[1\]\.source: team nlp may not read store://datasets/mnist/"):
         refs.reads("nlp", manifest("store://jobs/j-nlp/outputs/", "store://datasets/mnist/"))

@@ -48,7 +48,7 @@ def test_a_team_reads_its_own_objects_and_what_is_published_to_it(uri, key):
     ("store://jobs/", "every team's jobs"),
     ("store://jobs", "every team's jobs"),
     ("store://experiments/", "every team's experiments"),
-    ("store://experiments/wf-nlp/code.tar.gz", "wf-nlp is not a experiment or workflow of team vision"),
+    ("store://experiments/wf-nlp/code.tar.gz", "wf-nlp is not an experiment or workflow of team vision"),
     ("store://", "the whole object store"),
     ("store:///", "the whole object store"),
     ("store://datasets", "not under a prefix published to team vision"),
