@@ -67,3 +67,11 @@ class Unavailable(TrainforgeError):
 
     code = "unavailable"
     http_status = 503
+
+
+def message_of(error: BaseException) -> str:
+    """What to log or record of `error`: a domain error's own message, else the exception's text, else its type's
+    name (an exception raised without words still says what it was)."""
+    if isinstance(error, TrainforgeError):
+        return error.message
+    return str(error) or type(error).__name__

@@ -12,6 +12,7 @@ Two shapes cover every loop in the services:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -88,3 +89,44 @@ def retry_call(fn: Callable[[], T], *, retry_on: type[BaseException] | tuple[typ
         stop=tenacity.stop_any(*stops) if stops else tenacity.stop_never,
         sleep=sleep, before_sleep=before_sleep, reraise=True)
     return retrying(fn)
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """A named way to retry: the first delay and the cap, and optionally how many attempts or how many seconds in
+    all. Call sites choose one of the policies below rather than picking their own delays; a site whose first
+    delay is a setting (a test runs it faster) keeps the policy's shape with `starting(initial)`."""
+
+    name: str
+    initial: float
+    maximum: float
+    attempts: int | None = None
+    deadline: float | None = None
+
+    def starting(self, initial: float) -> Policy:
+        """This policy from another first delay, its cap scaled alike (never below the new first delay)."""
+        ratio = self.maximum / self.initial
+        return dataclasses.replace(self, initial=initial, maximum=max(initial, initial * ratio))
+
+    def within(self, *, attempts: int | None = None, deadline: float | None = None) -> Policy:
+        """This policy bounded by an attempt count or a deadline (seconds) of the caller's."""
+        return dataclasses.replace(self, attempts=attempts if attempts is not None else self.attempts,
+                                   deadline=deadline if deadline is not None else self.deadline)
+
+    def backoff(self) -> Backoff:
+        return Backoff(self.initial, self.maximum)
+
+    def call(self, fn: Callable[[], T], *, retry_on: type[BaseException] | tuple[type[BaseException], ...],
+             stop_event: threading.Event | None = None,
+             on_retry: Callable[[BaseException, int, float], None] | None = None) -> T:
+        return retry_call(fn, retry_on=retry_on, attempts=self.attempts, deadline=self.deadline,
+                          initial=self.initial, maximum=self.maximum, stop_event=stop_event, on_retry=on_retry)
+
+
+# A store or coordinator on this machine or the next (etcd, MongoDB, the Kubernetes API) that is briefly away:
+# a leader election, a connection being re-made. Retried soon and often.
+QUICK = Policy("quick", initial=0.05, maximum=1.0)
+# The default for a platform peer over the network (the LCM, the log store, etcd from a learner).
+STEADY = Policy("steady", initial=0.1, maximum=5.0)
+# Something slow to come back, where retrying hard only adds load: a container engine, a webhook receiver.
+PATIENT = Policy("patient", initial=1.0, maximum=30.0)

@@ -73,3 +73,22 @@ def test_retry_call_with_the_event_already_set_raises_the_error_at_once():
     with pytest.raises(ConnectionError):
         retry_call(lambda: (_ for _ in ()).throw(ConnectionError("down")), retry_on=ConnectionError,
                    initial=30.0, stop_event=stop)
+
+
+def test_named_policies_keep_their_shape_from_another_first_delay_and_bound_a_call():
+    from trainforge_services.common.retry import PATIENT, QUICK, STEADY
+
+    assert QUICK.initial < STEADY.initial < PATIENT.initial
+    faster = STEADY.starting(0.01)
+    assert (faster.initial, faster.maximum) == (0.01, 0.01 * STEADY.maximum / STEADY.initial)
+    assert faster.name == "steady"
+    calls: list[int] = []
+
+    def flaky():
+        calls.append(1)
+        raise ConnectionError("away")
+
+    with pytest.raises(ConnectionError):
+        QUICK.starting(0.001).within(attempts=3).call(flaky, retry_on=ConnectionError)
+    assert len(calls) == 3
+    assert QUICK.backoff().next() == QUICK.initial
