@@ -88,7 +88,7 @@ def test_spacing_keeps_an_expensive_step_from_running_back_to_back():
     wait_for(lambda: len(starts) >= 3)
     assert loop.stop(timeout=5.0)
     # each run waits twice the last one's duration (0.05 s) after it began
-    assert all(b - a >= 0.095 for a, b in zip(starts, starts[1:]))
+    assert all(b - a >= 0.095 for a, b in zip(starts, starts[1:], strict=False))
 
 
 def test_stop_waits_for_the_running_step_and_no_step_runs_after():
