@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from trainforge_services.common import states
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import Capacity, Quota, TeamUse, Usage
 from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.resources import BackendSize, Quota, TeamUse, Usage
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class TeamReport:
 class ClusterView:
     """The backend's capacity as last reported (None: unknown, and why) and what active jobs hold of it."""
 
-    capacity: Capacity | None
+    capacity: BackendSize | None
     unknown_reason: str
     held: Usage
     active_jobs: int

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trainforge_services.common.manifest import Manifest, parse_manifest
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import Queued, Usage
+from trainforge_services.trainer.resources import Queued, Usage
 
 # JobRecord.gate: a prestarted trial's learners wait ("closed") until the experiment driver lets them ("open")
 GATE_CLOSED = "closed"
