@@ -28,14 +28,6 @@ class Usage:
 
 
 @dataclass(frozen=True)
-class BackendSize:
-    """What the backend runs at once, in total, as the LCM reports it; `total.learners` is its max_learners."""
-
-    total: Usage
-    backend: str = ""
-
-
-@dataclass(frozen=True)
 class Limits:
     """Per-resource amounts of a cohort's lending or borrowing limit; None is no limit (Kueue's names)."""
 
@@ -103,3 +95,11 @@ class Queued:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", f"{self.team}\x00{self.need!r}\x00{self.gpu_type}")
+
+
+@dataclass(frozen=True)
+class BackendSize:
+    """What the backend runs at once, in total, as the LCM reports it; `total.learners` is its max_learners."""
+
+    total: Usage
+    backend: str = ""
