@@ -1,6 +1,6 @@
 """Per-team usage: what a team's jobs hold now and what they have consumed.
 
-Pure over the records the job store hands out (services/trainer/store.py
+Pure over the records the job store hands out (services/trainer/store_reads.py
 `usage_rows`), so the arithmetic is testable without a database. Consumed
 GPU- and CPU-seconds are the per-job sums the store adds atomically when a
 job leaves the ACTIVE states, plus the running stint of every job still

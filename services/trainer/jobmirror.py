@@ -5,7 +5,7 @@ Reading them whole from the store each pass costs a round trip that grows
 with the queue (10,000 queued: most of a pass, and most of the store's CPU).
 So the leader keeps them here and, before each pass, reads only the jobs
 whose `changed_at` moved since its last read (the store stamps it on every
-insert, transition and cleanup; services/trainer/store.py `changed_since`),
+insert, transition and cleanup; services/trainer/store_reads.py `changed_since`),
 going back `MARGIN` seconds further, so a write whose time was taken before
 the last read but committed after it is still seen. Queue notes (reasons,
 positions) do not stamp it: they change nothing a pass decides on.

@@ -10,7 +10,7 @@ appended with `$push` (see services/common/adapters/mongo.py).
 Documents hold states as JobState ints and times as unix seconds (floats).
 This module is the only one that sees them: every read returns a typed
 `JobRecord` (services/trainer/record.py) and every change is named by the
-record's fields (`_document` and `_record` convert), and every driver error
+record's fields (services/trainer/storedocs.py converts), and every driver error
 leaves it as a domain error (`mapped`, services/common/adapters/mongo.py).
 
 Usage accounting rides on the same atomic updates: entering DEPLOYING

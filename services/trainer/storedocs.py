@@ -1,7 +1,7 @@
 """The Trainer's stored documents <-> values, and nowhere else: how a `JobRecord` is written to and read from
 MongoDB (states as ints, models as sub-documents, the history keyed by time), a `Usage` as a sub-document, a
 team's quota document (services/trainer/quotas.py), a new job's document, and the accounting a transition
-adds (store.py's only helper module)."""
+adds (for store.py, store_reads.py and quotas.py)."""
 
 from __future__ import annotations
 
