@@ -19,7 +19,7 @@ import time
 from _stack import machine_line
 
 from trainforge_services.trainer import admission, cohorts
-from trainforge_services.trainer.admission import Capacity, Queued, Quota, Usage
+from trainforge_services.trainer.resources import BackendSize, Queued, Quota, Usage
 
 
 def load(path: str):  # noqa: ANN201 - a module
@@ -38,7 +38,7 @@ def main() -> int:
     args = ap.parse_args()
     teams = [f"t{i}" for i in range(args.teams)]
     quotas = {t: Quota(cpus=-(-args.running // args.teams), cohort="c") for t in teams}
-    cap = Capacity(Usage(0, float(args.running), 1 << 50, args.running))
+    cap = BackendSize(Usage(0, float(args.running), 1 << 50, args.running))
     one = Usage(0, 1.0, 64 << 20, 1)
     held = [(teams[i % args.teams], one, "") for i in range(args.running)]
     modules = [("after", admission)] + ([("baseline", load(args.baseline))] if args.baseline else [])

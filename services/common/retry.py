@@ -128,5 +128,9 @@ class Policy:
 QUICK = Policy("quick", initial=0.05, maximum=1.0)
 # The default for a platform peer over the network (the LCM, the log store, etcd from a learner).
 STEADY = Policy("steady", initial=0.1, maximum=5.0)
-# Something slow to come back, where retrying hard only adds load: a container engine, a webhook receiver.
+# Something slow to come back, where retrying hard only adds load: a container engine.
 PATIENT = Policy("patient", initial=1.0, maximum=30.0)
+# A delivery kept in an outbox and tried again over minutes, each try counted against its own limit (the
+# Trainer's webhook POSTs): a receiver may be down for a while, and its tries should spread over that while
+# rather than be spent in the first minute. The first delay is the Trainer's `webhook_backoff` setting.
+DELIVERY = Policy("delivery", initial=1.0, maximum=300.0)

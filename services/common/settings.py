@@ -131,7 +131,7 @@ class TrainerSettings(StoreSettings):
     lcm_timeout: float = Field(30.0, gt=0, le=600, description="seconds an LCM call may take")
     webhook_max_tries: int = Field(8, ge=1, le=100, description="POSTs of one webhook delivery before it fails")
     webhook_backoff: float = Field(1.0, gt=0, le=3600, description="seconds before a failed delivery's first retry; "
-                                                                    "later waits double, up to 300 s")
+                                   "later waits double, up to 300 times it")
     secrets_key: str = Field("", description="Fernet key encrypting team secrets at rest; required outside dev "
                                           "mode (dev mode: generated into <state_dir>/secrets.key)")
     metrics_port: int = Field(-1, ge=-1, le=65535, description="port of the Prometheus /metrics endpoint "

@@ -1,6 +1,6 @@
 """Per-team usage: what a team's jobs hold now and what they have consumed.
 
-Pure over the records the job store hands out (services/trainer/store.py
+Pure over the records the job store hands out (services/trainer/store_reads.py
 `usage_rows`), so the arithmetic is testable without a database. Consumed
 GPU- and CPU-seconds are the per-job sums the store adds atomically when a
 job leaves the ACTIVE states, plus the running stint of every job still
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from trainforge_services.common import states
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import Capacity, Quota, TeamUse, Usage
 from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.resources import BackendSize, Quota, TeamUse, Usage
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class TeamReport:
 class ClusterView:
     """The backend's capacity as last reported (None: unknown, and why) and what active jobs hold of it."""
 
-    capacity: Capacity | None
+    capacity: BackendSize | None
     unknown_reason: str
     held: Usage
     active_jobs: int

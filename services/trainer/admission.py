@@ -19,6 +19,9 @@ backlog: the other team, holding less, is next at the first free slot. Within
 a team it is first come, first served. A job that does not fit does not stop
 the walk (backfill): later, smaller jobs may still go, so the backend is
 never idle while something it could run is queued.
+
+The values it reads and answers with (`Usage`, `Quota`, `Queued`, ...) are
+services/trainer/resources.py; this module holds only the policy.
 """
 
 from __future__ import annotations
@@ -29,44 +32,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from trainforge_services.common.manifest import Manifest
+from trainforge_services.trainer.resources import NO_QUOTA, BackendSize, Queued, Quota, TeamUse, Usage
 
 # Tolerance for sums of fractional CPUs (0.1 + 0.2 must fit in 0.3).
 _EPS = 1e-9
 _MEMORY_UNITS = (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
 
 
-@dataclass(frozen=True)
-class Usage:
-    """An amount of every resource admission counts; `learners` is a count of processes."""
-
-    gpus: int = 0
-    cpus: float = 0.0
-    memory: int = 0
-    learners: int = 0
-
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(self.gpus + other.gpus, self.cpus + other.cpus, self.memory + other.memory,
-                     self.learners + other.learners)
-
-    def as_doc(self) -> dict:
-        return {"gpus": self.gpus, "cpus": self.cpus, "memory": self.memory, "learners": self.learners}
-
-    @classmethod
-    def from_doc(cls, doc: Mapping) -> Usage:
-        return cls(int(doc.get("gpus", 0)), float(doc.get("cpus", 0.0)), int(doc.get("memory", 0)),
-                   int(doc.get("learners", 0)))
-
-
 def total(usages: Iterable[Usage]) -> Usage:
     return sum(usages, Usage())
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """What the backend runs at once; `total.learners` is its max_learners."""
-
-    total: Usage
-    backend: str = ""
 
 
 def demand(manifest: Manifest) -> Usage:
@@ -102,7 +76,7 @@ def _gpus_of(gpu_type: str, gpus: int) -> str:
     return f"{gpus} {gpu_type} GPU{'' if gpus == 1 else 's'}"
 
 
-def too_big(need: Usage, capacity: Capacity) -> dict[str, str]:
+def too_big(need: Usage, capacity: BackendSize) -> dict[str, str]:
     """Why a job can never run on this backend, per resource; empty when an idle backend could run it."""
     problems = {}
     for resource in _RESOURCES:
@@ -123,56 +97,6 @@ def shortfall(need: Usage, limit: Usage, in_use: Usage, label: str = "capacity")
             return (f"{_needs(resource, asked)}; "
                     f"{label} {_amount(resource, cap)}, in use {_amount(resource, used)}")
     return None
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Per-resource amounts of a cohort's lending or borrowing limit; None is no limit (Kueue's names)."""
-
-    gpus: int | None = None
-    cpus: float | None = None
-    memory: int | None = None
-
-
-@dataclass(frozen=True)
-class Quota:
-    """A team's limits on what its ACTIVE jobs hold at once; None (or a missing type) is no limit.
-
-    A team in a `cohort` may go beyond its gpus/cpus/memory by borrowing what other teams of the
-    cohort leave unused (services/trainer/cohorts.py); `jobs` and the per-type limits stay its own.
-    """
-
-    gpus: int | None = None
-    cpus: float | None = None
-    memory: int | None = None
-    jobs: int | None = None
-    # GPUs of one type ("a100" -> 4); a job asking for a type counts against it and against `gpus`
-    gpus_by_type: Mapping[str, int] = field(default_factory=dict)
-    cohort: str = ""
-    # most of the team's unused nominal quota others may borrow / most it may borrow beyond its own
-    lending_limit: Limits = Limits()
-    borrowing_limit: Limits = Limits()
-    # not a limit admission checks: the team's own egress policy for sandboxed learners (None: the admin's)
-    egress: str | None = None
-
-
-NO_QUOTA = Quota()
-
-
-@dataclass(frozen=True)
-class TeamUse:
-    """What one team's ACTIVE jobs hold now."""
-
-    usage: Usage = Usage()
-    jobs: int = 0
-    gpus_by_type: Mapping[str, int] = field(default_factory=dict)
-
-    def add(self, need: Usage, gpu_type: str = "") -> TeamUse:
-        """This use with one more job holding `need`."""
-        by_type = dict(self.gpus_by_type)
-        if gpu_type and need.gpus:
-            by_type[gpu_type] = by_type.get(gpu_type, 0) + need.gpus
-        return TeamUse(self.usage + need, self.jobs + 1, by_type)
 
 
 def team_use(active: Iterable[tuple[str, Usage, str]]) -> dict[str, TeamUse]:
@@ -230,26 +154,6 @@ def dominant_share(use: Usage, capacity: Usage) -> float:
     return max(shares, default=0.0)
 
 
-@dataclass(frozen=True)
-class Queued:
-    """One QUEUED job as admission sees it."""
-
-    job_id: str
-    team: str
-    need: Usage
-    priority: int = 1
-    created_at: float = 0.0
-    gpu_type: str = ""
-    # requeued after a preemption: first of its priority in its team's queue
-    front: bool = False
-    # what a pass remembers its answers by: jobs of a kind (team, need, GPU type) fit or wait alike; a
-    # string, whose hash Python keeps, made once per job rather than once per job and pass
-    kind: str = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", f"{self.team}\x00{self.need!r}\x00{self.gpu_type}")
-
-
 def queue_order(jobs: Iterable[Queued]) -> list[Queued]:
     """A team's own order (and the global one before fairness): higher priority first, then a preempted job
     requeued, then first come."""
@@ -294,7 +198,7 @@ def hold(queue: Sequence[Queued], reason: str) -> Plan:
     return Plan(wait={job.job_id: (reason, position) for job, position in _positions(queue_order(queue))})
 
 
-def plan(queue: Sequence[Queued], in_use: Usage, capacity: Capacity, *,
+def plan(queue: Sequence[Queued], in_use: Usage, capacity: BackendSize, *,
          quotas: Mapping[str, Quota] | None = None, teams: Mapping[str, TeamUse] | None = None,
          fit: QuotaFit | None = None) -> Plan:
     """Offer every queued job its turn (see the module's docstring) and dispatch each one that fits.

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 
 from trainforge_services.common.errors import TrainforgeError
-from trainforge_services.trainer.admission import Capacity
 from trainforge_services.trainer.lcm_client import Lcm
+from trainforge_services.trainer.resources import BackendSize
 
 log = logging.getLogger(__name__)
 
@@ -30,18 +30,18 @@ class CapacityCache:
     def __init__(self, lcm: Lcm, ttl: float = CAPACITY_TTL):
         self._lcm = lcm
         self._ttl = ttl
-        self._value: Capacity | None = None
+        self._value: BackendSize | None = None
         self._at = float("-inf")  # time.monotonic() of the last answer
         self.problem = "the LCM has not reported its capacity yet"
         self._asking = False  # a background refresh is in flight
         self._lock = threading.Lock()
 
     @property
-    def value(self) -> Capacity | None:
+    def value(self) -> BackendSize | None:
         """The capacity as last reported (None: not known yet); never calls the LCM."""
         return self._value
 
-    def refresh(self) -> Capacity | None:
+    def refresh(self) -> BackendSize | None:
         """Ask the LCM now; None when it cannot say (`problem` then says why)."""
         try:
             self._value = self._lcm.get_capacity()
@@ -53,7 +53,7 @@ class CapacityCache:
             return None
         return self._value
 
-    def current(self, background: Callable[[Callable[[], object]], None] | None = None) -> Capacity | None:
+    def current(self, background: Callable[[Callable[[], object]], None] | None = None) -> BackendSize | None:
         """For a pass: the last answer while it is younger than the TTL, else a new one.
 
         With `background` (runs a function off the pass's thread) an older answer is still returned and the

@@ -20,17 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from trainforge_services.trainer.admission import (
-    _EPS,
-    NO_QUOTA,
-    Queued,
-    Quota,
-    TeamUse,
-    Usage,
-    _amount,
-    _needs,
-    over_quota,
-)
+from trainforge_services.trainer.admission import _EPS, _amount, _needs, over_quota
+from trainforge_services.trainer.resources import NO_QUOTA, Queued, Quota, TeamUse, Usage
 
 BORROWABLE = ("gpus", "cpus", "memory")
 

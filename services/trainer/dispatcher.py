@@ -57,7 +57,7 @@ from trainforge_services.common.observability import LabelCounts
 from trainforge_services.common.retry import Backoff
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer import admission, cohorts
-from trainforge_services.trainer.admission import Capacity, Plan, Quota, Usage
+from trainforge_services.trainer.admission import Plan
 from trainforge_services.trainer.capacity import CapacityCache
 from trainforge_services.trainer.fence import Deposed, FenceGate
 from trainforge_services.trainer.growth import FIELDS as _GROWTH_FIELDS
@@ -72,6 +72,7 @@ from trainforge_services.trainer.queuenotes import QueueNotes
 from trainforge_services.trainer.quotas import QUOTA_MAX_AGE, QuotaStore
 from trainforge_services.trainer.record import JobRecord
 from trainforge_services.trainer.reserver import Reservations, ReservationWriter
+from trainforge_services.trainer.resources import BackendSize, Quota, Usage
 from trainforge_services.trainer.rules import ACTOR, Lifecycle, Rule
 from trainforge_services.trainer.stamps import STAMPS
 from trainforge_services.trainer.store import JobStore
@@ -252,7 +253,7 @@ class Dispatcher(LcmCalls):
 
     # -- capacity ----------------------------------------------------------
 
-    def capacity(self) -> Capacity | None:
+    def capacity(self) -> BackendSize | None:
         """The backend's capacity as last reported (None: not known yet); never calls the LCM.
 
         It is asked at start and by passes with a queue (services/trainer/capacity.py), off any

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from trainforge_services.common.errors import TrainforgeError
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer import admission
-from trainforge_services.trainer.admission import Capacity, Quota, TeamUse, Usage
 from trainforge_services.trainer.lcm_client import Lcm
 from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.resources import BackendSize, Quota, TeamUse, Usage
 from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def times(one: Usage, k: int) -> Usage:
     return Usage(one.gpus * k, one.cpus * k, one.memory * k, one.learners * k)
 
 
-def grants(active: Sequence[JobRecord], capacity: Capacity, quotas: Mapping[str, Quota], *,
+def grants(active: Sequence[JobRecord], capacity: BackendSize, quotas: Mapping[str, Quota], *,
            waiting: Iterable[tuple[str, str]] = (), extra: Iterable[tuple[str, Usage, str]] = ()) -> list[Grant]:
     """The grants to make now. `waiting`: (team, reason kind) of each waiting job; `extra`: (team, need,
     gpu type) held beside `active` (jobs dispatched by this pass)."""
@@ -111,7 +111,7 @@ class Grower:
         self._acked: dict[str, tuple[int, int]] = {}  # job -> (attempt, learners) the LCM answered
         self._sending: set[tuple[str, int, int]] = set()
 
-    def run(self, active: Sequence[JobRecord], capacity: Capacity, quotas: Mapping[str, Quota], *,
+    def run(self, active: Sequence[JobRecord], capacity: BackendSize, quotas: Mapping[str, Quota], *,
             fence: int | None = None, **kw) -> None:
         """`fence`: the pass's term (services/trainer/fence.py); a grant under an older one raises `Deposed`."""
         granted = {}

@@ -5,7 +5,7 @@ Reading them whole from the store each pass costs a round trip that grows
 with the queue (10,000 queued: most of a pass, and most of the store's CPU).
 So the leader keeps them here and, before each pass, reads only the jobs
 whose `changed_at` moved since its last read (the store stamps it on every
-insert, transition and cleanup; services/trainer/store.py `changed_since`),
+insert, transition and cleanup; services/trainer/store_reads.py `changed_since`),
 going back `MARGIN` seconds further, so a write whose time was taken before
 the last read but committed after it is still seen. Queue notes (reasons,
 positions) do not stamp it: they change nothing a pass decides on.
@@ -66,15 +66,11 @@ every write this process had acknowledged), or, among replicas, what the
 margins above make likely. A write that failed (the store unreachable) may
 or may not have been applied: the job counts as reserved until such a read.
 
-The periodic full read is not a pass's (`background`, the default): with
-1,000 queued it read 1,001 jobs in 0.7-1.3 s, the slowest pass of a burst by
-far, when passes still read. Once it is due, a read of what changed starts it
-on its own thread (`_FullRead`), in
-pages of `PAGE` jobs in `changed_at` order (the store's index serves a page
-for about its own jobs' cost, and runs one command at a time, so a read of
-what changed waits behind one page, not behind the whole set), with a pause after
-each page. Reads of what changed go on meanwhile; the first one after it
-finished merges it into the copy (`_merge`), job by job, by `changed_at`:
+The periodic full read is not a pass's (`background`, the default): once it
+is due, a read of what changed starts it on a thread of its own, in pages
+(services/trainer/fullread.py says how and why). Reads of what changed go on
+meanwhile; the first one after it finished merges it into the copy
+(`_merge`), job by job, by `changed_at`:
 - a job in both keeps the newer of the two: the read's is older when a pass
   read (or made) a change after the read had passed that job;
 - a job only in the read is taken, unless it left the copy during the read
@@ -117,8 +113,9 @@ from dataclasses import dataclass
 
 from trainforge_services.common import states
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import Queued
+from trainforge_services.trainer.fullread import LIVE, PAGE, PAGE_PAUSE, FullRead
 from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.resources import Queued
 from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -129,11 +126,6 @@ WIDE_EVERY = 2.0
 RESYNC = 30.0
 RESYNC_FACTOR = 20
 EXACT_MARGIN = 0.1
-# the background full read: jobs per page, and the pause after a page, as a multiple of how long it took
-PAGE = 50
-PAGE_PAUSE = 1.0
-
-_LIVE = (JobState.QUEUED, *states.ACTIVE)
 
 
 class JobMirror:
@@ -160,8 +152,8 @@ class JobMirror:
         self._settled_at = 0.0  # what `settled` said just before the last read
         # the periodic full read off the passes: the one under way, and what left the copy since it started
         self._background, self._page, self._page_pause = background, page, page_pause
-        self._reading: _FullRead | None = None
-        self._dropped: list[_FullRead] = []  # reads stopped before their end, until they have ended
+        self._reading: FullRead | None = None
+        self._dropped: list[FullRead] = []  # reads stopped before their end, until they have ended
         self._gone: dict[str, float] = {}
         # A pass's reservations not yet written, or written after the read the copy last took began: by job id,
         # what the passes count the job as (None: nothing, it is not queued) and when its write returned
@@ -190,7 +182,7 @@ class JobMirror:
         if whole:
             with self._lock:
                 self._drop_reading()
-            jobs = self._store.in_states(list(_LIVE), fields=self._fields)
+            jobs = self._store.in_states(list(LIVE), fields=self._fields)
             jobs += self._store.pending_cleanups(fields=self._fields)  # an ACTIVE one twice: the same record
             self._full_at, self._full_took = started, self._clock() - started
             self._wide_since = started
@@ -224,7 +216,7 @@ class JobMirror:
                 self._gone = {}
             elif reading is None and due:
                 visible = settled - EXACT_MARGIN if self._settled is not None else started - self._margin
-                self._reading = _FullRead(self._store, self._fields, started, visible, self._page, self._page_pause)
+                self._reading = FullRead(self._store, self._fields, started, visible, self._page, self._page_pause)
                 self._gone = {}
                 self._reading.start()
             return changed
@@ -282,7 +274,7 @@ class JobMirror:
         with self._lock:
             self._drop_reading()
         for reading in self._dropped:
-            reading.thread.join(timeout)
+            reading.join(timeout)
         self._dropped = []
 
     def moved(self, job_id: str, job: JobRecord | None) -> None:
@@ -322,14 +314,14 @@ class JobMirror:
         if self._reading is not None:
             self._gone[job_id] = max(self._gone.get(job_id, -math.inf), stamp)
 
-    def _drop_reading(self) -> _FullRead | None:
+    def _drop_reading(self) -> FullRead | None:
         reading, self._reading, self._gone = self._reading, None, {}
         if reading is not None:
-            reading.stop.set()
+            reading.cancel()
             self._dropped = [r for r in self._dropped if not r.done.is_set()] + [reading]
         return reading
 
-    def _merge(self, reading: _FullRead) -> set[str]:
+    def _merge(self, reading: FullRead) -> set[str]:
         """Merge a finished background full read into the copy by `changed_at` (the module's docstring says
         why); the ids of the entries it replaced, added or dropped."""
         read = reading.jobs or {}
@@ -363,60 +355,3 @@ class Snapshot:
     as_queued: dict[str, Queued]
     active: dict[str, JobRecord]
     releasing: dict[str, JobRecord]
-
-
-class _FullRead:
-    """Every QUEUED and ACTIVE job and every pending cleanup, read in pages on a thread of its own."""
-
-    def __init__(self, store: JobStore, fields: tuple[str, ...], started: float, visible: float,
-                 page: int, pause: float):
-        self._store, self._fields, self._page, self._pause = store, fields, page, pause
-        self.started = started  # the copy's clock when it was started
-        self.visible = visible  # every write stamped before this had committed when it started
-        self.jobs: dict[str, JobRecord] | None = None  # once done: each job's newest version read (None: failed)
-        self.error: Exception | None = None
-        self.took = 0.0
-        self.done = threading.Event()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="trainer-jobcopy-read", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def _run(self) -> None:
-        began = time.monotonic()
-        try:
-            self.jobs = self._read()
-        except Exception as e:  # the store is down or slow: the next pass starts another
-            self.error = e
-        finally:
-            self.took = time.monotonic() - began
-            self.done.set()
-
-    def _read(self) -> dict[str, JobRecord] | None:
-        found: dict[str, JobRecord] = {}
-
-        def keep(jobs: list[JobRecord]) -> None:
-            for job in jobs:
-                if job.id not in found or found[job.id].changed_at < job.changed_at:
-                    found[job.id] = job
-
-        since = -math.inf
-        while not self.stop.is_set():
-            began = time.monotonic()
-            page = self._store.live_page(_LIVE, since, self._page, self._fields)
-            keep(page)
-            if len(page) < self._page:
-                break
-            if page[0].changed_at == page[-1].changed_at:
-                # a page of one stamp (a new leader stamps every queued job at once): the rest from it, whole
-                keep(self._store.live_page(_LIVE, since, 0, self._fields))
-                break
-            # from the page's newest stamp again: a job changed since its page moved on to a later stamp,
-            # which a later page reads
-            since = page[-1].changed_at
-            self.stop.wait(self._pause * (time.monotonic() - began))
-        if self.stop.is_set():
-            return None
-        keep(self._store.pending_cleanups(fields=self._fields))
-        return found

@@ -14,7 +14,7 @@ from trainforge_protos import lcm_pb2, lcm_pb2_grpc
 from trainforge_services.common import rpc
 from trainforge_services.common.election import FOLLOWING
 from trainforge_services.common.errors import Unavailable
-from trainforge_services.trainer.admission import Capacity, Quota, Usage
+from trainforge_services.trainer.resources import BackendSize, Quota, Usage
 
 
 class Lcm(Protocol):
@@ -45,7 +45,7 @@ class Lcm(Protocol):
         """Grant a running elastic attempt up to `learners` learners (services/trainer/growth.py); idempotent.
         False when no such attempt runs there."""
 
-    def get_capacity(self) -> Capacity:
+    def get_capacity(self) -> BackendSize:
         """What the backend can run at once."""
 
     def sync_team(self, team: str, quota: Quota) -> bool:
@@ -97,10 +97,10 @@ class GrpcLcm:
         request = lcm_pb2.GrowJobRequest(job_id=job_id, attempt=attempt, learners=learners)
         return self._call(self._stub.GrowJob, request, self._timeout).granted
 
-    def get_capacity(self) -> Capacity:
+    def get_capacity(self) -> BackendSize:
         cap = self._call(self._stub.GetCapacity, lcm_pb2.GetCapacityRequest(), self._timeout)
         total = Usage(cap.total.gpus, cap.total.cpus, cap.total.memory, cap.max_learners)
-        return Capacity(total, cap.backend)
+        return BackendSize(total, cap.backend)
 
     def sync_team(self, team: str, quota: Quota) -> bool:
         request = lcm_pb2.SyncTeamRequest(team=team, quota=team_quota_to_proto(quota))

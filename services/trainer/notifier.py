@@ -5,7 +5,7 @@ transition; `enqueue` writes one outbox document per target (the manifest's
 `notify.webhook`, the team's default) and wakes the worker. The worker
 claims due deliveries with a lease, POSTs them signed, and records each
 attempt: 2xx delivers, anything else is tried again after a capped
-exponential backoff (services/common/retry.Backoff) until `max_tries`.
+exponential backoff (services/common/retry.py's `DELIVERY` policy) until `max_tries`.
 Before each POST the destination is checked (services/common/destinations.py):
 its name is resolved once, every address checked, and the POST goes to the
 checked address with the name in Host and SNI; a destination the rule refuses
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
 
@@ -29,7 +28,8 @@ import httpx
 from trainforge_services.common import states
 from trainforge_services.common.destinations import Target, WebhookPolicy
 from trainforge_services.common.errors import RefusedReference, TrainforgeError
-from trainforge_services.common.retry import Backoff
+from trainforge_services.common.loop import Loop
+from trainforge_services.common.retry import DELIVERY
 from trainforge_services.common.states import JobState
 from trainforge_services.common.webhooks import (
     DELIVERED,
@@ -58,19 +58,18 @@ def event_of(job: JobRecord) -> dict:
 
 class Notifier:
     def __init__(self, outbox: Outbox, hooks: TeamWebhooks, *, max_tries: int = 8, initial_backoff: float = 1.0,
-                 max_backoff: float = 300.0, timeout: float = 10.0, lease: float = 60.0, poll: float = 1.0,
+                 timeout: float = 10.0, lease: float = 60.0, poll: float = 1.0,
                  transport: httpx.BaseTransport | None = None, clock: Callable[[], float] = time.time,
                  policy: WebhookPolicy | None = None):
         self._outbox, self._hooks = outbox, hooks
         self._policy = policy if policy is not None else WebhookPolicy()
-        self._max_tries, self._lease, self._poll = max_tries, lease, poll
-        self._backoff = (initial_backoff, max_backoff)
+        self._max_tries, self._lease = max_tries, lease
+        self._retry = DELIVERY.starting(initial_backoff)
         self._clock = clock
         # no proxy from the environment: the connection goes to the address that was checked, or nowhere
         self._http = httpx.Client(timeout=timeout, follow_redirects=False, transport=transport, trust_env=False)
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        # every replica delivers: a due delivery is claimed with a lease, so two never POST the same one
+        self._loop = Loop("trainer-webhooks", self._deliver_due, interval=poll)
 
     # -- enqueueing -----------------------------------------------------------------
 
@@ -94,7 +93,7 @@ class Notifier:
                 "attempt": job.attempt}, "at": event["at"]}, sort_keys=True).encode()
             if self._outbox.enqueue(job_id=job.id, team=job.team, event=event, url=url, payload=payload):
                 log.info("job %s: %s queued for %s", job.id, event["type"], url)
-        self._wake.set()
+        self._loop.wake()
 
     def reconcile(self, jobs: list[JobRecord]) -> None:
         """Enqueue the events of jobs that ended recently (a no-op for those already queued)."""
@@ -110,27 +109,16 @@ class Notifier:
 
     def start(self) -> None:
         self._outbox.ensure_indexes()
-        self._thread = threading.Thread(target=self._loop, name="trainer-webhooks", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stopping.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._loop.stop(timeout)
         self._http.close()
 
-    def _loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                while not self._stopping.is_set() and self.deliver_one():
-                    pass
-            except TrainforgeError as e:
-                log.warning("webhook outbox unavailable: %s", e.message)
-            except Exception:
-                log.exception("webhook delivery failed unexpectedly")
-            self._wake.wait(self._poll)
-            self._wake.clear()
+    def _deliver_due(self) -> None:
+        """Deliver every due delivery (the loop's step: when woken by `enqueue`, else every `poll` seconds)."""
+        while not self._loop.stopping.is_set() and self.deliver_one():
+            pass
 
     def deliver_one(self) -> bool:
         """Send one due delivery, if there is one; whether there was."""
@@ -167,7 +155,7 @@ class Notifier:
             log.warning("delivery %s to %s: gave up after %d tries (%s)", doc["_id"], doc["url"], tries,
                         attempt["error"])
         else:
-            backoff = Backoff(*self._backoff)
+            backoff = self._retry.backoff()
             delay = [backoff.next() for _ in range(tries)][-1]
             self._outbox.record(doc["_id"], attempt, status=PENDING, next_at=self._clock() + delay)
             log.info("delivery %s to %s: %s; trying again in %gs", doc["_id"], doc["url"], attempt["error"], delay)

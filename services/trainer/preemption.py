@@ -27,8 +27,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from trainforge_services.trainer.admission import Capacity, Queued, Quota, Usage, shortfall, team_use, total
+from trainforge_services.trainer.admission import shortfall, team_use, total
 from trainforge_services.trainer.cohorts import Book
+from trainforge_services.trainer.resources import BackendSize, Queued, Quota, Usage
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class Outcome:
 
 
 def choose(waiting: Sequence[Queued], running: Sequence[Running], quotas: Mapping[str, Quota],
-           capacity: Capacity, policy: Policy, now: float, *, most: int = 50) -> Outcome:
+           capacity: BackendSize, policy: Policy, now: float, *, most: int = 50) -> Outcome:
     """Preemptions for the `waiting` jobs, in their order (at most `most` are considered per call)."""
     staying = [r for r in running if not r.leaving]
     book = Book(quotas, team_use((r.team, r.need, r.gpu_type) for r in staying))
@@ -110,7 +111,7 @@ def choose(waiting: Sequence[Queued], running: Sequence[Running], quotas: Mappin
     return outcome
 
 
-def _fits(job: Queued, book: Book, in_use: Usage, capacity: Capacity) -> bool:
+def _fits(job: Queued, book: Book, in_use: Usage, capacity: BackendSize) -> bool:
     return book.fit(job)[0] is None and shortfall(job.need, capacity.total, in_use) is None
 
 
@@ -134,7 +135,7 @@ def _candidates(job: Queued, running: Iterable[Running], book: Book, reclaim: bo
 
 
 def _victims(job: Queued, candidates: list[Running], book: Book, in_use: Usage,
-             capacity: Capacity) -> list[Running]:
+             capacity: BackendSize) -> list[Running]:
     """The fewest of `candidates` (taken in order) whose leaving makes `job` fit; [] when none do."""
     trial, use = book.copy(), in_use
     chosen: list[Running] = []

@@ -24,10 +24,11 @@ from collections.abc import Callable, Iterable, Mapping
 
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer import admission, preemption
-from trainforge_services.trainer.admission import Capacity, Plan, Quota
+from trainforge_services.trainer.admission import Plan
 from trainforge_services.trainer.cohorts import describe
 from trainforge_services.trainer.preemption import Decision, Policy, Running
 from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.resources import BackendSize, Quota
 from trainforge_services.trainer.rules import Lifecycle, RequestHalt
 from trainforge_services.trainer.store import JobStore
 
@@ -59,7 +60,7 @@ class Preemptor:
         self._clock = clock
 
     def consider(self, result: Plan, queued: Mapping[str, JobRecord], active: Iterable[JobRecord],
-                 quotas: Mapping[str, Quota], capacity: Capacity,
+                 quotas: Mapping[str, Quota], capacity: BackendSize,
                  as_queued: Mapping[str, admission.Queued] | None = None) -> None:
         """Halt what the waiting jobs of `result` need halted; rewrite their reasons in `result.wait`.
         `as_queued`: each queued job as admission sees it, where the caller keeps them (made here if not)."""

@@ -28,20 +28,20 @@ nearly all the time, and every submit and reservation queued behind them
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Collection, Iterable
 
+from trainforge_services.common.loop import Loop
 from trainforge_services.trainer.record import JobRecord
 from trainforge_services.trainer.store import JobStore
-
-log = logging.getLogger(__name__)
 
 Note = tuple[str, int, str, int]  # (job, attempt, reason, position)
 INTERVAL = 0.5
 PER_NOTE = 0.001
 SHARE = 4.0
+# The writer runs when a pass hands it notes; this is only how often it looks without being woken.
+IDLE = 60.0
 
 
 def gap(written: int, took: float) -> float:
@@ -55,9 +55,7 @@ class QueueNotes:
         self._pending: dict[str, Note] = {}
         self._lock = threading.Lock()
         self._flushing = threading.Lock()  # one batch write at a time keeps the newest note last
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Loop("trainer-queue-notes", self._write_notes, interval=IDLE)
         # the reason and position each waiting job was last told by a pass (what its record says, once
         # stored); only the passes' thread uses it
         self._told: dict[str, tuple[str, int]] = {}
@@ -86,14 +84,10 @@ class QueueNotes:
             self._told = {j: n for j, n in self._told.items() if j in queued}
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="trainer-queue-notes", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stopping.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._loop.stop(timeout)
         self.flush()
 
     def add(self, notes: list[Note]) -> None:
@@ -102,10 +96,10 @@ class QueueNotes:
         with self._lock:
             for note in notes:
                 self._pending[note[0]] = note
-        if self._thread is None:
+        if not self._loop.started:
             self.flush()  # not started (a test driving passes by hand): store them now
         else:
-            self._wake.set()
+            self._loop.wake()
 
     def flush(self) -> int:
         """Store the pending notes; how many."""
@@ -116,14 +110,16 @@ class QueueNotes:
                 self._store.note_queued(notes)
             return len(notes)
 
-    def _loop(self) -> None:
-        while not self._stopping.is_set():
-            self._wake.wait()
-            self._wake.clear()
-            written = 0
-            started = time.monotonic()
-            try:
-                written = self.flush()
-            except Exception as e:  # noqa: BLE001 - reasons are refreshed by the next pass's notes
-                log.warning("queue notes not stored: %s", e)
-            self._stopping.wait(gap(written, time.monotonic() - started))
+    def _write_notes(self) -> None:
+        """The loop's step: store what is pending, then let the store be for `gap` (notes handed over
+        meanwhile wait for the next batch). A batch that failed is not tried again: the next pass's notes
+        say the same or newer."""
+        with self._lock:
+            if not self._pending:  # nothing since the last batch (the loop's first run, an idle look)
+                return
+        started = time.monotonic()
+        written = 0
+        try:
+            written = self.flush()
+        finally:
+            self._loop.stopping.wait(gap(written, time.monotonic() - started))

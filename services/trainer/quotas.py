@@ -23,12 +23,12 @@ import math
 import re
 import threading
 import time
-from collections.abc import Mapping
 
 from trainforge_services.common import egress
 from trainforge_services.common.adapters.mongo import Database, mapped_as
 from trainforge_services.common.errors import InvalidArgument
-from trainforge_services.trainer.admission import Limits, Quota
+from trainforge_services.trainer.resources import Quota
+from trainforge_services.trainer.storedocs import quota_doc, quota_of
 
 COLLECTION = "quotas"
 mapped = mapped_as("quota store")
@@ -94,43 +94,6 @@ def _cohort_problems(quota: Quota) -> list[tuple[str, str]]:
     return problems
 
 
-def _limits_doc(limits: Limits) -> dict:
-    return {name: getattr(limits, name) for name in _BORROWABLE if getattr(limits, name) is not None}
-
-
-def to_doc(quota: Quota) -> dict:
-    doc: dict = {name: getattr(quota, name) for name in ("gpus", "cpus", "memory", "jobs")
-                 if getattr(quota, name) is not None}
-    if quota.egress is not None:
-        doc["egress"] = str(egress.parse(quota.egress))
-    if quota.gpus_by_type:
-        doc["gpus_by_type"] = dict(quota.gpus_by_type)
-    if quota.cohort:
-        doc["cohort"] = quota.cohort
-    for kind in ("lending_limit", "borrowing_limit"):
-        if limits := _limits_doc(getattr(quota, kind)):
-            doc[kind] = limits
-    return doc
-
-
-def _limits(doc: Mapping | None) -> Limits:
-    doc = doc or {}
-    return Limits(gpus=None if doc.get("gpus") is None else int(doc["gpus"]),
-                  cpus=None if doc.get("cpus") is None else float(doc["cpus"]),
-                  memory=None if doc.get("memory") is None else int(doc["memory"]))
-
-
-def from_doc(doc: Mapping) -> Quota:
-    def opt(name: str, kind: type) -> int | float | None:
-        return None if doc.get(name) is None else kind(doc[name])
-
-    by_type = {str(k): int(v) for k, v in (doc.get("gpus_by_type") or {}).items()}
-    return Quota(gpus=opt("gpus", int), cpus=opt("cpus", float), memory=opt("memory", int),
-                 jobs=opt("jobs", int), gpus_by_type=by_type, cohort=str(doc.get("cohort") or ""),
-                 lending_limit=_limits(doc.get("lending_limit")), borrowing_limit=_limits(doc.get("borrowing_limit")),
-                 egress=opt("egress", str))
-
-
 QUOTA_MAX_AGE = 0.5
 
 
@@ -152,7 +115,7 @@ class QuotaStore:
     @mapped
     def _get(self, team: str) -> Quota:
         doc = self._quotas.find_one({"_id": team})
-        return from_doc(doc["quota"]) if doc else Quota()
+        return quota_of(doc["quota"]) if doc else Quota()
 
     def all(self, max_age: float | None = None) -> dict[str, Quota]:
         """Every team that has a quota document; `max_age`: read them again once the copy is that old (at
@@ -172,13 +135,13 @@ class QuotaStore:
 
     @mapped
     def _all(self) -> dict[str, Quota]:
-        return {doc["_id"]: from_doc(doc["quota"]) for doc in self._quotas.find({})}
+        return {doc["_id"]: quota_of(doc["quota"]) for doc in self._quotas.find({})}
 
     @mapped
     def put(self, team: str, quota: Quota, actor: str) -> Quota:
         """Replace a team's quota (validated); the quota as stored."""
         validate(team, quota)
-        doc = {"_id": team, "quota": to_doc(quota), "updated_at": time.time(), "updated_by": actor}
+        doc = {"_id": team, "quota": quota_doc(quota), "updated_at": time.time(), "updated_by": actor}
         self._quotas.replace_one({"_id": team}, doc, upsert=True)
         with self._lock:  # the next read sees it; a read begun before now does not become the copy
             self._copy, self._copy_at, self._put_at = None, float("-inf"), time.monotonic()

@@ -2,7 +2,7 @@
 
 `JobRecord` is what the store hands out and what the service, the rules,
 the dispatcher and the servicer read; none of them sees a MongoDB document.
-services/trainer/store.py is the one place a record is made from a document
+services/trainer/storedocs.py is the one place a record is made from a document
 (and a change written back), so a field renamed in the store moves in one
 file. A record read with a projection (a dispatch pass reads only what it
 needs of the queue) leaves the fields it did not read at their defaults.
@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trainforge_services.common.manifest import Manifest, parse_manifest
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import Queued, Usage
+from trainforge_services.trainer.resources import Queued, Usage
 
 # JobRecord.gate: a prestarted trial's learners wait ("closed") until the experiment driver lets them ("open")
 GATE_CLOSED = "closed"
@@ -94,7 +94,7 @@ class JobRecord(_Frozen):
     outputs_uri: str = ""
     created_at: float = 0.0
     updated_at: float = 0.0
-    # when a write the dispatcher's copy follows last changed it (services/trainer/store.py `changed_since`)
+    # when a write the dispatcher's copy follows last changed it (services/trainer/store_reads.py `changed_since`)
     changed_at: float = 0.0
     active_since: float | None = None
     gpu_seconds: float = 0.0

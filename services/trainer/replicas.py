@@ -30,7 +30,7 @@ import socket
 
 from trainforge_services.common.adapters.etcd import Coordinator
 from trainforge_services.common.election import Election
-from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.errors import message_of
 from trainforge_services.trainer.dispatcher import Dispatcher
 from trainforge_services.trainer.experiments.driver import ExperimentDriver
 from trainforge_services.trainer.fence import Fence, FenceGate
@@ -80,8 +80,7 @@ class Leadership:
             log.info("trainer: leading as term %d (%d queued jobs fenced); reconciling", term, stamped)
             self._service.reconcile()
         except Exception as e:  # noqa: BLE001 - a leader that cannot lead must let another one try
-            message = e.message if isinstance(e, TrainforgeError) else repr(e)
-            log.warning("trainer: could not take over as term %d: %s; resigning", term, message)
+            log.warning("trainer: could not take over as term %d: %s; resigning", term, message_of(e))
             self.gate.follow()
             self.election.resign()
             return

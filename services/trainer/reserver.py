@@ -21,6 +21,7 @@ import queue
 import threading
 import time
 
+from trainforge_services.common.loop import Loop
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer import cohorts
 from trainforge_services.trainer.fence import Deposed
@@ -29,6 +30,9 @@ from trainforge_services.trainer.record import JobRecord
 from trainforge_services.trainer.rules import ACTOR, Lifecycle
 
 log = logging.getLogger(__name__)
+
+# The writer runs when a pass hands it a batch; this is only how often it looks without being woken.
+IDLE = 60.0
 
 
 class Reservations:
@@ -45,28 +49,32 @@ class ReservationWriter:
     def __init__(self, lifecycle: Lifecycle, jobs: JobMirror):
         self._lifecycle = lifecycle
         self._jobs = jobs
-        self._queue: queue.Queue[Reservations | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
+        self._queue: queue.Queue[Reservations] = queue.Queue()
+        self._loop = Loop("trainer-reserve", self._write_handed, interval=IDLE)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="trainer-reserve", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self, timeout: float) -> None:
         """Write what was handed over, then end (call it after the last pass)."""
-        self._queue.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout)
+        if self._loop.stop(timeout):
+            self._write_handed()  # what the loop had not taken yet: it has ended, so the order holds
 
     def hand(self, batch: Reservations) -> None:
-        """Have `batch` written after every batch handed before it: by the thread once started, else now."""
-        if self._thread is not None and self._thread.is_alive():
+        """Have `batch` written after every batch handed before it: by the loop once started, else now."""
+        if self._loop.started and not self._loop.stopping.is_set():
             self._queue.put(batch)
+            self._loop.wake()
         else:
             self.write(batch)
 
-    def _loop(self) -> None:
-        while (batch := self._queue.get()) is not None:
+    def _write_handed(self) -> None:
+        """Write every batch handed over, in the order handed (the loop's step)."""
+        while True:
+            try:
+                batch = self._queue.get_nowait()
+            except queue.Empty:
+                return
             self.write(batch)
 
     def write(self, batch: Reservations) -> None:

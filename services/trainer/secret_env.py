@@ -26,8 +26,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from trainforge_services.common.manifest import Manifest, parse_manifest
-from trainforge_services.trainer.admission import Capacity, Quota
 from trainforge_services.trainer.lcm_client import Lcm
+from trainforge_services.trainer.resources import BackendSize, Quota
 
 # reveal(team, names) -> name -> value; NotFound naming the missing ones
 Reveal = Callable[[str, set[str]], dict[str, str]]
@@ -70,7 +70,7 @@ class ResolvingLcm:
     def grow_job(self, job_id: str, attempt: int, learners: int) -> bool:
         return self._inner.grow_job(job_id, attempt, learners)
 
-    def get_capacity(self) -> Capacity:
+    def get_capacity(self) -> BackendSize:
         return self._inner.get_capacity()
 
     def sync_team(self, team: str, quota: Quota) -> bool:

@@ -28,12 +28,12 @@ from trainforge_services.common.manifest import Manifest, parse_manifest
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer import accounting, admission, cohorts
 from trainforge_services.trainer.accounting import ClusterView, TeamReport
-from trainforge_services.trainer.admission import Quota
 from trainforge_services.trainer.attempts import next_attempt
 from trainforge_services.trainer.dispatcher import Dispatcher
 from trainforge_services.trainer.jobmirror import EXACT_MARGIN, MARGIN
 from trainforge_services.trainer.quotas import QuotaStore
 from trainforge_services.trainer.record import JobRecord, LearnerReport
+from trainforge_services.trainer.resources import Quota
 from trainforge_services.trainer.rules import ACTOR, Proposal, RequestHalt
 from trainforge_services.trainer.stamps import STAMPS
 from trainforge_services.trainer.store import AlreadySubmitted, JobStore

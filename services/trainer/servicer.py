@@ -21,11 +21,11 @@ from trainforge_services.common.rpc import handler
 from trainforge_services.common.states import JobState
 from trainforge_services.common.storeaccess import Publication
 from trainforge_services.trainer.accounting import ClusterView, TeamReport
-from trainforge_services.trainer.admission import Limits, Quota, Usage
 from trainforge_services.trainer.experiments.service import ExperimentService
 from trainforge_services.trainer.experiments.wire import experiment_to_proto, view_to_proto, workflow_to_proto
 from trainforge_services.trainer.experiments.workflows import WorkflowService
 from trainforge_services.trainer.record import JobRecord, LearnerReport
+from trainforge_services.trainer.resources import Limits, Quota, Usage
 from trainforge_services.trainer.service import JobService
 
 Ctx = grpc.ServicerContext

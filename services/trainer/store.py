@@ -10,7 +10,7 @@ appended with `$push` (see services/common/adapters/mongo.py).
 Documents hold states as JobState ints and times as unix seconds (floats).
 This module is the only one that sees them: every read returns a typed
 `JobRecord` (services/trainer/record.py) and every change is named by the
-record's fields (`_document` and `_record` convert), and every driver error
+record's fields (services/trainer/storedocs.py converts), and every driver error
 leaves it as a domain error (`mapped`, services/common/adapters/mongo.py).
 
 Usage accounting rides on the same atomic updates: entering DEPLOYING
@@ -56,12 +56,12 @@ from trainforge_services.common.adapters.mongo import (
     ReturnDocument,
     ping,
 )
-from trainforge_services.common.errors import Conflict, NotFound
+from trainforge_services.common.errors import Conflict
 from trainforge_services.common.manifest import Manifest
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import Usage
 from trainforge_services.trainer.fence import Deposed
 from trainforge_services.trainer.record import GATE_CLOSED, GATE_OPEN, JobRecord
+from trainforge_services.trainer.resources import Usage
 from trainforge_services.trainer.stamps import STAMPS
 from trainforge_services.trainer.store_reads import JobReads, mapped
 from trainforge_services.trainer.storedocs import (
@@ -72,7 +72,8 @@ from trainforge_services.trainer.storedocs import (
     seconds_spent,
     to_document,
     to_record,
-    to_records,
+    usage_doc,
+    usage_of,
 )
 
 log = logging.getLogger(__name__)
@@ -103,8 +104,7 @@ class Transition(NamedTuple):
 
 
 class JobStore(JobReads):
-    """The jobs collection's writes, and the reads by id or team; the read-only queries over every team's jobs
-    (`of_experiment`, `in_states`, `live_page`, `changed_since`, `pending_cleanups`, `usage_rows`) are
+    """The jobs collection's writes; its reads (by id or team, and the queries over every team's jobs) are
     `JobReads`'s (services/trainer/store_reads.py)."""
 
     def __init__(self, db: Database, collection: str = COLLECTION):
@@ -158,61 +158,6 @@ class JobStore(JobReads):
             raise Conflict(f"job id {job_id!r} is already taken",
                            details=[{"field": "job_id", "message": "already taken"}]) from None
         return to_record(doc)  # type: ignore[return-value]
-
-    @mapped
-    def find_by_key(self, team: str, idempotency_key: str) -> JobRecord | None:
-        """The team's job submitted with this idempotency key, if any."""
-        return to_record(self._jobs.find_one({"team": team, "idempotency_key": idempotency_key}))
-
-    @mapped
-    def find(self, job_id: str) -> JobRecord | None:
-        """Any team's job; for callers that are the platform itself (monitor, LCM, dispatcher)."""
-        return to_record(self._jobs.find_one({"_id": job_id}))
-
-    @mapped
-    def find_document(self, job_id: str) -> tuple[JobRecord, Mapping] | None:
-        """`find`, with the document as read: a caller that decides on the job and then moves it hands the
-        document to `apply_transition(read=)`, which then writes on it instead of reading it again."""
-        doc = self._jobs.find_one({"_id": job_id})
-        return None if doc is None else (to_record(doc), doc)
-
-    @mapped
-    def get(self, team: str, job_id: str) -> JobRecord:
-        """One of a team's jobs. Another team's job is NotFound, exactly like a missing one."""
-        job = to_record(self._jobs.find_one({"_id": job_id, "team": team}))
-        if job is None:
-            raise NotFound(f"job {job_id!r} not found")
-        return job
-
-    @mapped
-    def list(self, team: str, *, states_filter: Iterable[JobState] = (), limit: int = 100, name: str = "",
-             created_after: float = 0.0, created_before: float = 0.0,
-             before: tuple[float, str] | None = None, changed_after: float = 0.0) -> list[JobRecord]:
-        """A team's jobs, newest first (then by id, descending); `before` is the last (created_at, id) seen.
-
-        `changed_after`: only jobs whose `changed_at` is at or after it (0: no bound). At or after, not
-        after: the time a follower passes is a listing's `as_of` (services/trainer/service.py `list`), and
-        a write stamped exactly then may still have been out when that listing read; such a job is returned
-        twice rather than missed. A change that stamps nothing (a queue note) does not bring a job back."""
-        query: dict = {"team": team}
-        if changed_after:
-            query["changed_at"] = {"$gte": changed_after}
-        wanted = [int(s) for s in states_filter]
-        if wanted:
-            query["state"] = {"$in": wanted}
-        if name:
-            query["name"] = name
-        created: dict = {}
-        if created_after:
-            created["$gte"] = created_after
-        if created_before:
-            created["$lt"] = created_before
-        if created:
-            query["created_at"] = created
-        if before is not None:
-            query["$or"] = [{"created_at": {"$lt": before[0]}}, {"created_at": before[0], "_id": {"$lt": before[1]}}]
-        cursor = self._jobs.find(query).sort([("created_at", DESCENDING), ("_id", DESCENDING)])
-        return to_records(cursor.limit(limit))
 
     @mapped
     def open_gate(self, job_id: str) -> JobRecord | None:
@@ -321,7 +266,7 @@ class JobStore(JobReads):
             update["queue_position"] = 0
         if to == JobState.DEPLOYING:
             # a new attempt starts at its minimum: growth is granted again (services/trainer/growth.py)
-            update.update(active_since=now, grown=Usage().as_doc(), grown_since=None)
+            update.update(active_since=now, grown=usage_doc(Usage()), grown_since=None)
         if frm in states.ACTIVE and frm != JobState.RESTARTING and \
                 (to not in states.ACTIVE or to == JobState.RESTARTING):
             # learners may still run: the dispatcher removes them (RESTARTING: then queues the
@@ -370,10 +315,10 @@ class JobStore(JobReads):
                   reason: str, actor: str) -> bool:
         match = {"_id": job_id, "attempt": attempt, "state": int(JobState.RUNNING)}
         current = self._jobs.find_one(match, {"grown": 1, "grown_since": 1, "fence": 1})
-        if current is None or Usage.from_doc(current.get("grown") or {}) != was:
+        if current is None or usage_of(current.get("grown")) != was:
             return False
         guard = {**match, "grown_since": current.get("grown_since")}
-        update = {"grown": grown.as_doc(), "grown_since": now, "updated_at": now, "changed_at": now,
+        update = {"grown": usage_doc(grown), "grown_since": now, "updated_at": now, "changed_at": now,
                   f"history.{history_key()}": history_event(
                       JobState.RUNNING, JobState.RUNNING,
                       reason or f"granted {grown.learners} learner(s) beyond the minimum", actor, now, grown=grown)}

@@ -1,5 +1,6 @@
-"""The job store's read-only queries over every team's jobs: what the dispatcher's copy of the queue
-(services/trainer/jobmirror.py), the dispatcher's cleanups, the experiment driver and accounting read.
+"""The job store's reads: a job by id, key or team (`find`, `get`, `list`, ...), and the read-only queries over
+every team's jobs that the dispatcher's copy of the queue (services/trainer/jobmirror.py), the dispatcher's
+cleanups, the experiment driver and accounting make.
 
 `JobStore` (services/trainer/store.py) inherits them; they live apart because none of them writes, and the
 store's writes (insert, transitions, grants, fences, cleanups done, fields set, notes) are what that module
@@ -10,13 +11,14 @@ leaves driver errors as domain errors (`mapped`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from trainforge_services.common.adapters.mongo import ASCENDING, Collection, mapped_as
+from trainforge_services.common.adapters.mongo import ASCENDING, DESCENDING, Collection, mapped_as
+from trainforge_services.common.errors import NotFound
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.record import JobRecord
-from trainforge_services.trainer.storedocs import fields_projection, to_records
+from trainforge_services.trainer.storedocs import fields_projection, to_record, to_records
 
 # What a client reads when MongoDB fails under the job store ("job store unavailable; retry shortly").
 mapped = mapped_as("job store")
@@ -26,6 +28,61 @@ class JobReads:
     """Queries on `_jobs`, the jobs collection (set by `JobStore`)."""
 
     _jobs: Collection
+
+    @mapped
+    def find_by_key(self, team: str, idempotency_key: str) -> JobRecord | None:
+        """The team's job submitted with this idempotency key, if any."""
+        return to_record(self._jobs.find_one({"team": team, "idempotency_key": idempotency_key}))
+
+    @mapped
+    def find(self, job_id: str) -> JobRecord | None:
+        """Any team's job; for callers that are the platform itself (monitor, LCM, dispatcher)."""
+        return to_record(self._jobs.find_one({"_id": job_id}))
+
+    @mapped
+    def find_document(self, job_id: str) -> tuple[JobRecord, Mapping] | None:
+        """`find`, with the document as read: a caller that decides on the job and then moves it hands the
+        document to `apply_transition(read=)`, which then writes on it instead of reading it again."""
+        doc = self._jobs.find_one({"_id": job_id})
+        return None if doc is None else (to_record(doc), doc)
+
+    @mapped
+    def get(self, team: str, job_id: str) -> JobRecord:
+        """One of a team's jobs. Another team's job is NotFound, exactly like a missing one."""
+        job = to_record(self._jobs.find_one({"_id": job_id, "team": team}))
+        if job is None:
+            raise NotFound(f"job {job_id!r} not found")
+        return job
+
+    @mapped
+    def list(self, team: str, *, states_filter: Iterable[JobState] = (), limit: int = 100, name: str = "",
+             created_after: float = 0.0, created_before: float = 0.0,
+             before: tuple[float, str] | None = None, changed_after: float = 0.0) -> list[JobRecord]:
+        """A team's jobs, newest first (then by id, descending); `before` is the last (created_at, id) seen.
+
+        `changed_after`: only jobs whose `changed_at` is at or after it (0: no bound). At or after, not
+        after: the time a follower passes is a listing's `as_of` (services/trainer/service.py `list`), and
+        a write stamped exactly then may still have been out when that listing read; such a job is returned
+        twice rather than missed. A change that stamps nothing (a queue note) does not bring a job back."""
+        query: dict = {"team": team}
+        if changed_after:
+            query["changed_at"] = {"$gte": changed_after}
+        wanted = [int(s) for s in states_filter]
+        if wanted:
+            query["state"] = {"$in": wanted}
+        if name:
+            query["name"] = name
+        created: dict = {}
+        if created_after:
+            created["$gte"] = created_after
+        if created_before:
+            created["$lt"] = created_before
+        if created:
+            query["created_at"] = created
+        if before is not None:
+            query["$or"] = [{"created_at": {"$lt": before[0]}}, {"created_at": before[0], "_id": {"$lt": before[1]}}]
+        cursor = self._jobs.find(query).sort([("created_at", DESCENDING), ("_id", DESCENDING)])
+        return to_records(cursor.limit(limit))
 
     @mapped
     def of_experiment(self, experiment_id: str, states: Iterable[JobState] | None = None) -> list[JobRecord]:

@@ -1,6 +1,7 @@
-"""The job store's documents <-> records, and nowhere else: how a `JobRecord` is written to and read from
-MongoDB (states as ints, models as sub-documents, the history keyed by time), a new job's document, and
-the accounting a transition adds (store.py's only helper module)."""
+"""The Trainer's stored documents <-> values, and nowhere else: how a `JobRecord` is written to and read from
+MongoDB (states as ints, models as sub-documents, the history keyed by time), a `Usage` as a sub-document, a
+team's quota document (services/trainer/quotas.py), a new job's document, and the accounting a transition
+adds (for store.py, store_reads.py and quotas.py)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,68 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from trainforge_services.common import states
+from trainforge_services.common import egress, states
 from trainforge_services.common.manifest import Manifest
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import Usage, demand
+from trainforge_services.trainer.admission import demand
 from trainforge_services.trainer.record import GATE_CLOSED, JobRecord, LearnerReport, StatusEvent
+from trainforge_services.trainer.resources import Limits, Quota, Usage
 
 
 def history_key() -> str:
     """Sorts by time; the random tail keeps two entries of the same nanosecond apart."""
     return f"{time.time_ns():020d}{secrets.token_hex(2)}"
+
+
+def usage_doc(usage: Usage) -> dict:
+    """A `Usage` as a sub-document stores it."""
+    return {"gpus": usage.gpus, "cpus": usage.cpus, "memory": usage.memory, "learners": usage.learners}
+
+
+def usage_of(doc: Mapping | None) -> Usage:
+    """A stored {gpus, cpus, memory, learners} as a `Usage` (a missing field, or no document, is 0)."""
+    doc = doc or {}
+    return Usage(int(doc.get("gpus", 0)), float(doc.get("cpus", 0.0)), int(doc.get("memory", 0)),
+                 int(doc.get("learners", 0)))
+
+
+def _limits_doc(limits: Limits) -> dict:
+    return {name: getattr(limits, name) for name in ("gpus", "cpus", "memory") if getattr(limits, name) is not None}
+
+
+def quota_doc(quota: Quota) -> dict:
+    """A team's quota as its document stores it: only the limits it sets."""
+    doc: dict = {name: getattr(quota, name) for name in ("gpus", "cpus", "memory", "jobs")
+                 if getattr(quota, name) is not None}
+    if quota.egress is not None:
+        doc["egress"] = str(egress.parse(quota.egress))
+    if quota.gpus_by_type:
+        doc["gpus_by_type"] = dict(quota.gpus_by_type)
+    if quota.cohort:
+        doc["cohort"] = quota.cohort
+    for kind in ("lending_limit", "borrowing_limit"):
+        if limits := _limits_doc(getattr(quota, kind)):
+            doc[kind] = limits
+    return doc
+
+
+def _limits(doc: Mapping | None) -> Limits:
+    doc = doc or {}
+    return Limits(gpus=None if doc.get("gpus") is None else int(doc["gpus"]),
+                  cpus=None if doc.get("cpus") is None else float(doc["cpus"]),
+                  memory=None if doc.get("memory") is None else int(doc["memory"]))
+
+
+def quota_of(doc: Mapping) -> Quota:
+    """A stored quota document as a `Quota` (a missing limit is no limit)."""
+    def opt(name: str, kind: type) -> int | float | None:
+        return None if doc.get(name) is None else kind(doc[name])
+
+    by_type = {str(k): int(v) for k, v in (doc.get("gpus_by_type") or {}).items()}
+    return Quota(gpus=opt("gpus", int), cpus=opt("cpus", float), memory=opt("memory", int),
+                 jobs=opt("jobs", int), gpus_by_type=by_type, cohort=str(doc.get("cohort") or ""),
+                 lending_limit=_limits(doc.get("lending_limit")), borrowing_limit=_limits(doc.get("borrowing_limit")),
+                 egress=opt("egress", str))
 
 
 # record field -> document key, where they differ
@@ -36,7 +89,7 @@ def doc_value(value: Any) -> Any:
     if isinstance(value, JobState):
         return int(value)
     if isinstance(value, Usage):
-        return value.as_doc()
+        return usage_doc(value)
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     if isinstance(value, Mapping):
@@ -58,8 +111,8 @@ def to_record(doc: Mapping | None) -> JobRecord | None:
     history = doc.get("history") or {}
     events = tuple(StatusEvent(from_state=JobState(e["from"]), to_state=JobState(e["to"]),
                                reason=e.get("reason", ""), actor=e.get("actor", ""), ts=float(e.get("ts", 0.0)),
-                               borrowed=Usage.from_doc(e.get("borrowed") or {}),
-                               grown=Usage.from_doc(e["grown"]) if e.get("grown") is not None else None)
+                               borrowed=usage_of(e.get("borrowed")),
+                               grown=usage_of(e["grown"]) if e.get("grown") is not None else None)
                    for e in (history[k] for k in sorted(history)))
     learners = {str(rank): LearnerReport(**{"rank": int(rank), **s})
                 for rank, s in (doc.get("learners") or {}).items()}
@@ -67,9 +120,9 @@ def to_record(doc: Mapping | None) -> JobRecord | None:
                                                        "borrowed", "grown")
              and k in JobRecord.model_fields and v is not None}
     return JobRecord(id=doc["_id"], state=JobState(doc.get("state", 0)), history=events, learners=learners,
-                     resources=Usage.from_doc(doc.get("resources") or {}),
-                     borrowed=Usage.from_doc(doc.get("borrowed") or {}),
-                     grown=Usage.from_doc(doc.get("grown") or {}), **plain)
+                     resources=usage_of(doc.get("resources")),
+                     borrowed=usage_of(doc.get("borrowed")),
+                     grown=usage_of(doc.get("grown")), **plain)
 
 
 def to_records(docs: Iterable[Mapping]) -> list[JobRecord]:
@@ -111,9 +164,9 @@ def history_event(frm: JobState, to: JobState, reason: str, actor: str, ts: floa
     `grown`, on a grant's entry (RUNNING to RUNNING), what the attempt holds beyond its minimum from then on."""
     event = {"from": int(frm), "to": int(to), "reason": reason, "actor": actor, "ts": ts}
     if borrowed is not None and borrowed != Usage():
-        event["borrowed"] = borrowed.as_doc()
+        event["borrowed"] = usage_doc(borrowed)
     if grown is not None:
-        event["grown"] = grown.as_doc()
+        event["grown"] = usage_doc(grown)
     return event
 
 
@@ -147,7 +200,7 @@ def new_job_document(job_id: str, team: str, manifest: Manifest, *, code_uri: st
         "queue_position": 0,
         "attempt": 1,
         "priority": int(manifest.priority),
-        "resources": demand(manifest).as_doc(),
+        "resources": usage_doc(demand(manifest)),
         "max_learners": manifest.max_learners if manifest.elastic else 0,
         "gpu_type": manifest.resources.gpu_type or "",
         "gpu_seconds": 0.0,

@@ -35,7 +35,7 @@ from trainforge_services.common.adapters.objectstore import LocalStore
 from trainforge_services.common.contracts import storekeys
 from trainforge_services.common.settings import ApiSettings, TrainerSettings
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import Usage
+from trainforge_services.trainer.resources import Usage
 from trainforge_services.trainer.server import serve
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,12 +6,12 @@ run: jobs stay DEPLOYING until the test reports for them as a job monitor would.
 
 from __future__ import annotations
 
-from trainforge_services.trainer.admission import Capacity, Quota, Usage
+from trainforge_services.trainer.resources import BackendSize, Quota, Usage
 
 
 class IdleLcm:
     def __init__(self, capacity: Usage):
-        self.capacity = Capacity(capacity, "fake")
+        self.capacity = BackendSize(capacity, "fake")
         self.grants: list[tuple[str, int, int]] = []  # (job, attempt, learners) granted, oldest first
 
     def deploy_job(self, *args: object, **kwargs: object) -> list[str]:
@@ -30,7 +30,7 @@ class IdleLcm:
         self.grants.append((job_id, attempt, learners))
         return True
 
-    def get_capacity(self) -> Capacity:
+    def get_capacity(self) -> BackendSize:
         return self.capacity
 
     def sync_team(self, team: str, quota: Quota) -> bool:

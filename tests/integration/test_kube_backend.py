@@ -116,8 +116,8 @@ def test_team_namespace_quota_and_policies_are_created_and_kept_in_step(backend)
 def test_an_admins_quota_change_reaches_the_namespace_at_once_through_the_lcm(backend, lifecycle, settings):
     """The Trainer's SyncTeam call (sent when an admin sets a quota), over gRPC to a real LCM on this backend."""
     from trainforge_services.lcm.server import serve
-    from trainforge_services.trainer.admission import Quota
     from trainforge_services.trainer.lcm_client import GrpcLcm
+    from trainforge_services.trainer.resources import Quota
 
     server, port = serve(settings.model_copy(update={"lcm_address": "127.0.0.1:0", "metrics_port": -1}), lifecycle)
     lcm = GrpcLcm(f"127.0.0.1:{port}")

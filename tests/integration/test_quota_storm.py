@@ -32,7 +32,8 @@ from tests.servers import wait_for
 from trainforge_services.common import states
 from trainforge_services.common.manifest import parse_manifest
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import Usage, demand
+from trainforge_services.trainer.admission import demand
+from trainforge_services.trainer.resources import Usage
 
 GI = 2**30
 JOBS = 500

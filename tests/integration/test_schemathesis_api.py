@@ -44,7 +44,7 @@ from trainforge_services.common.adapters.logstore import LogStore
 from trainforge_services.common.adapters.mongo import connect
 from trainforge_services.common.adapters.objectstore import LocalStore
 from trainforge_services.common.settings import ApiSettings, TrainerSettings
-from trainforge_services.trainer.admission import Capacity, Usage
+from trainforge_services.trainer.resources import BackendSize, Usage
 from trainforge_services.trainer.server import serve
 
 # Not among the checks: positive_data_acceptance (a valid-looking request may
@@ -74,7 +74,7 @@ def served(mongo_server, osmem_server, tmp_path_factory):
     real = serve(TrainerSettings(state_dir=tmp_path_factory.mktemp("trainer"), dev_mode=True, mongo_url=mongo_server.url,
                                  mongo_db=f"tfst{unique}", trainer_address="127.0.0.1:0",
                                  logstore_url=osmem_server.url, logstore_index=f"tf-logs-st-{unique}"),
-                 lcm=ScriptedLcm(Capacity(Usage(cpus=8, memory=32 * 2**30, learners=8))))
+                 lcm=ScriptedLcm(BackendSize(Usage(cpus=8, memory=32 * 2**30, learners=8))))
     experiments = ExperimentCalls(real.address)
     settings = ApiSettings(dev_mode=True, rate_limit_per_second=0, max_upload_bytes=4096)
     app = create_app(settings, trainer=trainer, identity=identity, logs=logs,

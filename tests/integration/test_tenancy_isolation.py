@@ -26,7 +26,7 @@ from tests.integration.test_trainer_dispatcher import ScriptedLcm
 from trainforge_services.api.experiments import ExperimentCalls
 from trainforge_services.api.identity import Role, key_id_of
 from trainforge_services.common.settings import TrainerSettings
-from trainforge_services.trainer.admission import Capacity, Usage
+from trainforge_services.trainer.resources import BackendSize, Usage
 from trainforge_services.trainer.server import serve
 
 JOB = json.dumps({"name": "secret-model", "framework": "custom", "command": "true"})
@@ -52,7 +52,7 @@ def p(mongo_server, osmem_server, mongo_db, logstore, tmp_path, unique):
     trainer = serve(TrainerSettings(state_dir=tmp_path / "trainer", dev_mode=True, mongo_url=mongo_server.url,
                                     mongo_db=f"tf{unique}", trainer_address="127.0.0.1:0",
                                     logstore_url=osmem_server.url, logstore_index=f"tf-logs-{unique}"),
-                    lcm=ScriptedLcm(Capacity(Usage(cpus=8, memory=32 * 2**30, learners=8))))
+                    lcm=ScriptedLcm(BackendSize(Usage(cpus=8, memory=32 * 2**30, learners=8))))
     experiments = ExperimentCalls(trainer.address)
     try:
         # every route for every key: far more requests than one key may make per second in production

@@ -11,8 +11,8 @@ from tests.servers import wait_for
 from trainforge_services.common.errors import ResourceExhausted, Unavailable
 from trainforge_services.common.manifest import parse_manifest
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import Capacity, Usage
 from trainforge_services.trainer.dispatcher import Dispatcher
+from trainforge_services.trainer.resources import BackendSize, Usage
 from trainforge_services.trainer.store import JobStore
 
 GI = 2**30
@@ -21,7 +21,7 @@ GI = 2**30
 class ScriptedLcm:
     """An `Lcm` whose KillJob fails a given number of times first."""
 
-    def __init__(self, capacity: Capacity, kill_failures: int = 0, deploy_failures: int = 0,
+    def __init__(self, capacity: BackendSize, kill_failures: int = 0, deploy_failures: int = 0,
                  deploy_error: type[Exception] = Unavailable):
         self.capacity = capacity
         self.deploy_error = deploy_error
@@ -76,7 +76,7 @@ class ScriptedLcm:
     def grow_job(self, job_id, attempt, learners):  # noqa: ANN001
         return True
 
-    def get_capacity(self) -> Capacity:
+    def get_capacity(self) -> BackendSize:
         return self.capacity
 
     def sync_team(self, team, quota):  # noqa: ANN001
@@ -98,7 +98,7 @@ def queue(store: JobStore, job_id: str, *, cpus: float, priority: str = "normal"
 
 
 def test_a_pass_reserves_what_fits_and_words_the_rest(store):
-    lcm = ScriptedLcm(Capacity(Usage(gpus=0, cpus=4, memory=8 * GI, learners=4)))
+    lcm = ScriptedLcm(BackendSize(Usage(gpus=0, cpus=4, memory=8 * GI, learners=4)))
     dispatcher = Dispatcher(store, lcm)
     queue(store, "big", cpus=3)
     queue(store, "urgent", cpus=2, priority="high")
@@ -127,7 +127,7 @@ def running(store: JobStore, job_id: str) -> None:
 
 
 def test_killjob_is_retried_until_the_lcm_answers(store):
-    lcm = ScriptedLcm(Capacity(Usage(cpus=4, memory=8 * GI, learners=4)), kill_failures=2)
+    lcm = ScriptedLcm(BackendSize(Usage(cpus=4, memory=8 * GI, learners=4)), kill_failures=2)
     dispatcher = Dispatcher(store, lcm, kill_backoff=0.01)
     running(store, "j")
     assert store.transition("j", JobState.CANCELLED, "cancelled", "user").cleanup_pending
@@ -140,7 +140,7 @@ def test_killjob_is_retried_until_the_lcm_answers(store):
 
 
 def test_a_cleanup_that_ran_out_of_tries_is_picked_up_by_a_later_pass(store):
-    lcm = ScriptedLcm(Capacity(Usage(cpus=4, memory=8 * GI, learners=4)), kill_failures=3)
+    lcm = ScriptedLcm(BackendSize(Usage(cpus=4, memory=8 * GI, learners=4)), kill_failures=3)
     dispatcher = Dispatcher(store, lcm, kill_attempts=2, kill_backoff=0.01)
     running(store, "j")
     store.transition("j", JobState.FAILED, "learner 0 exited with code 1", "monitor")
@@ -159,7 +159,7 @@ def test_a_cleanup_that_ran_out_of_tries_is_picked_up_by_a_later_pass(store):
 def test_an_ended_job_holds_its_learners_until_killjob_removed_them(store):
     """The LCM counts a finished job's learners until its KillJob ran; the pass counts them too, so it never
     dispatches into a slot the LCM would refuse (that deploy would wait out a retry backoff)."""
-    lcm = ScriptedLcm(Capacity(Usage(cpus=4, memory=8 * GI, learners=1)), kill_failures=1000)
+    lcm = ScriptedLcm(BackendSize(Usage(cpus=4, memory=8 * GI, learners=1)), kill_failures=1000)
     dispatcher = Dispatcher(store, lcm, kill_attempts=1, kill_backoff=0.01)
     running(store, "old")
     store.transition("old", JobState.STORING, "storing outputs", "monitor")
@@ -182,12 +182,12 @@ def test_capacity_is_asked_for_at_start_and_never_by_a_caller(store):
     class SlowLcm(ScriptedLcm):
         asked = 0
 
-        def get_capacity(self) -> Capacity:
+        def get_capacity(self) -> BackendSize:
             self.asked += 1
             answer.wait(10)
             return self.capacity
 
-    lcm = SlowLcm(Capacity(Usage(cpus=4, memory=8 * GI, learners=4)))
+    lcm = SlowLcm(BackendSize(Usage(cpus=4, memory=8 * GI, learners=4)))
     dispatcher = Dispatcher(store, lcm, interval=60)
     try:
         assert dispatcher.capacity() is None and lcm.asked == 0  # unknown, and a caller does not wait for it
@@ -205,7 +205,7 @@ def test_capacity_is_asked_for_at_start_and_never_by_a_caller(store):
 def test_a_deploy_that_waits_says_why_in_the_jobs_reason(store):
     """An LCM that answers Unavailable (restarting, or its docker engine unreachable: test_docker_backend.py): the
     job stays DEPLOYING and its reason says why, then says it was deployed once the LCM answers."""
-    lcm = ScriptedLcm(Capacity(Usage(cpus=4, memory=8 * GI, learners=4)), deploy_failures=10**6)
+    lcm = ScriptedLcm(BackendSize(Usage(cpus=4, memory=8 * GI, learners=4)), deploy_failures=10**6)
     dispatcher = Dispatcher(store, lcm, kill_backoff=0.01)
     queue(store, "j", cpus=1)
     try:
@@ -226,7 +226,7 @@ def test_a_deploy_that_waits_says_why_in_the_jobs_reason(store):
 def test_a_job_cancelled_before_its_deploy_reached_the_lcm_has_that_attempt_killed(store):
     """The KillJob names the attempt whose deploy is still on its way, so the LCM marks it killed although it
     holds nothing of the job yet (services/lcm/lifecycle/core.py refuses that deploy when it arrives)."""
-    lcm = ScriptedLcm(Capacity(Usage(cpus=4, memory=8 * GI, learners=4)), deploy_failures=10**6)
+    lcm = ScriptedLcm(BackendSize(Usage(cpus=4, memory=8 * GI, learners=4)), deploy_failures=10**6)
     dispatcher = Dispatcher(store, lcm, kill_backoff=0.01)
     queue(store, "j", cpus=1)
     try:
@@ -246,7 +246,7 @@ def test_a_job_cancelled_before_its_deploy_reached_the_lcm_has_that_attempt_kill
 def test_a_deploy_waits_out_an_lcm_that_refuses_for_now(store, error):
     """An LCM restarting, or one that still counts learners of ended jobs until their KillJob (full): the
     deploy is tried again, not failed."""
-    lcm = ScriptedLcm(Capacity(Usage(cpus=4, memory=8 * GI, learners=4)), deploy_failures=3, deploy_error=error)
+    lcm = ScriptedLcm(BackendSize(Usage(cpus=4, memory=8 * GI, learners=4)), deploy_failures=3, deploy_error=error)
     dispatcher = Dispatcher(store, lcm, kill_backoff=0.01)
     queue(store, "j", cpus=1)
     try:
@@ -263,7 +263,7 @@ def test_passes_go_on_while_the_full_read_runs_and_its_merge_keeps_their_reserva
 
     held = HeldStore(mongo_db, collection=f"jobs_{unique}")
     held.ensure_indexes()
-    lcm = ScriptedLcm(Capacity(Usage(gpus=0, cpus=4, memory=8 * GI, learners=4)))
+    lcm = ScriptedLcm(BackendSize(Usage(gpus=0, cpus=4, memory=8 * GI, learners=4)))
     dispatcher = Dispatcher(held, lcm)
     for job_id in ("a", "b", "c"):
         queue(held, job_id, cpus=2)

@@ -24,8 +24,8 @@ from trainforge_services.common.adapters.logstore import LogLine, LogStore
 from trainforge_services.common.contracts.experiments import ExperimentState
 from trainforge_services.common.settings import TrainerSettings
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import Capacity, Quota, Usage
 from trainforge_services.trainer.experiments.slots import SLOT, behind_gate, holds_slot
+from trainforge_services.trainer.resources import BackendSize, Quota, Usage
 from trainforge_services.trainer.server import serve
 
 GI = 2**30
@@ -41,7 +41,7 @@ class Env:
                                         mongo_db=f"tf{unique}", trainer_address="127.0.0.1:0",
                                         logstore_url=osmem_server.url, logstore_index=f"tf-logs-{unique}",
                                         dispatch_interval=0.2, experiment_interval=0.2, lcm_timeout=5)
-        self.lcm = ScriptedLcm(Capacity(Usage(cpus=16, memory=64 * GI, learners=16)))
+        self.lcm = ScriptedLcm(BackendSize(Usage(cpus=16, memory=64 * GI, learners=16)))
         self.collection = f"jobs_{unique}"
         self.metrics = LogStore(osmem_server.url, f"tf-logs-{unique}").metrics_store()
         self.seq: dict[str, int] = {}

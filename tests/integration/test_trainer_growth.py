@@ -12,8 +12,8 @@ from tests.servers import wait_for
 from trainforge_services.common.manifest import parse_manifest
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.accounting import reports
-from trainforge_services.trainer.admission import Usage
 from trainforge_services.trainer.dispatcher import Dispatcher
+from trainforge_services.trainer.resources import Usage
 from trainforge_services.trainer.store import JobStore
 
 pytestmark = pytest.mark.integration

@@ -17,10 +17,10 @@ from tests.integration.test_trainer_dispatcher import ScriptedLcm
 from tests.servers import wait_for
 from trainforge_services.common.errors import Conflict
 from trainforge_services.common.states import JobState, LearnerState
-from trainforge_services.trainer.admission import Capacity, Quota, Usage
 from trainforge_services.trainer.dispatcher import Dispatcher
 from trainforge_services.trainer.quotas import QuotaStore
 from trainforge_services.trainer.record import LearnerReport
+from trainforge_services.trainer.resources import BackendSize, Quota, Usage
 from trainforge_services.trainer.service import JobService
 from trainforge_services.trainer.store import JobStore
 from trainforge_services.trainer.storerefs import Publications, StoreOwners, StoreRefs
@@ -39,7 +39,7 @@ def refs_for(db, unique: str) -> StoreRefs:
 def trainer(mongo_db, unique):
     store = JobStore(mongo_db, collection=f"jobs_{unique}")
     store.ensure_indexes()
-    lcm = ScriptedLcm(Capacity(Usage(cpus=8, memory=32 * GI, learners=8)))
+    lcm = ScriptedLcm(BackendSize(Usage(cpus=8, memory=32 * GI, learners=8)))
     dispatcher = Dispatcher(store, lcm, quotas=QuotaStore(mongo_db, f"quotas_{unique}"), interval=0.2,
                             spacing=0.0, kill_backoff=0.01)
     service = JobService(store, dispatcher, QuotaStore(mongo_db, f"quotas_{unique}"), refs_for(mongo_db, unique))
@@ -262,7 +262,7 @@ class LateLcm(ScriptedLcm):
     """An LCM that serves a job's first deploy only once let go, and then as the LCM does once that attempt
     was killed meanwhile: a Conflict (services/lcm/lifecycle/core.py)."""
 
-    def __init__(self, capacity: Capacity, job_id: str):
+    def __init__(self, capacity: BackendSize, job_id: str):
         super().__init__(capacity)
         self.job_id, self.arrived, self.go, self.answered = job_id, threading.Event(), threading.Event(), \
             threading.Event()
@@ -286,7 +286,7 @@ def test_a_deploy_the_lcm_refuses_because_its_attempt_was_killed_loses_nothing(m
     store = JobStore(mongo_db, collection=f"jobs_{unique}")
     store.ensure_indexes()
     job = f"late-{unique}"
-    lcm = LateLcm(Capacity(Usage(cpus=8, memory=32 * GI, learners=8)), job)
+    lcm = LateLcm(BackendSize(Usage(cpus=8, memory=32 * GI, learners=8)), job)
     quotas = QuotaStore(mongo_db, f"quotas_{unique}")
     dispatcher = Dispatcher(store, lcm, quotas=quotas, interval=0.2, spacing=0.0, kill_backoff=0.01)
     service = JobService(store, dispatcher, quotas, refs_for(mongo_db, unique))

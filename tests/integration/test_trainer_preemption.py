@@ -18,10 +18,10 @@ from tests.integration.test_trainer_dispatcher import ScriptedLcm
 from tests.integration.test_trainer_halt_restart import refs_for, state_of
 from tests.servers import wait_for
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import Capacity, Quota, Usage
 from trainforge_services.trainer.dispatcher import Dispatcher
 from trainforge_services.trainer.preemption import Policy
 from trainforge_services.trainer.quotas import QuotaStore
+from trainforge_services.trainer.resources import BackendSize, Quota, Usage
 from trainforge_services.trainer.service import JobService
 from trainforge_services.trainer.store import JobStore
 
@@ -32,7 +32,7 @@ MIN_RUNTIME = 1.5
 def make_trainer(mongo_db, unique, *, max_preemptions: int = 3):
     store = JobStore(mongo_db, collection=f"jobs_{unique}")
     store.ensure_indexes()
-    lcm = ScriptedLcm(Capacity(Usage(cpus=8, memory=64 * GI, learners=8)))
+    lcm = ScriptedLcm(BackendSize(Usage(cpus=8, memory=64 * GI, learners=8)))
     quotas = QuotaStore(mongo_db, f"quotas_{unique}")
     dispatcher = Dispatcher(store, lcm, quotas=quotas, interval=0.1, spacing=0.0, kill_backoff=0.01,
                             preemption=Policy(min_runtime=MIN_RUNTIME, max_preemptions=max_preemptions))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 
 from tests.servers import wait_for
-from trainforge_services.trainer.admission import Capacity, Quota, Usage
 from trainforge_services.trainer.capacity import CapacityCache
 from trainforge_services.trainer.quotas import QuotaStore
+from trainforge_services.trainer.resources import BackendSize, Quota, Usage
 
 
 def test_a_put_here_is_seen_at_once_and_one_made_elsewhere_within_max_age(mongo_db, unique):
@@ -43,11 +43,11 @@ class SlowLcm:
         self.release = threading.Event()
         self.cpus = 4.0
 
-    def get_capacity(self) -> Capacity:
+    def get_capacity(self) -> BackendSize:
         self.asked += 1
         if self.asked > 1:
             assert self.release.wait(10)
-        return Capacity(total=Usage(cpus=self.cpus, learners=8), backend="slow")
+        return BackendSize(total=Usage(cpus=self.cpus, learners=8), backend="slow")
 
 
 def test_a_pass_reuses_the_capacity_while_a_newer_answer_is_asked_for_off_its_thread():

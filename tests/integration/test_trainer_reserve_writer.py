@@ -17,9 +17,9 @@ from tests.integration.test_trainer_dispatcher import GI, ScriptedLcm, queue
 from tests.servers import wait_for
 from trainforge_services.common.errors import Unavailable
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import Capacity, Usage
 from trainforge_services.trainer.dispatcher import Dispatcher
 from trainforge_services.trainer.jobmirror import JobMirror
+from trainforge_services.trainer.resources import BackendSize, Usage
 from trainforge_services.trainer.stamps import STAMPS
 from trainforge_services.trainer.store import JobStore
 
@@ -53,7 +53,7 @@ def gated(mongo_db, unique) -> GatedStore:
 
 
 def four_cpus() -> ScriptedLcm:
-    return ScriptedLcm(Capacity(Usage(gpus=0, cpus=4, memory=8 * GI, learners=4)))
+    return ScriptedLcm(BackendSize(Usage(gpus=0, cpus=4, memory=8 * GI, learners=4)))
 
 
 def test_a_reservation_not_yet_written_holds_its_room_for_the_next_passes(gated):

@@ -12,8 +12,8 @@ from pymongo import monitoring
 from trainforge_services.common.errors import Conflict, NotFound
 from trainforge_services.common.manifest import parse_manifest
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import Usage
 from trainforge_services.trainer.record import JobRecord, LearnerReport
+from trainforge_services.trainer.resources import Usage
 from trainforge_services.trainer.store import JobStore
 
 MANIFEST = parse_manifest({"name": "mnist", "command": "python train.py", "learners": 2,

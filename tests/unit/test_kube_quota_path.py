@@ -9,8 +9,8 @@ from trainforge_services.common.errors import InvalidArgument
 from trainforge_services.common.manifest import Manifest
 from trainforge_services.lcm.backends.base import TeamQuota
 from trainforge_services.lcm.lifecycle.plan import deployment_from_request
-from trainforge_services.trainer.admission import Quota
 from trainforge_services.trainer.lcm_client import team_quota_to_proto
+from trainforge_services.trainer.resources import Quota
 
 MANIFEST = Manifest(name="m", command="true").model_dump_json()
 

@@ -4,10 +4,10 @@ import pytest
 
 from trainforge_services.common.manifest import parse_manifest
 from trainforge_services.trainer import admission
-from trainforge_services.trainer.admission import Capacity, Queued, Usage
+from trainforge_services.trainer.resources import BackendSize, Queued, Usage
 
 GI = 2**30
-CAPACITY = Capacity(Usage(gpus=2, cpus=8, memory=32 * GI, learners=4), backend="local")
+CAPACITY = BackendSize(Usage(gpus=2, cpus=8, memory=32 * GI, learners=4), backend="local")
 
 
 def job(job_id: str, team: str = "a", *, gpus: int = 0, cpus: float = 1, memory: int = GI, learners: int = 1,
@@ -63,7 +63,7 @@ def test_too_big_lists_every_resource_beyond_the_backend():
         "cpus": "needs 16 CPUs but the backend has 8",
         "learners": "needs 5 learners but the backend runs at most 4 at once",
     }
-    no_gpus = Capacity(Usage(gpus=0, cpus=8, memory=GI, learners=4))
+    no_gpus = BackendSize(Usage(gpus=0, cpus=8, memory=GI, learners=4))
     assert admission.too_big(Usage(gpus=8, cpus=1, memory=GI, learners=1), no_gpus) == \
         {"gpus": "needs 8 GPUs but the backend has 0"}
     assert admission.too_big(Usage(gpus=2, cpus=8, memory=32 * GI, learners=4), CAPACITY) == {}

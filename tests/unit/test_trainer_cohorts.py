@@ -3,12 +3,12 @@
 import pytest
 
 from trainforge_services.common.errors import InvalidArgument
-from trainforge_services.trainer import admission, cohorts, quotas
-from trainforge_services.trainer.admission import Capacity, Limits, Queued, Quota, TeamUse, Usage
+from trainforge_services.trainer import admission, cohorts, quotas, storedocs
 from trainforge_services.trainer.cohorts import Book
+from trainforge_services.trainer.resources import BackendSize, Limits, Queued, Quota, TeamUse, Usage
 
 GI = 2**30
-BIG = Capacity(Usage(gpus=16, cpus=64, memory=256 * GI, learners=32))
+BIG = BackendSize(Usage(gpus=16, cpus=64, memory=256 * GI, learners=32))
 
 
 def job(job_id: str, team: str, *, gpus: int = 0, cpus: float = 0, priority: int = 1,
@@ -119,4 +119,4 @@ def test_bad_cohort_settings_are_refused_naming_the_field(quota, field, words):
 
 def test_a_quota_with_a_cohort_survives_its_document():
     quota = Quota(gpus=2, cpus=4.5, cohort="lab", lending_limit=Limits(gpus=1), borrowing_limit=Limits(cpus=2))
-    assert quotas.from_doc(quotas.to_doc(quota)) == quota
+    assert storedocs.quota_of(storedocs.quota_doc(quota)) == quota

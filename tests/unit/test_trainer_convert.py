@@ -65,7 +65,7 @@ def test_the_learners_isolation_survives_the_trainer_and_reaches_the_api():
 def test_an_unknown_capacity_says_why_and_has_nothing_free():
     from trainforge_services.api.trainer_client import cluster_to_json
     from trainforge_services.trainer.accounting import ClusterView
-    from trainforge_services.trainer.admission import Usage
+    from trainforge_services.trainer.resources import Usage
     from trainforge_services.trainer.servicer import cluster_to_proto
 
     view = ClusterView(capacity=None, unknown_reason="the LCM is unreachable", held=Usage(cpus=2.0, learners=1),

@@ -7,11 +7,11 @@ what the store holds, so these decide what users see.
 import pytest
 
 from trainforge_services.trainer import admission
-from trainforge_services.trainer.admission import Capacity, Queued, Quota, TeamUse, Usage
+from trainforge_services.trainer.resources import BackendSize, Queued, Quota, TeamUse, Usage
 
 GI = 2**30
-CPUS4 = Capacity(Usage(gpus=0, cpus=4, memory=64 * GI, learners=64))
-BIG = Capacity(Usage(gpus=16, cpus=64, memory=256 * GI, learners=64))
+CPUS4 = BackendSize(Usage(gpus=0, cpus=4, memory=64 * GI, learners=64))
+BIG = BackendSize(Usage(gpus=16, cpus=64, memory=256 * GI, learners=64))
 
 
 def job(job_id: str, team: str, created_at: float, *, gpus: int = 0, cpus: float = 1, memory: int = GI,
@@ -61,7 +61,7 @@ def test_teams_take_turns_by_least_share_then_oldest_waiting_job():
 
 
 def test_share_is_the_dominant_resource():
-    capacity = Capacity(Usage(gpus=2, cpus=8, memory=64 * GI, learners=64))
+    capacity = BackendSize(Usage(gpus=2, cpus=8, memory=64 * GI, learners=64))
     # a holds half the GPUs, b three eighths of the CPUs: b is further from its fair share
     teams = {"a": holding(Usage(gpus=1, cpus=1, learners=1)), "b": holding(Usage(cpus=3, learners=1))}
     assert admission.dominant_share(teams["a"].usage, capacity.total) == 0.5
@@ -143,7 +143,7 @@ def test_quota_reason_comes_before_capacity_and_is_worded_after_the_pass():
     assert result.dispatch == ["b1"]  # b holds nothing: its turn comes first
     assert result.wait == {"a1": ("needs 1 CPU; capacity 4, in use 4", 1),
                            "a2": ("needs 1 CPU; capacity 4, in use 4", 2)}
-    result = plan(queue, {"a": running(2, cpus=1)}, Capacity(Usage(cpus=16, memory=GI * 64, learners=9)), quotas)
+    result = plan(queue, {"a": running(2, cpus=1)}, BackendSize(Usage(cpus=16, memory=GI * 64, learners=9)), quotas)
     assert result.wait["a1"] == ("needs 1 CPU; team quota 2, in use 2", 1)
 
 

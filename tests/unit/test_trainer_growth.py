@@ -4,12 +4,12 @@ the queue."""
 from __future__ import annotations
 
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.admission import Capacity, Quota, Usage
 from trainforge_services.trainer.growth import grants, per_learner
 from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.resources import BackendSize, Quota, Usage
 
 GI = 2**30
-CAPACITY = Capacity(Usage(gpus=8, cpus=64, memory=256 * GI, learners=16))
+CAPACITY = BackendSize(Usage(gpus=8, cpus=64, memory=256 * GI, learners=16))
 
 
 def elastic(job_id: str, team: str = "team-a", low: int = 2, high: int = 8, grown: int = 0,

@@ -1,10 +1,10 @@
 """Victim selection: who is halted for whom, how many, and the guard rails."""
 
-from trainforge_services.trainer.admission import Capacity, Queued, Quota, Usage
 from trainforge_services.trainer.preemption import Policy, Running, choose
+from trainforge_services.trainer.resources import BackendSize, Queued, Quota, Usage
 
 NOW = 1000.0
-BIG = Capacity(Usage(gpus=16, cpus=64, memory=0, learners=32))
+BIG = BackendSize(Usage(gpus=16, cpus=64, memory=0, learners=32))
 LAB = {"a": Quota(gpus=2, cohort="lab"), "b": Quota(gpus=4, cohort="lab")}
 POLICY = Policy(min_runtime=60, max_preemptions=2)
 
@@ -47,7 +47,7 @@ def test_a_higher_priority_job_displaces_lower_priority_ones_borrowers_first():
 
 
 def test_backend_capacity_shortage_is_answered_by_priority_across_teams():
-    small = Capacity(Usage(gpus=4, cpus=64, memory=0, learners=32))
+    small = BackendSize(Usage(gpus=4, cpus=64, memory=0, learners=32))
     running = [run("x", "a", 2, started=10), run("y", "b", 2, started=20, priority=2)]
     outcome = choose([wait("urgent", "c", 2, priority=3)], running, {}, small, POLICY, NOW)
     assert victims(outcome) == [["x"]]  # lowest priority first, whichever is newer

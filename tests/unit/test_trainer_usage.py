@@ -8,9 +8,9 @@ from trainforge_protos import trainer_pb2
 from trainforge_services.common.errors import InvalidArgument
 from trainforge_services.common.manifest import parse_manifest
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer import accounting, quotas
-from trainforge_services.trainer.admission import Quota, TeamUse, Usage
+from trainforge_services.trainer import accounting, quotas, storedocs
 from trainforge_services.trainer.record import JobRecord
+from trainforge_services.trainer.resources import Quota, TeamUse, Usage
 from trainforge_services.trainer.servicer import quota_from_proto, quota_to_proto, usage_to_proto
 
 GI = 2**30
@@ -18,10 +18,10 @@ GI = 2**30
 
 def test_a_quota_round_trips_through_its_document_keeping_unset_limits_unset():
     quota = Quota(gpus=0, cpus=2.5, gpus_by_type={"a100": 2})
-    doc = quotas.to_doc(quota)
+    doc = storedocs.quota_doc(quota)
     assert doc == {"gpus": 0, "cpus": 2.5, "gpus_by_type": {"a100": 2}}
-    assert quotas.from_doc(doc) == quota
-    assert quotas.from_doc({}) == Quota()
+    assert storedocs.quota_of(doc) == quota
+    assert storedocs.quota_of({}) == Quota()
 
 
 def test_quota_validation_names_every_bad_field():
