@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from trainforge_services.api.routes.runs import RunRoutes
+from trainforge_services.api.routes.runs import RunRoutes, run_model
 
 
 class Trial(BaseModel):
@@ -28,34 +28,19 @@ class Trial(BaseModel):
     best: bool = Field(description="the experiment's best trial")
 
 
-class Experiment(BaseModel):
-    id: str
-    team: str
-    name: str
-    state: str = Field(description="running, completed, failed, cancelled, halted")
-    reason: str
-    objective: dict[str, Any] | None = Field(description="{metric, goal}")
-    trial_count: int
-    best_trial: int | None
-    trials: list[Trial] = Field(description="sorted by the objective, best first; empty in a listing")
-    spec: dict[str, Any] = Field(description="the validated experiment")
-    code_uri: str
-    submitted_by: str
-    created_at: float
-    updated_at: float
+Experiment = run_model(
+    "Experiment", states="running, completed, failed, cancelled, halted",
+    objective=(dict[str, Any] | None, Field(description="{metric, goal}")), trial_count=int, best_trial=int | None,
+    trials=(list[Trial], Field(description="sorted by the objective, best first; empty in a listing")),
+    spec=(dict[str, Any], Field(description="the validated experiment")))
 
-
-class ExperimentList(BaseModel):
-    experiments: list[Experiment]
-
-
-routes = RunRoutes("experiment", "experiments", model=Experiment, list_model=ExperimentList, example="x-1a2b3c4d5e6f")
+routes = RunRoutes("experiment", "experiments", model=Experiment, example="x-1a2b3c4d5e6f")
 router = routes.router
 routes.submit(summary="Submit an experiment (a parameter sweep)",
               recipe="the experiment recipe, YAML or JSON: `kind: experiment`, or Hyper's `experiments:` shape with "
                      "one experiment",
               doc="""Validate the recipe (each problem names its field), store the code once for every trial, and hand the
-    experiment to the Trainer, which submits its trials as jobs, at most `max_parallel` at once.""")
+experiment to the Trainer, which submits its trials as jobs, at most `max_parallel` at once.""")
 routes.listing(summary="The team's experiments, newest first")
 routes.one(summary="One experiment with its trials, best first")
 _CONFLICT = "the experiment's state does not allow it"

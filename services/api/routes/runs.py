@@ -10,7 +10,7 @@ FastAPI reads the routes' annotations, which are made per kind.)
 from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, Path, Query, Request, UploadFile
-from pydantic import BaseModel, WithJsonSchema
+from pydantic import BaseModel, Field, WithJsonSchema, create_model
 
 from trainforge_services.api.audit import note_target
 from trainforge_services.api.deps import ObjectsDep, SettingsDep, TenantDep
@@ -24,14 +24,22 @@ Code = Annotated[UploadFile | None, File(description="the code folder as a .tar.
 _TOO_LARGE = {413: {"model": ErrorResponse, "description": "code archive larger than the limit"}}
 
 
-class RunRoutes:
-    """One kind's router (`.router`); `noun` names its id (`<noun>_id`), `plural` its path, tag and listing."""
+def run_model(name: str, *, states: str, **own: Any) -> type[BaseModel]:
+    """A kind's REST model: the fields every run has, in the order it answers them, with its `own` fields
+    (as `pydantic.create_model` takes them) after `reason`; `states` says which states it can be in."""
+    return create_model(name, id=str, team=str, name=str, state=(str, Field(description=states)), reason=str, **own,
+                        code_uri=str, submitted_by=str, created_at=float, updated_at=float)
 
-    def __init__(self, noun: str, plural: str, *, model: type[BaseModel], list_model: type[BaseModel],
-                 example: str):
+
+class RunRoutes:
+    """One kind's router (`.router`) answering `model`; `noun` names its id (`<noun>_id`), `plural` its path,
+    tag and listing (`<Model>List`)."""
+
+    def __init__(self, noun: str, plural: str, *, model: type[BaseModel], example: str):
         self.router = APIRouter(prefix=f"/v1/{plural}", tags=[plural], responses=error_responses(400, 401, 422, 429))
         self._noun, self._plural = noun, plural
-        self._model, self._list_model = model, list_model
+        self._model = model
+        self._list_model = create_model(f"{model.__name__}List", **{plural: list[model]})  # type: ignore[valid-type]
         self._path = f"/{{{noun}_id}}"
         self.not_found = {404: {"model": ErrorResponse, "description": f"no such {noun} in the caller's team"}}
         self.run_id = Annotated[str, Path(alias=f"{noun}_id", description=f"the {noun} id, e.g. {example}: {ids.RULE}",

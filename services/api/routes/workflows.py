@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from trainforge_services.api.routes.runs import RunRoutes
+from trainforge_services.api.routes.runs import RunRoutes, run_model
 
 
 class Node(BaseModel):
@@ -22,28 +22,14 @@ class Node(BaseModel):
     best_trial: int | None
 
 
-class Workflow(BaseModel):
-    id: str
-    team: str
-    name: str
-    state: str = Field(description="running, completed, failed, cancelled")
-    reason: str
-    nodes: list[Node] = Field(description="in a topological order")
-    code_uri: str
-    submitted_by: str
-    created_at: float
-    updated_at: float
+Workflow = run_model("Workflow", states="running, completed, failed, cancelled",
+                     nodes=(list[Node], Field(description="in a topological order")))
 
-
-class WorkflowList(BaseModel):
-    workflows: list[Workflow]
-
-
-routes = RunRoutes("workflow", "workflows", model=Workflow, list_model=WorkflowList, example="w-1a2b3c4d5e6f")
+routes = RunRoutes("workflow", "workflows", model=Workflow, example="w-1a2b3c4d5e6f")
 router = routes.router
 routes.submit(summary="Submit a workflow (a DAG of experiments)", recipe="the workflow recipe, YAML or JSON",
               doc="""Validate the DAG (no cycles; unknown names and bad fields named), store the code once for every node,
-    and hand it to the Trainer, which starts each experiment once those it depends on completed.""")
+and hand it to the Trainer, which starts each experiment once those it depends on completed.""")
 routes.listing(summary="The team's workflows, newest first")
 routes.one(summary="One workflow and its nodes")
 routes.action("cancel", summary="Cancel a workflow and the experiment it runs", conflict="the workflow already ended")
