@@ -1,14 +1,17 @@
-"""`trainforge experiments` and `trainforge experiment ID`: sweeps as tables (or `--json`).
+"""`trainforge experiments`, `experiment ID`, `workflows` and `workflow ID`: sweeps as tables, DAGs as trees.
 
-The trial table is the API's order (best objective first); the best trial is
-highlighted. `trainforge submit` sends experiment recipes here
-(`submit_experiment`), recognised by trainforge/sdk_experiments.py
-`recipe_kind`.
+Experiments and workflows are both runs of many jobs, listed, shown,
+followed and submitted alike (`run_list`, `show_run`, `submit_run`); each
+renders its own way. The trial table is the API's order (best objective
+first); the best trial is highlighted. `trainforge submit` sends experiment
+and workflow recipes here (`submit_experiment`, `submit_workflow`),
+recognised by trainforge/sdk_experiments.py `recipe_kind`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -18,7 +21,7 @@ from rich.tree import Tree
 
 from trainforge import clikit
 from trainforge.sdk import Client, ClientError
-from trainforge.sdk_experiments import ENDED, recipe_kind
+from trainforge.sdk_experiments import ENDED, Runs, recipe_kind
 
 _STYLES = {"running": "cyan", "completed": "green", "failed": "red", "cancelled": "yellow", "halted": "magenta"}
 
@@ -33,6 +36,57 @@ def _number(value: float | None) -> str:
 
 def _params(params: dict) -> str:
     return " ".join(f"{k}={_number(v) if isinstance(v, float) else v}" for k, v in params.items())
+
+
+def run_list(plural: str, columns: tuple[str, ...], row: Callable[[dict], tuple]) -> click.Command:
+    """`trainforge <plural>`: the team's runs as a table with `columns`, one `row(run)` each (or `--json`)."""
+
+    @click.command(plural, help=f"The team's {plural}, newest first.")
+    @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000), help=f"most {plural} listed")
+    @clikit.json_flag
+    @click.pass_context
+    def listing(ctx: click.Context, limit: int, as_json: bool) -> None:
+        as_json = clikit.use_json(ctx, as_json)
+        found = getattr(clikit.client(ctx), plural).list(limit=limit)
+        if as_json:
+            clikit.emit_json(found)
+            return
+        table = Table(box=None, header_style="bold")
+        for column in columns:
+            table.add_column(column)
+        for run in found:
+            table.add_row(*row(run))
+        clikit.out().print(table)
+
+    return listing
+
+
+def show_run(ctx: click.Context, plural: str, run_id: str, action: str | None, wait: bool, as_json: bool,
+             render: Callable[[dict], None]) -> dict:
+    """Act on the run (if asked), then show it: as it is, or once it ended with `wait`."""
+    as_json = clikit.use_json(ctx, as_json)  # first: a refusal from here on is printed as JSON too
+    runs: Runs = getattr(clikit.client(ctx), plural)
+    if action:
+        getattr(runs, action)(run_id)
+    run = runs.wait(run_id) if wait else runs.get(run_id)
+    if as_json:
+        click.echo(json.dumps(run, indent=2, default=str))
+    else:
+        render(run)
+    return run
+
+
+def submit_run(runs: Runs, recipe: Path, code_dir: Path | None, follow: bool, as_json: bool, interval: float,
+               submitted: Callable[[dict], None], final: Callable[[dict], None]) -> dict:
+    """Submit, follow it to its end if asked, and show it (`submitted` as submitted, `final` once followed)."""
+    run = runs.submit(recipe, code_dir=code_dir)
+    if follow:
+        run = runs.wait(run["id"], poll_interval=interval)
+    if as_json:
+        clikit.emit_json(run)
+    else:
+        (final if follow else submitted)(run)
+    return run
 
 
 def print_experiment(exp: dict) -> None:
@@ -69,40 +123,16 @@ def kind_of(path: Path) -> str:
 
 def submit_experiment(client: Client, recipe: Path, code_dir: Path | None, follow: bool, as_json: bool,
                       interval: float) -> dict:
-    exp = client.experiments.submit(recipe, code_dir=code_dir)
-    if not follow:
-        if as_json:
-            clikit.emit_json(exp)
-        else:
-            clikit.out().print(Text.assemble("submitted experiment ", (exp["id"], "bold"), f" ({exp['name']}): ",
-                                             _state(exp["state"]), f"; {exp['reason']}"))
-        return exp
-    final = client.experiments.wait(exp["id"], poll_interval=interval)
-    if as_json:
-        clikit.emit_json(final)
-    else:
-        print_experiment(final)
-    return final
+    def submitted(exp: dict) -> None:
+        clikit.out().print(Text.assemble("submitted experiment ", (exp["id"], "bold"), f" ({exp['name']}): ",
+                                         _state(exp["state"]), f"; {exp['reason']}"))
+
+    return submit_run(client.experiments, recipe, code_dir, follow, as_json, interval, submitted, print_experiment)
 
 
-@click.command("experiments")
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000), help="most experiments listed")
-@clikit.json_flag
-@click.pass_context
-def experiments(ctx: click.Context, limit: int, as_json: bool) -> None:
-    """The team's experiments, newest first."""
-    as_json = clikit.use_json(ctx, as_json)
-    found = clikit.client(ctx).experiments.list(limit=limit)
-    if as_json:
-        clikit.emit_json(found)
-        return
-    table = Table(box=None, header_style="bold")
-    for column in ("id", "name", "state", "trials", "best", "created"):
-        table.add_column(column)
-    for e in found:
-        best = "-" if e["best_trial"] is None else str(e["best_trial"])
-        table.add_row(e["id"], e["name"], _state(e["state"]), str(e["trial_count"]), best, clikit.when(e["created_at"]))
-    clikit.out().print(table)
+experiments = run_list("experiments", ("id", "name", "state", "trials", "best", "created"),
+                       lambda e: (e["id"], e["name"], _state(e["state"]), str(e["trial_count"]),
+                                  "-" if e["best_trial"] is None else str(e["best_trial"]), clikit.when(e["created_at"])))
 
 
 @click.command("experiment")
@@ -115,15 +145,7 @@ def experiments(ctx: click.Context, limit: int, as_json: bool) -> None:
 @click.pass_context
 def experiment(ctx: click.Context, experiment_id: str, action: str | None, wait: bool, as_json: bool) -> None:
     """One experiment: its trials by objective (best first, highlighted)."""
-    as_json = clikit.use_json(ctx, as_json)
-    sweeps = clikit.client(ctx).experiments
-    if action:
-        exp = getattr(sweeps, action)(experiment_id)
-    exp = sweeps.wait(experiment_id) if wait else sweeps.get(experiment_id)
-    if as_json:
-        click.echo(json.dumps(exp, indent=2, default=str))
-    else:
-        print_experiment(exp)
+    exp = show_run(ctx, "experiments", experiment_id, action, wait, as_json, print_experiment)
     if wait and exp["state"] in ENDED and exp["state"] != "completed":
         raise ClientError(f"experiment {experiment_id} {exp['state']}: {exp['reason']}")
 
@@ -166,35 +188,17 @@ def workflow_tree(wf: dict) -> Tree:
     return tree
 
 
+def print_workflow(wf: dict) -> None:
+    clikit.out().print(workflow_tree(wf))
+
+
 def submit_workflow(client: Client, recipe: Path, code_dir: Path | None, follow: bool, as_json: bool,
                     interval: float) -> dict:
-    wf = client.workflows.submit(recipe, code_dir=code_dir)
-    if follow:
-        wf = client.workflows.wait(wf["id"], poll_interval=interval)
-    if as_json:
-        clikit.emit_json(wf)
-    else:
-        clikit.out().print(workflow_tree(wf))
-    return wf
+    return submit_run(client.workflows, recipe, code_dir, follow, as_json, interval, print_workflow, print_workflow)
 
 
-@click.command("workflows")
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000), help="most workflows listed")
-@clikit.json_flag
-@click.pass_context
-def workflows(ctx: click.Context, limit: int, as_json: bool) -> None:
-    """The team's workflows, newest first."""
-    as_json = clikit.use_json(ctx, as_json)
-    found = clikit.client(ctx).workflows.list(limit=limit)
-    if as_json:
-        clikit.emit_json(found)
-        return
-    table = Table(box=None, header_style="bold")
-    for column in ("id", "name", "state", "experiments", "created"):
-        table.add_column(column)
-    for w in found:
-        table.add_row(w["id"], w["name"], _state(w["state"]), str(len(w["nodes"])), clikit.when(w["created_at"]))
-    clikit.out().print(table)
+workflows = run_list("workflows", ("id", "name", "state", "experiments", "created"),
+                     lambda w: (w["id"], w["name"], _state(w["state"]), str(len(w["nodes"])), clikit.when(w["created_at"])))
 
 
 @click.command("workflow")
@@ -205,12 +209,5 @@ def workflows(ctx: click.Context, limit: int, as_json: bool) -> None:
 @click.pass_context
 def workflow(ctx: click.Context, workflow_id: str, cancel: bool, wait: bool, as_json: bool) -> None:
     """One workflow as a DAG: each experiment under those it depends on, with its state and best trial."""
-    as_json = clikit.use_json(ctx, as_json)
-    flows = clikit.client(ctx).workflows
-    if cancel:
-        flows.cancel(workflow_id)
-    wf = flows.wait(workflow_id) if wait else flows.get(workflow_id)
-    if as_json:
-        click.echo(json.dumps(wf, indent=2, default=str))
-    else:
-        clikit.out().print(workflow_tree(wf))
+    show_run(ctx, "workflows", workflow_id, "cancel" if cancel else None, wait, as_json,
+             print_workflow)

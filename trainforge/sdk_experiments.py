@@ -77,79 +77,68 @@ def _post_recipe(client: Client, route: str, recipe: str | Path, code_dir: str |
                                before=lambda: archive.seek(0))
 
 
-class Experiments:
-    """/v1/experiments over a Client."""
+class Runs:
+    """/v1/<plural> over a Client: what experiments and workflows share (submit, get, list, cancel, wait)."""
+
+    noun = "run"
+    plural = "runs"
 
     def __init__(self, client: Client):
         self._c = client
 
     def submit(self, recipe: str | Path, code_dir: str | Path | None = None, *,
                max_upload_bytes: int = packing.DEFAULT_MAX_BYTES) -> dict:
-        """Submit an experiment recipe (a file, or its text); its code folder is packed and uploaded once."""
-        return _post_recipe(self._c, "/v1/experiments", recipe, code_dir, max_upload_bytes)
+        """Submit a recipe (a file, or its text); its code folder is packed and uploaded once for all its jobs."""
+        return _post_recipe(self._c, f"/v1/{self.plural}", recipe, code_dir, max_upload_bytes)
 
-    def get(self, experiment_id: str) -> dict:
-        """The experiment with its trials, best first, and `best_trial`."""
-        return self._c._request("GET", f"/v1/experiments/{experiment_id}")
+    def get(self, run_id: str) -> dict:
+        return self._c._request("GET", f"/v1/{self.plural}/{run_id}")
 
     def list(self, limit: int = 50) -> list[dict]:
-        return self._c._request("GET", "/v1/experiments", params={"limit": limit})["experiments"]
+        return self._c._request("GET", f"/v1/{self.plural}", params={"limit": limit})[self.plural]
+
+    def _act(self, action: str, run_id: str) -> dict:
+        return self._c._request("POST", f"/v1/{self.plural}/{run_id}/{action}", idempotent=True)
+
+    def cancel(self, run_id: str) -> dict:
+        return self._act("cancel", run_id)
+
+    def wait(self, run_id: str, timeout: float | None = None, poll_interval: float = 1.0) -> dict:
+        """Poll until it completes, fails, is cancelled or halted; WaitTimeout after `timeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            run: dict[str, Any] = self._c._request("GET", f"/v1/{self.plural}/{run_id}",
+                                                   retry_seconds=self._c.reconnect_seconds)
+            if run["state"] in ENDED:
+                return run
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"{self.noun} {run_id} is still {run['state']} after {timeout}s")
+            time.sleep(poll_interval)
+
+
+class Experiments(Runs):
+    """/v1/experiments over a Client: a run whose jobs are trials, which also halts, resumes and has a best trial.
+
+    `get` answers the experiment with its trials, best first, and `best_trial`."""
+
+    noun = "experiment"
+    plural = "experiments"
 
     def halt(self, experiment_id: str) -> dict:
-        return self._c._request("POST", f"/v1/experiments/{experiment_id}/halt", idempotent=True)
+        return self._act("halt", experiment_id)
 
     def resume(self, experiment_id: str) -> dict:
-        return self._c._request("POST", f"/v1/experiments/{experiment_id}/resume", idempotent=True)
-
-    def cancel(self, experiment_id: str) -> dict:
-        return self._c._request("POST", f"/v1/experiments/{experiment_id}/cancel", idempotent=True)
+        return self._act("resume", experiment_id)
 
     def best(self, experiment_id: str) -> dict | None:
         """The best trial (its index, job id, params and objective), None while no trial reported one."""
         exp = self.get(experiment_id)
         return next((t for t in exp["trials"] if t["best"]), None)
 
-    def wait(self, experiment_id: str, timeout: float | None = None, poll_interval: float = 1.0) -> dict:
-        """Poll until the experiment completes, fails, is cancelled or halted; WaitTimeout after `timeout`."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            exp: dict[str, Any] = self._c._request("GET", f"/v1/experiments/{experiment_id}",
-                                                   retry_seconds=self._c.reconnect_seconds)
-            if exp["state"] in ENDED:
-                return exp
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(f"experiment {experiment_id} is still {exp['state']} after {timeout}s")
-            time.sleep(poll_interval)
 
+class Workflows(Runs):
+    """/v1/workflows over a Client: a run of experiments in a DAG. Its code folder (top-level `code:`, else the
+    first experiment's) is uploaded once and shared by every experiment; `get` answers it with its nodes."""
 
-class Workflows:
-    """/v1/workflows over a Client."""
-
-    def __init__(self, client: Client):
-        self._c = client
-
-    def submit(self, recipe: str | Path, code_dir: str | Path | None = None, *,
-               max_upload_bytes: int = packing.DEFAULT_MAX_BYTES) -> dict:
-        """Submit a workflow recipe; its code folder (top-level `code:`, else the first experiment's) is
-        uploaded once and shared by every experiment."""
-        return _post_recipe(self._c, "/v1/workflows", recipe, code_dir, max_upload_bytes)
-
-    def get(self, workflow_id: str) -> dict:
-        return self._c._request("GET", f"/v1/workflows/{workflow_id}")
-
-    def list(self, limit: int = 50) -> list[dict]:
-        return self._c._request("GET", "/v1/workflows", params={"limit": limit})["workflows"]
-
-    def cancel(self, workflow_id: str) -> dict:
-        return self._c._request("POST", f"/v1/workflows/{workflow_id}/cancel", idempotent=True)
-
-    def wait(self, workflow_id: str, timeout: float | None = None, poll_interval: float = 1.0) -> dict:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            wf: dict[str, Any] = self._c._request("GET", f"/v1/workflows/{workflow_id}",
-                                                  retry_seconds=self._c.reconnect_seconds)
-            if wf["state"] in ENDED:
-                return wf
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(f"workflow {workflow_id} is still {wf['state']} after {timeout}s")
-            time.sleep(poll_interval)
+    noun = "workflow"
+    plural = "workflows"

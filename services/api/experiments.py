@@ -1,17 +1,20 @@
-"""Experiments at the REST boundary: submit (recipe + code), the REST shape, and the Trainer calls.
+"""Experiments and workflows at the REST boundary: submit (recipe + code), the REST shapes, and the Trainer calls.
 
-The recipe is validated here first (services/common/contracts/recipes.py, the
-same function the Trainer runs), so a bad field is a 422 before any code is
-stored. The code archive goes to `store://experiments/<id>/code.tar.gz` and
-every trial runs it. The trial table is sorted by the objective (best first,
-trials without a value last), and the best trial is flagged.
+Both are runs of many jobs, called alike (`RunCalls`, one per `RunKind`). The
+recipe is validated here first (services/common/contracts/recipes.py and
+workflows.py, the functions the Trainer runs), so a bad field is a 422
+before any code is stored. The code archive goes to
+`store://experiments/<id>/code.tar.gz` and every trial (every node's trials)
+runs it. The trial table is sorted by the objective (best first, trials
+without a value last), and the best trial is flagged.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import BinaryIO
+from dataclasses import dataclass
+from typing import Any, BinaryIO
 
 from trainforge_protos import trainer_pb2, trainer_pb2_grpc
 from trainforge_services.api.identity import Tenant
@@ -64,80 +67,80 @@ def workflow_to_json(wf: trainer_pb2.Workflow) -> dict:
             "created_at": wf.created_at, "updated_at": wf.updated_at}
 
 
+@dataclass(frozen=True)
+class RunKind:
+    """What the REST boundary knows of one kind of run; its RPCs are named after `noun` (`Submit<Noun>` with a
+    `Submit<Noun>Request`, `Get<Noun>`, `List<Noun>s`, `<Action><Noun>` with a `<Noun>Action`)."""
+
+    noun: str
+    validate: Callable[[str], object]  # the recipe's check: every bad field a 422 before anything is stored
+    new_id: Callable[[], str]
+    to_json: Callable[[Any], dict]
+    listed_json: Callable[[Any], dict]  # as a listing shows it
+
+
+EXPERIMENT = RunKind("experiment", experiment_from_recipe, new_experiment_id, experiment_to_json,
+                     lambda e: experiment_to_json(e, with_trials=False))
+WORKFLOW = RunKind("workflow", lambda recipe: parse_workflow(load_recipe(recipe)), new_workflow_id, workflow_to_json,
+                   workflow_to_json)
+
+
+class RunCalls:
+    """One kind's Trainer RPCs, answering REST-shaped dicts (errors come back as domain errors)."""
+
+    def __init__(self, stub: trainer_pb2_grpc.TrainerStub, timeout: float, kind: RunKind):
+        self.kind = kind
+        self._stub = stub
+        self._timeout = timeout
+        self._noun = kind.noun.capitalize()
+
+    def _call(self, method: str, request_type: str, **fields: Any) -> Any:
+        request = getattr(trainer_pb2, request_type)(**fields)
+        return rpc.call(getattr(self._stub, method), request, self._timeout)
+
+    def submit(self, *, team: str, recipe: str, code_uri: str, submitted_by: str, run_id: str) -> dict:
+        return self.kind.to_json(self._call(f"Submit{self._noun}", f"Submit{self._noun}Request", team=team,
+                                            recipe=recipe, code_uri=code_uri, submitted_by=submitted_by,
+                                            **{f"{self.kind.noun}_id": run_id}))
+
+    def get(self, team: str, run_id: str) -> dict:
+        return self.kind.to_json(self._call(f"Get{self._noun}", f"Get{self._noun}Request", team=team,
+                                            **{f"{self.kind.noun}_id": run_id}))
+
+    def list(self, team: str, limit: int) -> list[dict]:
+        resp = self._call(f"List{self._noun}s", f"List{self._noun}sRequest", team=team, limit=limit)
+        return [self.kind.listed_json(r) for r in getattr(resp, f"{self.kind.noun}s")]
+
+    def act(self, action: str, team: str, run_id: str, actor: str) -> dict:
+        """cancel (either kind), halt or resume (an experiment)."""
+        return self.kind.to_json(self._call(f"{action.capitalize()}{self._noun}", f"{self._noun}Action", team=team,
+                                            actor=actor, **{f"{self.kind.noun}_id": run_id}))
+
+
 class ExperimentCalls:
-    """The Trainer's experiment RPCs, answering REST-shaped dicts (errors come back as domain errors)."""
+    """The Trainer's experiment and workflow RPCs over one channel: `.experiments` and `.workflows`."""
 
     def __init__(self, address: str, timeout: float = 30.0):
         self._channel = rpc.channel(address)
-        self._stub = trainer_pb2_grpc.TrainerStub(self._channel)
-        self._timeout = timeout
+        stub = trainer_pb2_grpc.TrainerStub(self._channel)
+        self.experiments = RunCalls(stub, timeout, EXPERIMENT)
+        self.workflows = RunCalls(stub, timeout, WORKFLOW)
 
     def close(self) -> None:
         self._channel.close()
 
-    def submit(self, *, team: str, recipe: str, code_uri: str, submitted_by: str, experiment_id: str) -> dict:
-        req = trainer_pb2.SubmitExperimentRequest(team=team, recipe=recipe, code_uri=code_uri,
-                                                  submitted_by=submitted_by, experiment_id=experiment_id)
-        return experiment_to_json(rpc.call(self._stub.SubmitExperiment, req, self._timeout))
 
-    def get(self, team: str, experiment_id: str) -> dict:
-        req = trainer_pb2.GetExperimentRequest(team=team, experiment_id=experiment_id)
-        return experiment_to_json(rpc.call(self._stub.GetExperiment, req, self._timeout))
-
-    def list(self, team: str, limit: int) -> list[dict]:
-        resp = rpc.call(self._stub.ListExperiments, trainer_pb2.ListExperimentsRequest(team=team, limit=limit),
-                        self._timeout)
-        return [experiment_to_json(e, with_trials=False) for e in resp.experiments]
-
-    def act(self, action: str, team: str, experiment_id: str, actor: str) -> dict:
-        method = {"cancel": self._stub.CancelExperiment, "halt": self._stub.HaltExperiment,
-                  "resume": self._stub.ResumeExperiment}[action]
-        req = trainer_pb2.ExperimentAction(team=team, experiment_id=experiment_id, actor=actor)
-        return experiment_to_json(rpc.call(method, req, self._timeout))
-
-    def submit_workflow(self, *, team: str, recipe: str, code_uri: str, submitted_by: str, workflow_id: str) -> dict:
-        req = trainer_pb2.SubmitWorkflowRequest(team=team, recipe=recipe, code_uri=code_uri,
-                                                submitted_by=submitted_by, workflow_id=workflow_id)
-        return workflow_to_json(rpc.call(self._stub.SubmitWorkflow, req, self._timeout))
-
-    def get_workflow(self, team: str, workflow_id: str) -> dict:
-        req = trainer_pb2.GetWorkflowRequest(team=team, workflow_id=workflow_id)
-        return workflow_to_json(rpc.call(self._stub.GetWorkflow, req, self._timeout))
-
-    def list_workflows(self, team: str, limit: int) -> list[dict]:
-        resp = rpc.call(self._stub.ListWorkflows, trainer_pb2.ListWorkflowsRequest(team=team, limit=limit),
-                        self._timeout)
-        return [workflow_to_json(w) for w in resp.workflows]
-
-    def cancel_workflow(self, team: str, workflow_id: str, actor: str) -> dict:
-        req = trainer_pb2.WorkflowAction(team=team, workflow_id=workflow_id, actor=actor)
-        return workflow_to_json(rpc.call(self._stub.CancelWorkflow, req, self._timeout))
-
-
-def submit_workflow(calls: ExperimentCalls, objects: ObjectStore, tenant: Tenant, *, recipe: str,
-                    code: BinaryIO | None, code_size: int | None, max_upload_bytes: int) -> dict:
-    parse_workflow(load_recipe(recipe))  # every bad field is a 422 before anything is stored
-    workflow_id = new_workflow_id()
-    return _with_code(objects, experiment_code_key(workflow_id), code, code_size, max_upload_bytes,
-                      lambda code_uri: calls.submit_workflow(team=tenant.team, recipe=recipe, code_uri=code_uri,
-                                                             submitted_by=tenant.key_id, workflow_id=workflow_id))
-
-
-def submit_experiment(calls: ExperimentCalls, objects: ObjectStore, tenant: Tenant, *, recipe: str,
-                      code: BinaryIO | None, code_size: int | None, max_upload_bytes: int) -> dict:
-    experiment_from_recipe(recipe)  # every bad field is a 422 before anything is stored
-    experiment_id = new_experiment_id()
-    return _with_code(objects, experiment_code_key(experiment_id), code, code_size, max_upload_bytes,
-                      lambda code_uri: calls.submit(team=tenant.team, recipe=recipe, code_uri=code_uri,
-                                                    submitted_by=tenant.key_id, experiment_id=experiment_id))
-
-
-def _with_code(objects: ObjectStore, key: str, code: BinaryIO | None, code_size: int | None, limit: int,
-               submit: Callable[[str], dict]) -> dict:
-    """Store the code archive (if any) at `key`, then `submit(code_uri)`; a refused submit leaves no archive."""
-    code_uri = store_code(objects, key, code, code_size, limit) if code is not None else ""
+def submit_run(calls: RunCalls, objects: ObjectStore, tenant: Tenant, *, recipe: str, code: BinaryIO | None,
+               code_size: int | None, max_upload_bytes: int) -> dict:
+    """Validate the recipe, store the code archive (if any) under the new run's id, then submit the run; a
+    refused submit leaves no archive."""
+    calls.kind.validate(recipe)
+    run_id = calls.kind.new_id()
+    key = experiment_code_key(run_id)
+    code_uri = store_code(objects, key, code, code_size, max_upload_bytes) if code is not None else ""
     try:
-        return submit(code_uri)
+        return calls.submit(team=tenant.team, recipe=recipe, code_uri=code_uri, submitted_by=tenant.key_id,
+                            run_id=run_id)
     except TrainforgeError:
         if code_uri:
             objects.delete_prefix(key)

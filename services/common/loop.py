@@ -13,7 +13,8 @@ message, anything else with its traceback. A step's own waits should use `loop.s
 prompt. Pacing: `spacing=(least, most)` spaces runs by twice the last step's duration within those bounds (an
 expensive pass does not run back to back); `when` is asked before each run and the step is skipped while it says
 no (a follower replica); the step's return value, if a number, is the most seconds until it should run again (a
-retry due sooner than the interval).
+retry due sooner than the interval). `wake_on` is an event that wakes the loop when set, for code wired before the
+loop exists (a rule handed the event the loop is later built with).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 class Loop:
     def __init__(self, name: str, step: Callable[[], float | None], *, interval: float,
                  spacing: tuple[float, float] | None = None, when: Callable[[], bool] | None = None,
-                 stopping: threading.Event | None = None):
+                 stopping: threading.Event | None = None, wake_on: threading.Event | None = None):
         if interval <= 0:
             raise ValueError(f"loop {name}: interval must be > 0, got {interval}")
         if spacing is not None and not 0 <= spacing[0] <= spacing[1]:
@@ -42,7 +43,7 @@ class Loop:
         self._spacing = spacing
         self._when = when
         self.stopping = stopping if stopping is not None else threading.Event()
-        self._wanted = threading.Event()
+        self._wanted = wake_on if wake_on is not None else threading.Event()
         self._thread: threading.Thread | None = None
 
     @property

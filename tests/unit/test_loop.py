@@ -28,6 +28,17 @@ def test_a_loop_runs_at_start_and_again_when_woken_long_before_its_interval():
     assert loop.stop(timeout=5.0)
 
 
+def test_an_event_handed_in_wakes_the_loop_when_set():
+    runs: list[int] = []
+    event = threading.Event()
+    loop = Loop("t-wake-on", lambda: runs.append(1), interval=60.0, wake_on=event)
+    loop.start()
+    wait_for(lambda: len(runs) == 1)
+    event.set()
+    wait_for(lambda: len(runs) == 2)
+    assert loop.stop(timeout=5.0)
+
+
 def test_a_loop_runs_every_interval_without_a_wake():
     runs: list[int] = []
     loop = Loop("t-interval", lambda: runs.append(1), interval=0.02)

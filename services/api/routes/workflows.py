@@ -2,27 +2,14 @@
 
 Scoped like jobs and experiments: another team's workflow is a 404 exactly
 like a missing one. Each node's experiment is read at /v1/experiments/{id}.
+The routes are a run's (routes/runs.py); a workflow's one action is cancel.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from pydantic import BaseModel, Field
 
-from fastapi import APIRouter, File, Form, Path, Query, Request, UploadFile
-from pydantic import BaseModel, Field, WithJsonSchema
-
-from trainforge_services.api.audit import note_target
-from trainforge_services.api.deps import ObjectsDep, SettingsDep, TenantDep
-from trainforge_services.api.experiments import ExperimentCalls, submit_workflow
-from trainforge_services.api.routes.jobs import CODE_SCHEMA
-from trainforge_services.api.schemas import ErrorResponse, error_responses
-from trainforge_services.common.contracts import ids
-
-router = APIRouter(prefix="/v1/workflows", tags=["workflows"], responses=error_responses(400, 401, 422, 429))
-
-_NOT_FOUND = {404: {"model": ErrorResponse, "description": "no such workflow in the caller's team"}}
-WorkflowId = Annotated[str, Path(description=f"the workflow id, e.g. w-1a2b3c4d5e6f: {ids.RULE}",
-                                 max_length=ids.MAX_LEN, pattern=ids.PATTERN)]
+from trainforge_services.api.routes.runs import RunRoutes, run_model
 
 
 class Node(BaseModel):
@@ -35,57 +22,14 @@ class Node(BaseModel):
     best_trial: int | None
 
 
-class Workflow(BaseModel):
-    id: str
-    team: str
-    name: str
-    state: str = Field(description="running, completed, failed, cancelled")
-    reason: str
-    nodes: list[Node] = Field(description="in a topological order")
-    code_uri: str
-    submitted_by: str
-    created_at: float
-    updated_at: float
+Workflow = run_model("Workflow", states="running, completed, failed, cancelled",
+                     nodes=(list[Node], Field(description="in a topological order")))
 
-
-class WorkflowList(BaseModel):
-    workflows: list[Workflow]
-
-
-def _calls(request: Request) -> ExperimentCalls:
-    return request.app.state.experiments
-
-
-@router.post("", status_code=201, response_model=Workflow,
-             responses={413: {"model": ErrorResponse, "description": "code archive larger than the limit"}},
-             summary="Submit a workflow (a DAG of experiments)")
-def submit(
-    tenant: TenantDep, settings: SettingsDep, objects: ObjectsDep, request: Request,
-    recipe: Annotated[str, Form(description="the workflow recipe, YAML or JSON")],
-    code: Annotated[UploadFile | None, File(description="the code folder as a .tar.gz archive"),
-                    WithJsonSchema(CODE_SCHEMA)] = None,
-) -> dict:
-    """Validate the DAG (no cycles; unknown names and bad fields named), store the code once for every node,
-    and hand it to the Trainer, which starts each experiment once those it depends on completed."""
-    wf = submit_workflow(_calls(request), objects, tenant, recipe=recipe, code=code.file if code is not None else None,
-                         code_size=code.size if code is not None else None, max_upload_bytes=settings.max_upload_bytes)
-    note_target(request, wf["id"])
-    return wf
-
-
-@router.get("", response_model=WorkflowList, summary="The team's workflows, newest first")
-def list_workflows(tenant: TenantDep, request: Request,
-                   limit: Annotated[int, Query(ge=1, le=1000, description="most workflows returned")] = 50) -> dict:
-    return {"workflows": _calls(request).list_workflows(tenant.team, limit)}
-
-
-@router.get("/{workflow_id}", response_model=Workflow, responses=_NOT_FOUND, summary="One workflow and its nodes")
-def get_workflow(tenant: TenantDep, request: Request, workflow_id: WorkflowId) -> dict:
-    return _calls(request).get_workflow(tenant.team, workflow_id)
-
-
-@router.post("/{workflow_id}/cancel", response_model=Workflow,
-             responses={**_NOT_FOUND, 409: {"model": ErrorResponse, "description": "the workflow already ended"}},
-             summary="Cancel a workflow and the experiment it runs")
-def cancel_workflow(tenant: TenantDep, request: Request, workflow_id: WorkflowId) -> dict:
-    return _calls(request).cancel_workflow(tenant.team, workflow_id, tenant.actor)
+routes = RunRoutes("workflow", "workflows", model=Workflow, example="w-1a2b3c4d5e6f")
+router = routes.router
+routes.submit(summary="Submit a workflow (a DAG of experiments)", recipe="the workflow recipe, YAML or JSON",
+              doc="""Validate the DAG (no cycles; unknown names and bad fields named), store the code once for every node,
+and hand it to the Trainer, which starts each experiment once those it depends on completed.""")
+routes.listing(summary="The team's workflows, newest first")
+routes.one(summary="One workflow and its nodes")
+routes.action("cancel", summary="Cancel a workflow and the experiment it runs", conflict="the workflow already ended")

@@ -1,46 +1,32 @@
 """The experiment driver: a Trainer thread that moves every open experiment on, from the store alone.
 
-Each pass reads an experiment and its trial jobs and does what is due:
-records each trial's objective and ASHA rung results, halts a trial ASHA
-stops, resumes one ASHA promotes, submits the next planned trials up to
-`max_parallel`, and settles the experiment once no trial is left to run.
-`max_parallel` bounds the trials whose learners run or are about to
-(`SLOT`: pending to running, halting, restarting; the count is in
-services/trainer/experiments/slots.py); a trial that is STORING
-(every learner exited, its outputs uploading) gives its slot to the next
-trial at once, so besides `max_parallel` trials with learners up to
-`max_parallel` more may still be storing (each still holds its resources
-in the team's quota until it ends).
+Each pass reads an experiment and its trial jobs and does what is due: records each trial's objective and ASHA rung
+results, halts a trial ASHA stops, resumes one ASHA promotes, submits the next planned trials up to `max_parallel`,
+and settles the experiment once no trial is left to run. `max_parallel` bounds the trials whose learners run or are
+about to (`SLOT`: pending to running, halting, restarting; the count is in services/trainer/experiments/slots.py); a
+trial that is STORING (every learner exited, its outputs uploading) gives its slot to the next trial at once, so
+besides `max_parallel` trials with learners up to `max_parallel` more may still be storing (each still holds its
+resources in the team's quota until it ends).
 
-Prestarted trials (`prestart`, docs/EXPERIMENTS.md): besides the trials
-holding slots, up to `prestart` of the next trials are submitted *gated*:
-they go through the queue and deploy like any job (so each holds its
-resources in the team's quota and the backend's capacity), their
-controllers prepare everything and hold the learner back until the job's
-gate opens. They hold no slot while held. When a slot frees, the first held
-trial's gate is opened before any new trial is submitted (after the
-experiment's own resumes and ASHA's promotions), so the next learner starts
-without waiting for an admission and a deploy; the next held trial is then
-submitted. Where nothing comes before it, the gate is opened in the
-transition that freed the slot (`hand_over`, called by the `TrialChanged`
-rule), not in the pass that transition wakes. Opening is a compare-and-set on the job (`gate` "closed" ->
-"open") written before the LCM is told, so a restart repeats the act, not
-the decision. A halt of the experiment cancels held trials (they have no
-learner to checkpoint) like queued ones; a cancel cancels them with the rest.
-Nothing lives in the driver's memory: a Trainer killed at any point starts
-again from what MongoDB holds. Trial job ids are deterministic
-(`<experiment>-<index>[-<gen>]`), so a submit repeated after a crash finds
-the job it made (Conflict on the id) instead of starting a second one, and
-every decision is written before it is acted on (the stopped rung before the
-halt, the promotion before the resume), so a repeated pass repeats the act,
-which is idempotent, never the decision.
+Prestarted trials (`prestart`, docs/EXPERIMENTS.md): besides the trials holding slots, up to `prestart` of the next
+trials are submitted *gated*: they go through the queue and deploy like any job (so each holds its resources in the
+team's quota and the backend's capacity), their controllers prepare everything and hold the learner back until the
+job's gate opens. They hold no slot while held. When a slot frees, the first held trial's gate is opened before any
+new trial is submitted (after the experiment's own resumes and ASHA's promotions), so the next learner starts
+without waiting for an admission and a deploy; the next held trial is then submitted. Where nothing comes before it,
+the gate is opened in the transition that freed the slot (`hand_over`, called by the `TrialChanged` rule), not in
+the pass that transition wakes. Opening is a compare-and-set on the job (`gate` "closed" -> "open") written before
+the LCM is told, so a restart repeats the act, not the decision. A halt of the experiment cancels held trials (they
+have no learner to checkpoint) like queued ones; a cancel cancels them with the rest. Nothing lives in the driver's
+memory: a Trainer killed at any point starts again from what MongoDB holds. Trial job ids are deterministic
+(`<experiment>-<index>[-<gen>]`), so a submit repeated after a crash finds the job it made (Conflict on the id)
+instead of starting a second one, and every decision is written before it is acted on (the stopped rung before the
+halt, the promotion before the resume), so a repeated pass repeats the act, which is idempotent, never the decision.
 
-A halted experiment halts its running trials and cancels its queued ones
-(bumping their generation, so resume submits them again); a cancelled one
-cancels every trial. The pass is woken when a trial's job changes to a
-state the driver acts on (`TrialChanged`, a rule: not the PENDING, QUEUED
-and DEPLOYING that follow its own submits) and otherwise every `interval`
-seconds.
+A halted experiment halts its running trials and cancels its queued ones (bumping their generation, so resume
+submits them again); a cancelled one cancels every trial. The pass is woken when a trial's job changes to a state
+the driver acts on (`TrialChanged`, a rule: not the PENDING, QUEUED and DEPLOYING that follow its own submits) and
+otherwise every `interval` seconds (a `common/loop.Loop`, which also runs it at start).
 """
 
 from __future__ import annotations
@@ -55,11 +41,12 @@ from trainforge_services.common import states
 from trainforge_services.common.contracts.experiments import ExperimentSpec, ExperimentState
 from trainforge_services.common.contracts.sampling import trial_manifest
 from trainforge_services.common.errors import Conflict, InvalidArgument, TrainforgeError
+from trainforge_services.common.loop import Loop
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.experiments import asha
 from trainforge_services.trainer.experiments.metrics import MetricsReader, last_value, points
 from trainforge_services.trainer.experiments.slots import BUSY, SLOT, behind_gate, free_slots, held_trials
-from trainforge_services.trainer.experiments.store import ExperimentRecord, ExperimentStore
+from trainforge_services.trainer.experiments.store import ExperimentRecord, ExperimentStore, best_trial
 from trainforge_services.trainer.record import JobRecord
 from trainforge_services.trainer.rules import Rule
 from trainforge_services.trainer.service import JobService
@@ -107,10 +94,9 @@ class ExperimentDriver:
         self._jobs = jobs
         self._service = service
         self._metrics = metrics
-        self._interval = interval
-        self._wake = wake or threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # the rule's `wake` event (TrialChanged) wakes the loop; so does `wake()`
+        self._loop = Loop("experiment-driver", self.tick, interval=interval, when=lambda: self.active(),
+                          wake_on=wake)
         # one decider at a time over the trials' slots: a pass over an experiment, or a hand-over
         self._deciding = threading.Lock()
         self._decider: int | None = None  # the thread holding it (a hand-over its own acts cause is left to it)
@@ -122,30 +108,13 @@ class ExperimentDriver:
     # -- the loop ---------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="experiment-driver", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        self._loop.stop(timeout=30)
 
     def wake(self) -> None:
-        self._wake.set()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self._interval)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            if not self.active():
-                continue
-            try:
-                self.tick()
-            except Exception:  # noqa: BLE001 - one bad pass must not end the driver; the next one retries
-                log.exception("experiment pass failed")
+        self._loop.wake()
 
     def tick(self) -> None:
         """One pass over every experiment that is not settled."""
@@ -418,15 +387,3 @@ class ExperimentDriver:
             self._experiments.settle(exp.id, to)
             log.info("experiment %s: %s: %s", exp.id, to.name, moved.reason)
 
-
-def best_trial(exp: ExperimentRecord, spec: ExperimentSpec, jobs: dict[int, JobRecord]) -> int | None:
-    """The trial with the best objective, among completed trials when any completed; None without values."""
-    if spec.objective is None:
-        return None
-    scored = {i: exp.progress(i).objective for i in jobs if exp.progress(i).objective is not None}
-    completed = {i: v for i, v in scored.items() if jobs[i].state == JobState.COMPLETED}
-    pool = completed or scored
-    if not pool:
-        return None
-    sign = 1.0 if spec.objective.goal.value == "minimize" else -1.0
-    return min(pool, key=lambda i: (sign * pool[i], i))  # type: ignore[operator]

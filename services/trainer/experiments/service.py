@@ -12,24 +12,21 @@ Trainer that dies right after still does it when it comes back.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainforge_services.common.contracts.experiments import EXPERIMENT_ENDED, ExperimentSpec, ExperimentState
-from trainforge_services.common.contracts.ids import check_job_id, new_experiment_id
+from trainforge_services.common.contracts.ids import new_experiment_id
 from trainforge_services.common.contracts.recipes import experiment_from_recipe
 from trainforge_services.common.contracts.sampling import trial_manifest
-from trainforge_services.common.errors import Conflict, InvalidArgument
-from trainforge_services.trainer.experiments.driver import ExperimentDriver, best_trial
-from trainforge_services.trainer.experiments.store import ExperimentRecord, ExperimentStore
+from trainforge_services.trainer.experiments.driver import ExperimentDriver
+from trainforge_services.trainer.experiments.runs import RunService, state_name
+from trainforge_services.trainer.experiments.store import ExperimentRecord, ExperimentStore, best_trial
 from trainforge_services.trainer.record import JobRecord
 from trainforge_services.trainer.service import JobService
 from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)
-_MAX_LIST = 1000
-# the longest experiment id: a trial's job id adds "-<index>-<gen>" and must stay a job id
-MAX_ID = 28
+_RUNNING, _HALTED = ExperimentState.EXPERIMENT_RUNNING, ExperimentState.EXPERIMENT_HALTED
 
 
 @dataclass(frozen=True)
@@ -41,19 +38,21 @@ class ExperimentView:
     best: int | None
 
 
-class ExperimentService:
+class ExperimentService(RunService[ExperimentRecord]):
+    KIND = "experiment"
+    MAX_ID = 28  # a trial's job id adds "-<index>-<gen>" and must stay a job id
+
     def __init__(self, experiments: ExperimentStore, jobs: JobStore, job_service: JobService,
                  driver: ExperimentDriver):
+        super().__init__(experiments, driver.wake)
         self._experiments = experiments
         self._jobs = jobs
         self._job_service = job_service
-        self._driver = driver
         self.refs = job_service.refs
 
     def submit(self, team: str, recipe: str, *, code_uri: str = "", submitted_by: str = "",
                experiment_id: str = "", workflow_id: str = "") -> ExperimentView:
-        if not team:
-            raise InvalidArgument("team is required", details=[{"field": "team", "message": "required"}])
+        self.require_team(team)
         planned = experiment_from_recipe(recipe)
         return self.create(team, planned.spec, planned.trials, code_uri=code_uri, submitted_by=submitted_by,
                            experiment_id=experiment_id or new_experiment_id(), workflow_id=workflow_id,
@@ -62,10 +61,7 @@ class ExperimentService:
     def create(self, team: str, spec: ExperimentSpec, plan: list[dict], *, code_uri: str, submitted_by: str,
                experiment_id: str, workflow_id: str = "", notes: list[str] | tuple[str, ...] = ()) -> ExperimentView:
         """Store a validated, planned experiment (RUNNING) and wake the driver; Conflict when the id is taken."""
-        check_job_id(experiment_id, "experiment_id")
-        if len(experiment_id) > MAX_ID:
-            raise InvalidArgument(f"experiment_id: at most {MAX_ID} characters",
-                                  details=[{"field": "experiment_id", "message": f"at most {MAX_ID} characters"}])
+        self.check_id(experiment_id)
         first = trial_manifest(spec, 0, plan[0], experiment_id)
         # each trial is checked again at its submit, its code archive included (its experiment exists by then)
         self._job_service.refs.reads(team, first, field="template.")
@@ -75,12 +71,12 @@ class ExperimentService:
                                        reason=f"{len(plan)} trials planned; at most {spec.max_parallel} at once"
                                        + "".join(f"; translated {n}" for n in notes))
         log.info("experiment %s (%s): %d trials planned", exp.id, exp.name, len(plan))
-        self._driver.wake()
+        self._wake()
         return self.view(exp)
 
     def find_view(self, experiment_id: str) -> ExperimentView | None:
         """Any team's experiment with its trials (for the platform itself: the workflow runner)."""
-        exp = self._experiments.find(experiment_id)
+        exp = self._store.find(experiment_id)
         return None if exp is None else self.view(exp)
 
     def view(self, exp: ExperimentRecord) -> ExperimentView:
@@ -88,45 +84,21 @@ class ExperimentService:
         return ExperimentView(exp, jobs, best_trial(exp, exp.parsed(), jobs))
 
     def get(self, team: str, experiment_id: str) -> ExperimentView:
-        return self.view(self._experiments.get(team, experiment_id))
-
-    def list(self, team: str, limit: int = 0) -> list[ExperimentRecord]:
-        if limit < 0:
-            raise InvalidArgument("limit must not be negative", details=[{"field": "limit", "message": "must be >= 0"}])
-        return self._experiments.list(team, min(limit or 100, _MAX_LIST))
+        return self.view(self._store.get(team, experiment_id))
 
     def cancel(self, team: str, experiment_id: str, actor: str) -> ExperimentView:
-        return self._move(team, experiment_id, ExperimentState.EXPERIMENT_CANCELLED, f"cancelled by {actor or 'user'}",
-                          [ExperimentState.EXPERIMENT_RUNNING, ExperimentState.EXPERIMENT_HALTED],
-                          lambda exp: f"already {_name(exp.state)}; only a running or halted experiment can be "
-                                      "cancelled")
+        return self.view(self._move(
+            team, experiment_id, ExperimentState.EXPERIMENT_CANCELLED, f"cancelled by {actor or 'user'}",
+            [_RUNNING, _HALTED],
+            lambda exp: f"already {state_name(exp.state)}; only a running or halted experiment can be cancelled"))
 
     def halt(self, team: str, experiment_id: str, actor: str) -> ExperimentView:
-        return self._move(team, experiment_id, ExperimentState.EXPERIMENT_HALTED,
-                          f"halted by {actor or 'user'}; running trials checkpoint and stop",
-                          [ExperimentState.EXPERIMENT_RUNNING],
-                          lambda exp: f"is {_name(exp.state)}; only a running experiment can be halted")
+        return self.view(self._move(
+            team, experiment_id, _HALTED, f"halted by {actor or 'user'}; running trials checkpoint and stop",
+            [_RUNNING], lambda exp: f"is {state_name(exp.state)}; only a running experiment can be halted"))
 
     def resume(self, team: str, experiment_id: str, actor: str) -> ExperimentView:
-        return self._move(team, experiment_id, ExperimentState.EXPERIMENT_RUNNING,
-                          f"resumed by {actor or 'user'}; continues where it stopped",
-                          [ExperimentState.EXPERIMENT_HALTED],
-                          lambda exp: ("has ended" if exp.state in EXPERIMENT_ENDED else f"is {_name(exp.state)}")
-                          + "; only a halted experiment can be resumed")
-
-    def _move(self, team: str, experiment_id: str, to: ExperimentState, reason: str,
-              only_from: list[ExperimentState], refused: Callable[[ExperimentRecord], str]) -> ExperimentView:
-        """The experiment moved to `to` (already there: as it is), the driver woken to act on its trials;
-        Conflict with `refused(exp)` from any other state."""
-        exp = self._experiments.get(team, experiment_id)
-        if exp.state == to:
-            return self.view(exp)
-        moved = self._experiments.move(exp.id, to, reason, only_from=only_from)
-        if moved is None:
-            raise Conflict(f"experiment {experiment_id!r} {refused(exp)}")
-        self._driver.wake()
-        return self.view(moved)
-
-
-def _name(state: ExperimentState) -> str:
-    return state.name.removeprefix("EXPERIMENT_").lower()
+        return self.view(self._move(
+            team, experiment_id, _RUNNING, f"resumed by {actor or 'user'}; continues where it stopped", [_HALTED],
+            lambda exp: ("has ended" if exp.state in EXPERIMENT_ENDED else f"is {state_name(exp.state)}")
+            + "; only a halted experiment can be resumed"))

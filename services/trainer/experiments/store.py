@@ -9,28 +9,22 @@ fields (never `$push`: the embedded MongoDB-wire server mangles pushed
 sub-documents), and the state changes are compare-and-sets on the state
 they start from, so two drivers (or a driver and a user) cannot both win.
 The trials themselves are jobs (services/trainer/store.py) carrying
-`experiment_id` and `trial`.
+`experiment_id` and `trial`. What every run of many jobs shares (ids,
+states, settling, listing) is run_store.py's.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from trainforge_services.common.adapters.mongo import (
-    DESCENDING,
-    Database,
-    DuplicateKeyError,
-    ReturnDocument,
-    mapped_as,
-)
 from trainforge_services.common.contracts.experiments import ExperimentSpec, ExperimentState
-from trainforge_services.common.errors import Conflict, NotFound
+from trainforge_services.common.states import JobState
+from trainforge_services.trainer.experiments.run_store import RunRecord, RunStore, mapped, new_run
+from trainforge_services.trainer.record import JobRecord
 
-mapped = mapped_as("experiment store")
 COLLECTION = "experiments"
 
 
@@ -48,24 +42,13 @@ class TrialProgress(BaseModel):
     read: str = ""
 
 
-class ExperimentRecord(BaseModel):
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-
-    id: str
-    team: str = ""
-    name: str = ""
-    state: ExperimentState = ExperimentState.EXPERIMENT_STATE_UNSPECIFIED
-    reason: str = ""
+class ExperimentRecord(RunRecord):
     spec: dict[str, Any] = {}
     plan: tuple[dict[str, Any], ...] = ()
     trials: dict[int, TrialProgress] = {}
-    code_uri: str = ""
-    submitted_by: str = ""
     workflow_id: str = ""
     trial_count: int = 0
     best_trial: int | None = None  # stored when the experiment settles (lists show it without the trials)
-    created_at: float = 0.0
-    updated_at: float = 0.0
 
     def parsed(self) -> ExperimentSpec:
         return ExperimentSpec.model_validate(self.spec)
@@ -79,106 +62,57 @@ class ExperimentRecord(BaseModel):
         return f"{self.id}-{index}" if gen == 0 else f"{self.id}-{index}-{gen}"
 
 
-def _record(doc: Mapping | None) -> ExperimentRecord | None:
-    if doc is None:
+def best_trial(exp: ExperimentRecord, spec: ExperimentSpec, jobs: dict[int, JobRecord]) -> int | None:
+    """The trial with the best objective, among completed trials when any completed; None without values."""
+    if spec.objective is None:
         return None
-    trials = {}
-    for key, t in (doc.get("trials") or {}).items():
-        rungs = {int(k): float(v) for k, v in (t.get("rungs") or {}).items()}
-        trials[int(key)] = TrialProgress(gen=int(t.get("gen", 0)), rungs=rungs, stopped_at=t.get("stopped_at"),
-                                         objective=t.get("objective"), held=bool(t.get("held", False)),
-                                         read=str(t.get("read", "")))
-    plain = {k: v for k, v in doc.items() if k in ExperimentRecord.model_fields
-             and k not in ("state", "trials", "plan") and v is not None}
-    plain.pop("id", None)
-    return ExperimentRecord(id=doc["_id"], state=ExperimentState(doc.get("state", 0)), trials=trials,
-                            plan=tuple(doc.get("plan") or ()), **plain)
+    scored = {i: exp.progress(i).objective for i in jobs if exp.progress(i).objective is not None}
+    completed = {i: v for i, v in scored.items() if jobs[i].state == JobState.COMPLETED}
+    pool = completed or scored
+    if not pool:
+        return None
+    sign = 1.0 if spec.objective.goal.value == "minimize" else -1.0
+    return min(pool, key=lambda i: (sign * pool[i], i))  # type: ignore[operator]
 
 
-class ExperimentStore:
-    def __init__(self, db: Database, collection: str = COLLECTION):
-        self._col = db[collection]
+class ExperimentStore(RunStore[ExperimentRecord]):
+    KIND = "experiment"
+    WHAT = "experiment store"
+    COLLECTION = COLLECTION
+    LISTED = {"plan": 0}  # a listing shows no trials
 
-    @mapped
-    def ensure_indexes(self) -> None:
-        self._col.create_index([("team", 1), ("created_at", DESCENDING)])
-        self._col.create_index([("state", 1)])
+    def record(self, doc: Mapping) -> ExperimentRecord:
+        trials = {}
+        for key, t in (doc.get("trials") or {}).items():
+            rungs = {int(k): float(v) for k, v in (t.get("rungs") or {}).items()}
+            trials[int(key)] = TrialProgress(gen=int(t.get("gen", 0)), rungs=rungs, stopped_at=t.get("stopped_at"),
+                                             objective=t.get("objective"), held=bool(t.get("held", False)),
+                                             read=str(t.get("read", "")))
+        plain = {k: v for k, v in doc.items() if k in ExperimentRecord.model_fields
+                 and k not in ("id", "state", "trials", "plan") and v is not None}
+        return ExperimentRecord(id=doc["_id"], state=ExperimentState(doc.get("state", 0)), trials=trials,
+                                plan=tuple(doc.get("plan") or ()), **plain)
 
     @mapped
     def insert(self, experiment_id: str, team: str, spec: ExperimentSpec, plan: list[dict], *,
                code_uri: str = "", submitted_by: str = "", workflow_id: str = "",
                state: ExperimentState = ExperimentState.EXPERIMENT_RUNNING,
                reason: str = "submitted") -> ExperimentRecord:
-        now = time.time()
-        doc = {"_id": experiment_id, "team": team, "name": spec.name, "state": int(state), "reason": reason,
-               "spec": spec.model_dump(mode="json"), "plan": plan, "trials": {}, "code_uri": code_uri,
-               "submitted_by": submitted_by, "workflow_id": workflow_id, "trial_count": len(plan), "settled": False, "created_at": now, "updated_at": now}
-        try:
-            self._col.insert_one(doc)
-        except DuplicateKeyError:
-            raise Conflict(f"experiment id {experiment_id!r} is already taken",
-                           details=[{"field": "experiment_id", "message": "already taken"}]) from None
-        return _record(doc)  # type: ignore[return-value]
-
-    @mapped
-    def find(self, experiment_id: str) -> ExperimentRecord | None:
-        return _record(self._col.find_one({"_id": experiment_id}))
-
-    @mapped
-    def get(self, team: str, experiment_id: str) -> ExperimentRecord:
-        """Another team's experiment is NotFound, exactly like a missing one."""
-        found = _record(self._col.find_one({"_id": experiment_id, "team": team}))
-        if found is None:
-            raise NotFound(f"experiment {experiment_id!r} not found")
-        return found
-
-    @mapped
-    def list(self, team: str, limit: int = 100) -> list[ExperimentRecord]:
-        cursor = self._col.find({"team": team}, {"plan": 0}).sort([("created_at", DESCENDING), ("_id", DESCENDING)])
-        return [r for r in map(_record, cursor.limit(limit)) if r is not None]
-
-    @mapped
-    def in_states(self, wanted: Iterable[ExperimentState]) -> list[ExperimentRecord]:
-        docs = self._col.find({"state": {"$in": [int(s) for s in wanted]}})
-        return [r for r in map(_record, docs) if r is not None]
-
-    @mapped
-    def unsettled(self, wanted: Iterable[ExperimentState]) -> list[ExperimentRecord]:
-        """Experiments in these states that the driver has not yet finished acting on."""
-        docs = self._col.find({"state": {"$in": [int(s) for s in wanted]}, "settled": False})
-        return [r for r in map(_record, docs) if r is not None]
-
-    @mapped
-    def settle(self, experiment_id: str, state: ExperimentState) -> None:
-        """Nothing is left for the driver to do while the experiment stays in `state`."""
-        self._col.update_one({"_id": experiment_id, "state": int(state)}, {"$set": {"settled": True}})
-
-    @mapped
-    def move(self, experiment_id: str, to: ExperimentState, reason: str, *,
-             only_from: Iterable[ExperimentState]) -> ExperimentRecord | None:
-        """Compare-and-set of the state; None when the experiment is in none of `only_from`."""
-        doc = self._col.find_one_and_update(
-            {"_id": experiment_id, "state": {"$in": [int(s) for s in only_from]}},
-            {"$set": {"state": int(to), "reason": reason, "settled": False, "updated_at": time.time()}},
-            return_document=ReturnDocument.AFTER)
-        return _record(doc)
+        return self._insert(new_run(experiment_id, team, spec.name, state, reason, code_uri=code_uri,
+                                    submitted_by=submitted_by, spec=spec.model_dump(mode="json"), plan=plan,
+                                    trials={}, workflow_id=workflow_id, trial_count=len(plan)))
 
     @mapped
     def set_trial(self, experiment_id: str, index: int, **fields: Any) -> None:
         """Record trial fields (gen, stopped_at, objective) and rung values (`rungs={k: v}`)."""
-        update: dict[str, Any] = {"updated_at": time.time()}
+        update: dict[str, Any] = {}
         for name, value in fields.items():
             if name == "rungs":
                 update.update({f"trials.{index}.rungs.{k}": float(v) for k, v in value.items()})
             else:
                 update[f"trials.{index}.{name}"] = value
-        self._col.update_one({"_id": experiment_id}, {"$set": update})
+        self._set(experiment_id, update)
 
     @mapped
     def set_best(self, experiment_id: str, best: int | None) -> None:
         self._col.update_one({"_id": experiment_id}, {"$set": {"best_trial": best}})
-
-    @mapped
-    def set_reason(self, experiment_id: str, reason: str, *, state: ExperimentState) -> None:
-        self._col.update_one({"_id": experiment_id, "state": int(state)},
-                             {"$set": {"reason": reason, "updated_at": time.time()}})

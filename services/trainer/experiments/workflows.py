@@ -20,16 +20,15 @@ from trainforge_services.common.contracts.experiments import (
     load_recipe,
     parse_experiment,
 )
-from trainforge_services.common.contracts.ids import check_job_id, new_workflow_id
+from trainforge_services.common.contracts.ids import new_workflow_id
 from trainforge_services.common.contracts.sampling import plan_trials
 from trainforge_services.common.contracts.workflows import Take, inputs_for, parse_workflow, with_inputs
 from trainforge_services.common.errors import Conflict, InvalidArgument, PermissionDenied
 from trainforge_services.common.states import JobState
+from trainforge_services.trainer.experiments.runs import RunService, state_name
 from trainforge_services.trainer.experiments.workflow_store import NodeRecord, WorkflowRecord, WorkflowStore
 
 log = logging.getLogger(__name__)
-# a node's experiment id is "<workflow>-<node>", and its trials' job ids add "-<trial>-<gen>"
-MAX_WORKFLOW_ID = 24
 _FAILED = (ExperimentState.EXPERIMENT_FAILED, ExperimentState.EXPERIMENT_CANCELLED)
 
 
@@ -62,7 +61,7 @@ class WorkflowRunner:
             if bad is not None:
                 up = wf.nodes[bad]
                 why = f"skipped: {up.name} was skipped" if up.skipped else \
-                    f"{up.name} {_name(views[bad].experiment.state)}: {views[bad].experiment.reason}"
+                    f"{up.name} {state_name(views[bad].experiment.state)}: {views[bad].experiment.reason}"
                 self._store.skip(wf.id, i, f"not run: upstream {why}")
                 wf = wf.model_copy(update={"nodes": tuple(n.model_copy(update={"skipped": "upstream"}) if k == i
                                                           else n for k, n in enumerate(wf.nodes))})
@@ -107,30 +106,26 @@ class WorkflowRunner:
         self._store.move(wf.id, to, reason, only_from=[ExperimentState.EXPERIMENT_RUNNING])
 
 
-def _name(state: ExperimentState) -> str:
-    return state.name.removeprefix("EXPERIMENT_").lower()
 
-
-class WorkflowService:
+class WorkflowService(RunService[WorkflowRecord]):
     """The workflow use cases behind the RPCs: submit (validated DAG), get, list, cancel."""
 
+    KIND = "workflow"
+    MAX_ID = 24  # a node's experiment id is "<workflow>-<node>", and its trials' job ids add "-<trial>-<gen>"
+
     def __init__(self, store: WorkflowStore, experiments: Any, wake: Any):
-        self._store = store
+        super().__init__(store, wake)
+        self._workflows = store
         self._experiments = experiments
-        self._wake = wake
 
     def submit(self, team: str, recipe: str, *, code_uri: str = "", submitted_by: str = "",
                workflow_id: str = "") -> WorkflowRecord:
-        if not team:
-            raise InvalidArgument("team is required", details=[{"field": "team", "message": "required"}])
+        self.require_team(team)
         spec = parse_workflow(load_recipe(recipe))
-        workflow_id = check_job_id(workflow_id or new_workflow_id(), "workflow_id")
-        if len(workflow_id) > MAX_WORKFLOW_ID:
-            raise InvalidArgument(f"workflow_id: at most {MAX_WORKFLOW_ID} characters",
-                                  details=[{"field": "workflow_id", "message": f"at most {MAX_WORKFLOW_ID} characters"}])
+        workflow_id = self.check_id(workflow_id or new_workflow_id())
         for node in spec.nodes:  # a node's inputs from upstream are checked when its experiment is made
             self._experiments.refs.reads(team, parse_experiment(node.recipe).template, field=f"{node.name}.template.")
-        wf = self._store.insert(workflow_id, team, spec, code_uri=code_uri, submitted_by=submitted_by)
+        wf = self._workflows.insert(workflow_id, team, spec, code_uri=code_uri, submitted_by=submitted_by)
         self._wake()
         return wf
 
@@ -141,17 +136,7 @@ class WorkflowService:
         """Each node's experiment view (None while not started)."""
         return [self._experiments.find_view(wf.experiment_id(i)) for i in range(len(wf.nodes))]
 
-    def list(self, team: str, limit: int = 0) -> list[WorkflowRecord]:
-        return self._store.list(team, min(limit or 100, 1000))
-
     def cancel(self, team: str, workflow_id: str, actor: str) -> WorkflowRecord:
-        wf = self._store.get(team, workflow_id)
-        if wf.state == ExperimentState.EXPERIMENT_CANCELLED:
-            return wf
-        moved = self._store.move(wf.id, ExperimentState.EXPERIMENT_CANCELLED, f"cancelled by {actor or 'user'}",
-                                 only_from=[ExperimentState.EXPERIMENT_RUNNING])
-        if moved is None:
-            raise Conflict(f"workflow {workflow_id!r} already {_name(wf.state)}; only a running workflow can be "
-                           "cancelled")
-        self._wake()
-        return moved
+        return self._move(team, workflow_id, ExperimentState.EXPERIMENT_CANCELLED, f"cancelled by {actor or 'user'}",
+                          [ExperimentState.EXPERIMENT_RUNNING],
+                          lambda wf: f"already {state_name(wf.state)}; only a running workflow can be cancelled")
