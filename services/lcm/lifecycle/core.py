@@ -185,7 +185,8 @@ class LifecycleManager:
         was started again, what the backend sees now.
         """
         if view.monitor_done and not view.alive:
-            log.info("job %s attempt %d already ran to its end; nothing started", existing.job_id, existing.attempt)
+            log.info("job %s attempt %d already ran to its end; nothing started", existing.job_id,
+                     existing.attempt)
             return view.handles
         log.info("job %s attempt %d already deployed", existing.job_id, existing.attempt)
         if self._supervision.revive_monitor(existing, view, spaced=False):
@@ -262,6 +263,7 @@ class LifecycleManager:
                 self._launching.discard(plan.job_id)
         log.info("job %s attempt %d deployed: %s", plan.job_id, plan.attempt, ", ".join(map(str, handles)))
         return handles
+
     def grow(self, job_id: str, attempt: int, learners: int) -> bool:
         """The Trainer grants the elastic attempt up to `learners` learners (growth fills slots that far).
 
