@@ -37,12 +37,12 @@ from trainforge_services.common.settings import LcmSettings  # noqa: E402
 from trainforge_services.common.states import LEARNER_STARTED, LearnerState  # noqa: E402
 from trainforge_services.lcm.backends.docker import DockerBackend  # noqa: E402
 from trainforge_services.lcm.backends.local import LocalBackend  # noqa: E402
-from trainforge_services.lcm.lifecycle import JobDeployment, Lifecycle  # noqa: E402
+from trainforge_services.lcm.lifecycle import JobDeployment, LifecycleManager  # noqa: E402
 
 COMMAND = 'python -c "import torch"'
 
 
-def one_run(lcm: Lifecycle, coord: Coordinator, job_id: str) -> tuple[float, float]:
+def one_run(lcm: LifecycleManager, coord: Coordinator, job_id: str) -> tuple[float, float]:
     manifest = Manifest(name="bench-overhead", learners=1, command=COMMAND,
                         resources={"cpus": 1, "memory": "1Gi"})
     key = coord.keys.learner_status(job_id, 0)
@@ -89,7 +89,7 @@ def main() -> int:
                                    objectstore_url=(tmp / "objects").as_uri(), dev_mode=True,
                                    trainer_address="127.0.0.1:1", local_gpus=0, docker_url=daemon.url)
             backend = DockerBackend(settings) if name == "docker" else LocalBackend(settings)
-            lcms[name] = Lifecycle.from_settings(settings, backend, coord, start_timeout=120)
+            lcms[name] = LifecycleManager.from_settings(settings, backend, coord, start_timeout=120)
         times: dict[str, list[tuple[float, float]]] = {"local": [], "docker": []}
         one_run(lcms["docker"], coord, "warmup-docker")  # page cache: the first run of each reads torch from disk
         one_run(lcms["local"], coord, "warmup-local")

@@ -1,7 +1,7 @@
 """One LCM among several: only the replica elected through etcd runs a lifecycle.
 
 With `TF_ELECT=1` each LCM campaigns for `<prefix>/leaders/lcm`
-(services/common/election.py). The elected replica builds its `Lifecycle`
+(services/common/election.py). The elected replica builds its `LifecycleManager`
 exactly as a restarted LCM does (reconcile the records with what the
 backend observes, then supervise: restart dead monitors, report lost
 controllers), and serves DeployJob, KillJob, HaltJob, GetCapacity and
@@ -44,7 +44,7 @@ from trainforge_services.common.adapters.etcd import Coordinator, FenceRefused
 from trainforge_services.common.election import FOLLOWING, Election
 from trainforge_services.common.errors import TrainforgeError, Unavailable
 from trainforge_services.lcm.backends.base import Capacity, Handle, JobDeployment, JobView, TeamQuota
-from trainforge_services.lcm.lifecycle import Lifecycle, RunningJob
+from trainforge_services.lcm.lifecycle import LifecycleManager, RunningJob
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +53,13 @@ T = TypeVar("T")
 
 
 class LeaderLifecycle:
-    """The lifecycle's face for the servicer: the elected replica's `Lifecycle`, or a refusal."""
+    """The lifecycle's face for the servicer: the elected replica's `LifecycleManager`, or a refusal."""
 
-    def __init__(self, build: Callable[[Coordinator], Lifecycle], coordinator: Coordinator, *, backend: str, ttl: int,
-                 address: str):
+    def __init__(self, build: Callable[[Coordinator], LifecycleManager], coordinator: Coordinator, *, backend: str,
+                 ttl: int, address: str):
         self._build, self._coord, self.name = build, coordinator, backend
         self.identity = f"{socket.gethostname()}:{os.getpid()}@{address}"
-        self._current: Lifecycle | None = None
+        self._current: LifecycleManager | None = None
         self._lock = threading.Lock()
         # told whether this replica serves the LCM's calls (its gRPC health: Kubernetes routes to the ready one)
         self.on_change: Callable[[bool], None] = lambda serving: None
@@ -96,7 +96,7 @@ class LeaderLifecycle:
             lifecycle.close()
         log.info("lcm: following; the elected replica deploys and supervises")
 
-    def _leader(self) -> Lifecycle:
+    def _leader(self) -> LifecycleManager:
         lifecycle = self._current
         if lifecycle is None or not self.election.leading:
             raise Unavailable(f"LCM {FOLLOWING} ({self.identity}); the elected replica serves this call")
@@ -104,7 +104,7 @@ class LeaderLifecycle:
 
     # -- what the servicer and the metrics call ------------------------------------------
 
-    def _as_leader(self, call: Callable[[Lifecycle], T]) -> T:
+    def _as_leader(self, call: Callable[[LifecycleManager], T]) -> T:
         try:
             return call(self._leader())
         except FenceRefused as e:  # deposed while serving it: the caller asks the next replica

@@ -22,7 +22,7 @@ from trainforge_services.common.observability import (
 )
 from trainforge_services.common.settings import LcmSettings
 from trainforge_services.lcm.backends import make_backend
-from trainforge_services.lcm.lifecycle import Lifecycle
+from trainforge_services.lcm.lifecycle import LifecycleManager
 from trainforge_services.lcm.replicas import LeaderLifecycle
 from trainforge_services.lcm.servicer import LcmServicer
 
@@ -33,9 +33,9 @@ SERVICE_NAME = "trainforge.LifecycleManager"
 ENDPOINTS: dict[int, MetricsEndpoint] = {}
 
 
-def build_lifecycle(settings: LcmSettings, coordinator: Coordinator | None = None) -> Lifecycle:
+def build_lifecycle(settings: LcmSettings, coordinator: Coordinator | None = None) -> LifecycleManager:
     """The backend settings name, under a lifecycle with its own etcd connection (or `coordinator`)."""
-    return Lifecycle.from_settings(settings, make_backend(settings), coordinator)
+    return LifecycleManager.from_settings(settings, make_backend(settings), coordinator)
 
 
 def build_replica(settings: LcmSettings) -> LeaderLifecycle:
@@ -46,7 +46,8 @@ def build_replica(settings: LcmSettings) -> LeaderLifecycle:
                            ttl=settings.leader_ttl, address=settings.listen_address or settings.lcm_address)
 
 
-def serve(settings: LcmSettings, lifecycle: Lifecycle | LeaderLifecycle | None = None) -> tuple[grpc.Server, int]:
+def serve(settings: LcmSettings,
+          lifecycle: LifecycleManager | LeaderLifecycle | None = None) -> tuple[grpc.Server, int]:
     """A started server on `settings.lcm_address` (or `listen_address`; port 0 picks one) and its port.
 
     A lifecycle built here lives as long as the process; pass one in to close it yourself.
@@ -68,7 +69,7 @@ def serve(settings: LcmSettings, lifecycle: Lifecycle | LeaderLifecycle | None =
     return server, port
 
 
-def lcm_registry(lifecycle: Lifecycle | LeaderLifecycle):  # noqa: ANN201 - a prometheus_client CollectorRegistry
+def lcm_registry(lifecycle: LifecycleManager | LeaderLifecycle):  # noqa: ANN201 - a prometheus_client CollectorRegistry
     """RPC figures, and the jobs and processes (monitors, controllers) the backend runs now."""
     def running() -> list[tuple[list[str], float]]:
         jobs = lifecycle.running_jobs()

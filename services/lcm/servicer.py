@@ -10,6 +10,7 @@ GPU(s); the local backend has 2 of 8 free"), never a traceback.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import grpc
 
@@ -18,7 +19,7 @@ from trainforge_services.common.contracts.ids import check_job_id
 from trainforge_services.common.errors import InvalidArgument
 from trainforge_services.common.rpc import handler
 from trainforge_services.lcm.lifecycle import (
-    Lifecycle,
+    LifecycleManager,
     check_attempt,
     deployment_from_request,
     team_quota_from_proto,
@@ -30,7 +31,7 @@ Ctx = grpc.ServicerContext
 
 
 class LcmServicer(lcm_pb2_grpc.LifecycleManagerServicer):
-    def __init__(self, lifecycle: Lifecycle | LeaderLifecycle):
+    def __init__(self, lifecycle: LifecycleManager | LeaderLifecycle):
         self._lifecycle = lifecycle
 
     @handler
@@ -49,18 +50,12 @@ class LcmServicer(lcm_pb2_grpc.LifecycleManagerServicer):
 
     @handler
     def HaltJob(self, request: lcm_pb2.LcmHaltJobRequest, context: Ctx) -> lcm_pb2.LcmHaltJobResponse:
-        check_job_id(request.job_id)
-        check_attempt(request.attempt)
-        log.info("halting job %s attempt %d", request.job_id, request.attempt)
-        self._lifecycle.halt(request.job_id, request.attempt)
+        _to_attempt(request, "halting job %s attempt %d", self._lifecycle.halt)
         return lcm_pb2.LcmHaltJobResponse()
 
     @handler
     def OpenGate(self, request: lcm_pb2.OpenGateRequest, context: Ctx) -> lcm_pb2.OpenGateResponse:
-        check_job_id(request.job_id)
-        check_attempt(request.attempt)
-        log.info("opening the gate of job %s (attempt %d)", request.job_id, request.attempt)
-        self._lifecycle.open_gate(request.job_id, request.attempt)
+        _to_attempt(request, "opening the gate of job %s (attempt %d)", self._lifecycle.open_gate)
         return lcm_pb2.OpenGateResponse()
 
     @handler
@@ -92,3 +87,12 @@ class LcmServicer(lcm_pb2_grpc.LifecycleManagerServicer):
     @handler
     def Health(self, request: lcm_pb2.LcmHealthRequest, context: Ctx) -> lcm_pb2.LcmHealthResponse:
         return lcm_pb2.LcmHealthResponse(status="ok")
+
+
+def _to_attempt(request: lcm_pb2.LcmHaltJobRequest | lcm_pb2.OpenGateRequest, what: str,
+                call: Callable[[str, int], None]) -> None:
+    """Check the request's job and attempt, log `what` (a format taking them) and make the call."""
+    check_job_id(request.job_id)
+    check_attempt(request.attempt)
+    log.info(what, request.job_id, request.attempt)
+    call(request.job_id, request.attempt)

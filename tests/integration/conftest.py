@@ -4,7 +4,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from trainforge_services.common.states import LearnerState
-from trainforge_services.lcm.lifecycle import Lifecycle
+from trainforge_services.lcm.lifecycle import LifecycleManager
 
 
 def pytest_collection_modifyitems(items):
@@ -29,12 +29,12 @@ def job(unique) -> str:
     return f"job-{unique}"
 
 
-def backend_maker(build: Callable[..., Lifecycle]) -> Iterator[Callable[..., Lifecycle]]:
+def backend_maker(build: Callable[..., LifecycleManager]) -> Iterator[Callable[..., LifecycleManager]]:
     """The body of a fixture that yields `make(**kw)` (an LCM lifecycle from `build`), then kills the
     jobs every lifecycle it made still runs and closes them: `yield from backend_maker(build)`."""
-    made: list[Lifecycle] = []
+    made: list[LifecycleManager] = []
 
-    def make(*args, **kw) -> Lifecycle:
+    def make(*args, **kw) -> LifecycleManager:
         backend = build(*args, **kw)
         made.append(backend)
         return backend

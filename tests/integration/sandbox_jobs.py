@@ -48,12 +48,12 @@ from trainforge_services.common.settings import ApiSettings, LcmSettings
 from trainforge_services.common.states import LEARNER_FINAL
 from trainforge_services.lcm.backends.base import TeamQuota
 from trainforge_services.lcm.backends.local import LocalBackend
-from trainforge_services.lcm.lifecycle import JobDeployment, Lifecycle
+from trainforge_services.lcm.lifecycle import JobDeployment, LifecycleManager
 
 
 @dataclass
 class Platform:
-    lifecycle: Lifecycle
+    lifecycle: LifecycleManager
     coordinator: object
     settings: LcmSettings
     trainer_port: int
@@ -101,7 +101,7 @@ def _platform(store_settings, coordinator, tmp_path: Path, kind: str = "sandbox"
                      objects=LocalStore(tmp_path / "api-objects"), audit=object())
     settings = LcmSettings(**{**store_settings.model_dump(), "trainer_address": f"127.0.0.1:{trainer_port}",
                               "python": sys.executable, "local_gpus": 0, "lease_ttl": 5, **overrides})
-    lifecycle = Lifecycle.from_settings(settings, LocalBackend(settings, kill_grace=5), coordinator,
+    lifecycle = LifecycleManager.from_settings(settings, LocalBackend(settings, kill_grace=5), coordinator,
                                         start_timeout=60, supervise_interval=1.0)
     with serve_app(app) as url:
         yield Platform(lifecycle, coordinator, settings, trainer_port, int(url.rsplit(":", 1)[1]), kind)

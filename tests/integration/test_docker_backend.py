@@ -27,7 +27,7 @@ from trainforge_services.common.errors import ResourceExhausted, Unavailable
 from trainforge_services.common.manifest import Manifest
 from trainforge_services.common.settings import LcmSettings
 from trainforge_services.lcm.backends.docker import DockerBackend
-from trainforge_services.lcm.lifecycle import JobDeployment, Lifecycle
+from trainforge_services.lcm.lifecycle import JobDeployment, LifecycleManager
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -195,10 +195,10 @@ def _stack_id(stack_json: str) -> str:
 def docker_lifecycle(tmp_path, etcd_server, coordinator):
     made = []
 
-    def make(url: str) -> Lifecycle:
+    def make(url: str) -> LifecycleManager:
         settings = LcmSettings(backend="docker", state_dir=tmp_path / "state", etcd_endpoints=etcd_server.address,
                                etcd_prefix=coordinator.keys.prefix, trainer_address="127.0.0.1:1", docker_url=url)
-        lcm = Lifecycle.from_settings(settings, DockerBackend(settings), coordinator, supervise_interval=600)
+        lcm = LifecycleManager.from_settings(settings, DockerBackend(settings), coordinator, supervise_interval=600)
         made.append(lcm)
         return lcm
 

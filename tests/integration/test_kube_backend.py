@@ -26,7 +26,7 @@ from trainforge_services.common.settings import LcmSettings
 from trainforge_services.lcm.backends.kubernetes import naming
 from trainforge_services.lcm.backends.kubernetes.backend import KubernetesBackend
 from trainforge_services.lcm.backends.kubernetes.team import TeamQuota
-from trainforge_services.lcm.lifecycle import JobDeployment, Lifecycle
+from trainforge_services.lcm.lifecycle import JobDeployment, LifecycleManager
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = toolcache.where("kube-clients")  # make kube-clients
@@ -73,7 +73,7 @@ def backend(settings, monkeypatch, unique):
 @pytest.fixture
 def lifecycle(backend, coordinator, settings, gpu_node):
     """A lifecycle on the backend; the Node object gives it capacity (no node: no room for any learner)."""
-    lc = Lifecycle(backend, coordinator, settings.state_dir, supervise_interval=3600)
+    lc = LifecycleManager(backend, coordinator, settings.state_dir, supervise_interval=3600)
     yield lc
     lc.close()
 
@@ -202,12 +202,12 @@ def test_killing_a_job_leaves_nothing(backend, lifecycle):
 
 def test_an_lcm_that_lost_its_records_adopts_its_attempts_by_label(backend, coordinator, settings, tmp_path,
                                                                   gpu_node):
-    first = Lifecycle(backend, coordinator, settings.state_dir, supervise_interval=3600)
+    first = LifecycleManager(backend, coordinator, settings.state_dir, supervise_interval=3600)
     first.deploy(job("j-adopt", attempt=2))
     first.close()
     # a new LCM with an empty state directory (the chart's emptyDir after a reschedule)
     again = KubernetesBackend(settings)
-    second = Lifecycle(again, coordinator, tmp_path / "fresh-state", supervise_interval=3600)
+    second = LifecycleManager(again, coordinator, tmp_path / "fresh-state", supervise_interval=3600)
     try:
         view = second.view("j-adopt")
         assert view is not None and view.alive

@@ -27,7 +27,7 @@ from trainforge_services.common.settings import LcmSettings
 from trainforge_services.common.states import JobState, LearnerState
 from trainforge_services.lcm.backends.base import Role
 from trainforge_services.lcm.backends.local import LocalBackend
-from trainforge_services.lcm.lifecycle import JobDeployment, Lifecycle
+from trainforge_services.lcm.lifecycle import JobDeployment, LifecycleManager
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -42,10 +42,10 @@ def trainer():
 
 @pytest.fixture
 def make_backend(store_settings, coordinator, trainer):
-    def build(**kw) -> Lifecycle:
+    def build(**kw) -> LifecycleManager:
         settings = LcmSettings(**{**store_settings.model_dump(), "trainer_address": trainer.address,
                                   "python": sys.executable, "local_gpus": 0, "lease_ttl": 3, **kw})
-        return Lifecycle.from_settings(settings, LocalBackend(settings, kill_grace=5), coordinator,
+        return LifecycleManager.from_settings(settings, LocalBackend(settings, kill_grace=5), coordinator,
                                        start_timeout=60, supervise_interval=0.2)
 
     yield from backend_maker(build)
@@ -61,7 +61,7 @@ def states(trainer, job: str) -> list[JobState]:
     return [JobState(r.state) for r in list(trainer.reports) if r.job_id == job]
 
 
-def monitor_of(backend: Lifecycle, job: str) -> int | None:
+def monitor_of(backend: LifecycleManager, job: str) -> int | None:
     return next((int(h.ref) for j in backend.running_jobs() if j.job_id == job
                  for h in j.handles if h.role is Role.MONITOR), None)
 

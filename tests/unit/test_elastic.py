@@ -22,7 +22,7 @@ from trainforge_services.controller.learner import learner_command, learner_env
 from trainforge_services.jobmonitor.elastic import aggregate_elastic, world
 from trainforge_services.lcm.backends.base import Site
 from trainforge_services.lcm.backends.kubernetes import pods
-from trainforge_services.lcm.lifecycle import JobDeployment, Lifecycle, elastic
+from trainforge_services.lcm.lifecycle import JobDeployment, LifecycleManager, elastic
 from trainforge_services.trainer.admission import demand
 
 BASE = {"name": "el", "command": "python train.py", "resources": {"cpus": 1, "memory": "1Gi", "gpus": 1}}
@@ -76,12 +76,12 @@ def test_admission_holds_the_minimum():
 def setup(tmp_path, monkeypatch):
     backend = FakeBackend(tmp_path / "work", gpus=4, max_learners=8)
     coord = MemoryCoordinator("/tf")
-    lc = Lifecycle(backend, coord, tmp_path / "state", lease_ttl=7, start_timeout=45, supervise_interval=3600)
+    lc = LifecycleManager(backend, coord, tmp_path / "state", lease_ttl=7, start_timeout=45, supervise_interval=3600)
     yield backend, coord, lc
     lc.close()
 
 
-def deploy(lc: Lifecycle, job_id: str, m: Manifest) -> None:
+def deploy(lc: LifecycleManager, job_id: str, m: Manifest) -> None:
     lc.deploy(JobDeployment(job_id=job_id, team="team-a", attempt=1, manifest=m))
 
 

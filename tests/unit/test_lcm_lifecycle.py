@@ -19,7 +19,7 @@ from trainforge_services.common.errors import Conflict, InvalidArgument, Resourc
 from trainforge_services.common.manifest import Manifest
 from trainforge_services.common.states import LearnerState
 from trainforge_services.lcm.backends.base import Role, Site
-from trainforge_services.lcm.lifecycle import JobDeployment, Lifecycle, build_plan
+from trainforge_services.lcm.lifecycle import JobDeployment, LifecycleManager, build_plan
 
 
 def deployment(job_id: str = "j-1", attempt: int = 1, learners: int = 2, gpus: int = 0, **kw) -> JobDeployment:
@@ -40,11 +40,12 @@ def backend(tmp_path) -> FakeBackend:
 
 @pytest.fixture
 def lifecycles(backend, coord, tmp_path):
-    made: list[Lifecycle] = []
+    made: list[LifecycleManager] = []
 
-    def make() -> Lifecycle:
+    def make() -> LifecycleManager:
         # one state dir for all: a second one made is the same LCM after a restart
-        lc = Lifecycle(backend, coord, tmp_path / "state", lease_ttl=7, start_timeout=45, supervise_interval=3600)
+        lc = LifecycleManager(backend, coord, tmp_path / "state", lease_ttl=7, start_timeout=45,
+                              supervise_interval=3600)
         made.append(lc)
         return lc
 
@@ -54,7 +55,7 @@ def lifecycles(backend, coord, tmp_path):
 
 
 @pytest.fixture
-def lcm(lifecycles) -> Lifecycle:
+def lcm(lifecycles) -> LifecycleManager:
     return lifecycles()
 
 
@@ -253,8 +254,8 @@ def test_the_killed_marks_share_a_lease_for_a_tenth_of_its_ttl(lcm, coord):
     for job in ("a", "b"):
         lcm.deploy(deployment(job, learners=1))
         lcm.kill(job)
-    lease, taken = lcm._killed_lease  # noqa: SLF001 - a tenth of the hour passes
-    lcm._killed_lease = (lease, taken - 361)  # noqa: SLF001
+    lease, taken = lcm._marks._lease  # noqa: SLF001 - a tenth of the hour passes
+    lcm._marks._lease = (lease, taken - 361)  # noqa: SLF001
     lcm.deploy(deployment("c", learners=1))
     lcm.kill("c")
     a, b, c = (coord.leases[coord.keys.killed(job)] for job in "abc")

@@ -1,4 +1,4 @@
-"""The Lifecycle: one owner of every job attempt, whatever backend runs it.
+"""The LifecycleManager: one owner of every job attempt, whatever backend runs it.
 
 It turns a validated request into an `AttemptPlan`, checks the backend has
 room (learners and GPUs, counting the other attempts it runs or is
@@ -6,18 +6,8 @@ launching), writes the job's etcd `attempt` key (`AttemptInfo`) and, on a
 halt, its `halt` key (`HaltRequest`), and removes the job's etcd prefix when
 an attempt is replaced or the job is killed. Deploys are idempotent per
 (job, attempt); an older attempt than the recorded one is a Conflict; a
-newer one replaces it.
-
-The removal of an attempt outlives its record: in the same etcd transaction
-that deletes the job's prefix, the job's `<prefix>/lcm/killed/<job>` key
-(`AttemptKilled`) records the highest attempt removed (or named by the
-KillJob: marked even before that attempt's deploy arrived), under a lease of
-`killed_ttl` seconds (TF_KILLED_TTL, an hour by default: longer than any
-dispatcher retries a lost deploy). A deploy of that attempt or an older one,
-resent or arriving late (e.g. through a leader change after the KillJob), is a Conflict
-and starts nothing; a later attempt deploys. Being in etcd, the key is seen
-by every replica and survives an LCM restart, and, written through the
-fenced coordinator, never by a deposed leader.
+newer one replaces it. A removed attempt stays marked killed for a while
+(`marks.py`), so its deploy arriving late is a Conflict too.
 
 Its records (`records.py`) survive an LCM restart; the next LCM reconciles
 them with what the backend observes (`reconcile`): an attempt with
@@ -28,20 +18,20 @@ lost controllers and starts dead monitors again.
 
 An elected LCM replica passes a fenced coordinator (services/lcm/replicas.py):
 its etcd writes are refused once it is deposed, and each operation confirms
-the fence before it touches the backend (`_confirm`).
+the fence before it touches the backend (`Coordinator.confirm`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from pathlib import Path
 
-from trainforge_services.common.adapters.etcd import Coordinator, FenceRefused, Lease
-from trainforge_services.common.contracts.etcd import AttemptInfo, AttemptKilled, GateOpen, HaltRequest
+from trainforge_services.common.adapters.etcd import Coordinator, FenceRefused
+from trainforge_services.common.contracts.etcd import AttemptInfo, GateOpen, HaltRequest
 from trainforge_services.common.contracts.ids import check_job_id
-from trainforge_services.common.errors import Conflict, ResourceExhausted, Unavailable
+from trainforge_services.common.errors import Conflict, ResourceExhausted
+from trainforge_services.common.loop import Loop
 from trainforge_services.common.settings import LcmSettings
 from trainforge_services.lcm.backends.base import (
     AttemptPlan,
@@ -53,6 +43,7 @@ from trainforge_services.lcm.backends.base import (
     TeamQuota,
 )
 from trainforge_services.lcm.lifecycle.elastic import Growth, Room, open_slots, quota_room
+from trainforge_services.lcm.lifecycle.marks import KilledMarks
 from trainforge_services.lcm.lifecycle.plan import build_plan, check_attempt
 from trainforge_services.lcm.lifecycle.records import AttemptRecord, attempt_records
 from trainforge_services.lcm.lifecycle.supervision import Supervision, launched, unfinished
@@ -65,7 +56,7 @@ KILLED_TTL = 3600
 SUPERVISE_INTERVAL = 2.0
 
 
-class Lifecycle:
+class LifecycleManager:
     """Deploy, kill, halt and supervise job attempts on one backend."""
 
     def __init__(self, backend: Backend, coordinator: Coordinator, state_dir: str | Path, *, lease_ttl: int = 10,
@@ -77,9 +68,7 @@ class Lifecycle:
         self._own_coordinator = own_coordinator
         self._lease_ttl = lease_ttl
         self._start_timeout = start_timeout
-        self._killed_ttl = killed_ttl
-        self._killed_lease: tuple[Lease, float] | None = None  # shared by the marks of a tenth of the TTL
-        self._killed_lease_lock = threading.Lock()
+        self._marks = KilledMarks(coordinator, killed_ttl)
         self._records = attempt_records(Path(state_dir).resolve())
         self._lock = threading.Lock()
         self._job_locks: dict[str, threading.Lock] = {}
@@ -87,15 +76,15 @@ class Lifecycle:
         self._supervision = Supervision(backend, coordinator, self._records, self._job_lock)
         self._growth = Growth(backend, coordinator, self._records, self._job_lock, self.room)
         self.reconcile()
-        self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._supervise, args=(supervise_interval,), name="lcm-supervisor",
-                                        daemon=True)
-        self._thread.start()
+        self._waited_first_interval = False
+        self._supervisor = Loop("lcm-supervisor", self._supervise, interval=supervise_interval,
+                                when=self._supervision_due)
+        self._supervisor.start()
 
     @classmethod
     def from_settings(cls, settings: LcmSettings, backend: Backend, coordinator: Coordinator | None = None,
-                      **kw) -> Lifecycle:
-        """A lifecycle on `backend`; it closes the coordinator only when it made it."""
+                      **kw) -> LifecycleManager:
+        """A lifecycle manager on `backend`; it closes the coordinator only when it made it."""
         own = coordinator is None
         coord = coordinator or Coordinator(settings.etcd_endpoints, settings.etcd_prefix)
         return cls(backend, coord, settings.state_dir, lease_ttl=settings.lease_ttl,
@@ -165,49 +154,50 @@ class Lifecycle:
         """
         with self._job_lock(job.job_id):
             self._coord.confirm()  # a deposed leader starts and stops nothing
-            existing = self._records.get(job.job_id)
-            if existing is not None and job.attempt < existing.attempt:
-                raise Conflict(f"job {job.job_id}: attempt {job.attempt} is older than the deployed "
-                               f"attempt {existing.attempt}")
-            killed = self._killed(job.job_id)
-            if killed >= job.attempt:
-                log.info("job %s attempt %d refused: attempt %d was killed", job.job_id, job.attempt, killed)
-                raise Conflict(f"job {job.job_id} attempt {killed} was killed; a new run needs attempt {killed + 1}"
-                               + (f" (asked: attempt {job.attempt})" if job.attempt != killed else ""))
+            existing = self._check_order(job)
             if existing is not None:
                 view = self.backend.observe(existing.plan)
                 if job.attempt == existing.attempt and launched(existing, view):
-                    # deployed already (a resent request): never a second run of the same attempt. A dead
-                    # monitor is started again and reports what became of it; an attempt whose monitor
-                    # delivered its end is over (the Trainer runs a job again only as a later attempt), and
-                    # a deploy resent after that (its check of the job's state came first) starts nothing
-                    if view.monitor_done and not view.alive:
-                        log.info("job %s attempt %d already ran to its end; nothing started", job.job_id,
-                                 job.attempt)
-                    else:
-                        log.info("job %s attempt %d already deployed", job.job_id, job.attempt)
-                        self._supervision.revive_monitor(existing, view, spaced=False)
-                    return self.backend.observe(existing.plan).handles
-                log.info("job %s: replacing attempt %d with attempt %d", job.job_id, existing.attempt, job.attempt)
-                # the same attempt again (a launch cut short, redone) is not marked killed: it is what runs next
-                self._remove(existing, mark=job.attempt > existing.attempt)
+                    return self._answer_resent(existing, view)
+                self._replace(existing, job)
             plan = self._reserve(job)
-            try:
-                self._coord.put(self._keys.attempt(job.job_id), AttemptInfo(
-                    attempt=job.attempt, learners=job.world_size, checkpoint_uri=job.checkpoint_uri).value())
-                handles = self.backend.launch(plan)
-            except FenceRefused:
-                self._records.forget(job.job_id)  # deposed before it launched: the next leader deploys it
-                raise
-            except BaseException:
-                self.backend.stop(job.job_id)
-                self._records.forget(job.job_id)
-                raise
-            finally:
-                with self._lock:
-                    self._launching.discard(job.job_id)
-            log.info("job %s attempt %d deployed: %s", job.job_id, job.attempt, ", ".join(map(str, handles)))
-            return handles
+            return self._launch(plan)
+
+    def _check_order(self, job: JobDeployment) -> AttemptRecord | None:
+        """The job's recorded attempt, if any; a Conflict when `job` is older than it or than the last killed."""
+        existing = self._records.get(job.job_id)
+        if existing is not None and job.attempt < existing.attempt:
+            raise Conflict(f"job {job.job_id}: attempt {job.attempt} is older than the deployed "
+                           f"attempt {existing.attempt}")
+        killed = self._marks.highest(job.job_id)
+        if killed >= job.attempt:
+            log.info("job %s attempt %d refused: attempt %d was killed", job.job_id, job.attempt, killed)
+            raise Conflict(f"job {job.job_id} attempt {killed} was killed; a new run needs attempt {killed + 1}"
+                           + (f" (asked: attempt {job.attempt})" if job.attempt != killed else ""))
+        return existing
+
+    def _answer_resent(self, existing: AttemptRecord, view: JobView) -> list[Handle]:
+        """A deploy of the attempt that is deployed already: never a second run of it.
+
+        A dead monitor is started again and reports what became of it; an attempt whose monitor delivered its
+        end is over (the Trainer runs a job again only as a later attempt), and a deploy resent after that (its
+        check of the job's state came first) starts nothing. The handles are those `view` saw, or, once a monitor
+        was started again, what the backend sees now.
+        """
+        if view.monitor_done and not view.alive:
+            log.info("job %s attempt %d already ran to its end; nothing started", existing.job_id,
+                     existing.attempt)
+            return view.handles
+        log.info("job %s attempt %d already deployed", existing.job_id, existing.attempt)
+        if self._supervision.revive_monitor(existing, view, spaced=False):
+            return self.backend.observe(existing.plan).handles
+        return view.handles
+
+    def _replace(self, existing: AttemptRecord, job: JobDeployment) -> None:
+        """Remove the recorded attempt for `job`'s: a later one, or the same one whose launch was cut short."""
+        log.info("job %s: replacing attempt %d with attempt %d", job.job_id, existing.attempt, job.attempt)
+        # the same attempt again (a launch cut short, redone) is not marked killed: it is what runs next
+        self._remove(existing, mark=job.attempt > existing.attempt)
 
     def _others(self, job_id: str) -> list[AttemptRecord]:
         """The other attempts holding resources (the caller holds `_lock`): running, or being launched on
@@ -229,9 +219,10 @@ class Lifecycle:
                     quota=quota_room(plan.team_quota, plan.manifest, [*held, (plan.manifest, live)]))
 
     def _reserve(self, job: JobDeployment) -> AttemptPlan:
-        """Check the backend has room, plan the attempt and record it before anything starts.
+        """Check the backend has room, plan the attempt and record it (as launching) before anything starts.
 
-        An elastic job starts with as many learners as fit, at least its minimum (lifecycle/elastic.py).
+        An elastic job starts with the minimum the Trainer admitted; it grows as the Trainer grants more
+        (lifecycle/elastic.py).
         """
         cap = self.backend.capacity()
         with self._lock:
@@ -245,7 +236,6 @@ class Lifecycle:
             if job.gpus > len(free):
                 raise ResourceExhausted(f"needs {job.gpus} GPU(s); the {cap.backend} backend has {len(free)} of "
                                         f"{cap.gpus} free")
-            # an elastic job starts with the minimum the Trainer admitted; it grows as the Trainer grants more
             size = job.world_size
             plan = build_plan(job, self.backend.site(job.job_id, job.attempt),
                               free[:size * job.manifest.resources.gpus], lease_ttl=self._lease_ttl,
@@ -253,6 +243,26 @@ class Lifecycle:
             self._records.put(AttemptRecord(plan=plan))
             self._launching.add(job.job_id)
             return plan
+
+    def _launch(self, plan: AttemptPlan) -> list[Handle]:
+        """Write the job's etcd `attempt` key and start the reserved plan; a launch that fails is stopped and
+        forgotten (one refused by the fence only forgotten: the next leader deploys it)."""
+        try:
+            self._coord.put(self._keys.attempt(plan.job_id), AttemptInfo(
+                attempt=plan.attempt, learners=plan.world_size, checkpoint_uri=plan.checkpoint_uri).value())
+            handles = self.backend.launch(plan)
+        except FenceRefused:
+            self._records.forget(plan.job_id)
+            raise
+        except BaseException:
+            self.backend.stop(plan.job_id)
+            self._records.forget(plan.job_id)
+            raise
+        finally:
+            with self._lock:
+                self._launching.discard(plan.job_id)
+        log.info("job %s attempt %d deployed: %s", plan.job_id, plan.attempt, ", ".join(map(str, handles)))
+        return handles
 
     def grow(self, job_id: str, attempt: int, learners: int) -> bool:
         """The Trainer grants the elastic attempt up to `learners` learners (growth fills slots that far).
@@ -274,15 +284,10 @@ class Lifecycle:
 
     # -- kill and halt ----------------------------------------------------------------
 
-    def _killed(self, job_id: str) -> int:
-        """The highest attempt of the job removed within `killed_ttl` (0: none)."""
-        marker = AttemptKilled.parse_or_none(self._coord.get(self._keys.killed(job_id))[0])
-        return marker.attempt if marker else 0
-
     def _remove(self, record: AttemptRecord | None, job_id: str = "", *, mark: bool = True,
                 named: int = 0) -> int:
         """Mark the record `killing`, stop everything of the job, clear its etcd keys and mark its attempt
-        killed (one transaction), forget it.
+        killed (one transaction, `marks.py`), forget it. How many processes were still running.
 
         The attempt marked is the highest of `named` (the attempt the KillJob names; 0: none), the record's
         and the one the job's etcd `attempt` key names, if any (a record may be missing: a repeated KillJob,
@@ -293,31 +298,9 @@ class Lifecycle:
         if record is not None and not record.killing:
             self._records.put(record.model_copy(update={"killing": True, "redoing": not mark}))
         killed = self.backend.stop(job_id)
-        attempt = 0
-        if mark:
-            info = AttemptInfo.parse_or_none(self._coord.get(self._keys.attempt(job_id))[0])
-            attempt = max(named, record.attempt if record else 0, info.attempt if info else 0)
-        if attempt > self._killed(job_id):
-            marker = AttemptKilled(attempt=attempt)
-            try:
-                self._coord.delete_prefix(self._keys.job(job_id), put=(self._keys.killed(job_id), marker.value()),
-                                          lease=self._lease_for_marks())
-            except Unavailable:
-                self._killed_lease = None  # e.g. the lease is gone: the retried KillJob takes a new one
-                raise
-        else:
-            self._coord.delete_prefix(self._keys.job(job_id))
+        self._marks.clear(job_id, max(named, record.attempt if record else 0), mark=mark)
         self._records.forget(job_id)
         return killed
-
-    def _lease_for_marks(self) -> Lease:
-        """The lease of the `killed` marks: one per tenth of `killed_ttl`, not one per kill, so etcd holds about
-        ten such leases however many jobs end; a mark lives 0.9 to 1 times the TTL."""
-        with self._killed_lease_lock:
-            now = time.monotonic()
-            if self._killed_lease is None or now - self._killed_lease[1] > self._killed_ttl / 10:
-                self._killed_lease = (self._coord.grant_lease(self._killed_ttl), now)
-            return self._killed_lease[0]
 
     def mark_killing(self, job_id: str) -> None:
         """Record that the job is being removed (what `kill` does first; tests use it to crash halfway)."""
@@ -391,15 +374,17 @@ class Lifecycle:
 
     # -- supervision ------------------------------------------------------------------
 
-    def _supervise(self, interval: float) -> None:
-        while not self._closing.wait(interval):
-            try:
-                self.supervise_once()
-            except FenceRefused as e:
-                log.warning("supervision stopped: %s", e.message)
-                return
-            except Exception:
-                log.exception("supervision pass failed")
+    def _supervision_due(self) -> bool:
+        # the first pass comes one interval after the start: `reconcile` has just looked at every attempt
+        due, self._waited_first_interval = self._waited_first_interval, True
+        return due
+
+    def _supervise(self) -> None:
+        try:
+            self.supervise_once()
+        except FenceRefused as e:
+            log.warning("supervision stopped: %s", e.message)
+            self._supervisor.stop()  # deposed: this replica supervises nothing more
 
     def supervise_once(self) -> None:
         """One look at every attempt: restart dead monitors, report lost controllers, grow elastic jobs."""
@@ -409,8 +394,7 @@ class Lifecycle:
 
     def close(self) -> None:
         """Stop supervising and release connections; running jobs are left running."""
-        self._closing.set()
-        self._thread.join(10)
+        self._supervisor.stop(10)
         self.backend.close()
         if self._own_coordinator:
             self._coord.close()

@@ -71,20 +71,22 @@ class Supervision:
             finally:
                 lock.release()
 
-    def revive_monitor(self, record: AttemptRecord, view: JobView, *, spaced: bool) -> None:
-        """Start the monitor of an unfinished attempt again if it is gone (the caller holds the job's lock)."""
+    def revive_monitor(self, record: AttemptRecord, view: JobView, *, spaced: bool) -> bool:
+        """Start the monitor of an unfinished attempt again if it is gone (the caller holds the job's lock);
+        whether it did."""
         if not unfinished(record, view):
-            return
+            return False
         if any(o.alive for o in view.processes if o.handle.role is Role.MONITOR):
-            return
+            return False
         now = time.monotonic()
         if spaced and now - self._respawned.get(record.job_id, -1e9) < RESPAWN_SPACING:
-            return
+            return False
         self._respawned[record.job_id] = now
         self._coord.confirm()
         log.warning("job %s attempt %d: its monitor died before the attempt ended; starting it again",
                     record.job_id, record.attempt)
         self._backend.restart_monitor(record.plan)
+        return True
 
     def _report_lost_controllers(self, record: AttemptRecord, view: JobView) -> None:
         reported = set(record.reported_dead)

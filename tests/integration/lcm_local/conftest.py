@@ -22,7 +22,7 @@ from trainforge_services.common.manifest import Manifest
 from trainforge_services.common.settings import LcmSettings
 from trainforge_services.lcm.backends.base import Handle, Role
 from trainforge_services.lcm.backends.local import LocalBackend
-from trainforge_services.lcm.lifecycle import JobDeployment, Lifecycle
+from trainforge_services.lcm.lifecycle import JobDeployment, LifecycleManager
 
 FAKE_PYTHON = """#!{python}
 import json, os, signal, subprocess, sys, time
@@ -104,9 +104,9 @@ def lcm_settings(tmp_path, etcd_server, coordinator, fake):
 
 @pytest.fixture
 def lifecycles(lcm_settings, coordinator):
-    def build(kill_grace: float = 5.0, supervise_interval: float = 2.0, **kw) -> Lifecycle:
+    def build(kill_grace: float = 5.0, supervise_interval: float = 2.0, **kw) -> LifecycleManager:
         settings = lcm_settings(**kw)
-        return Lifecycle.from_settings(settings, LocalBackend(settings, kill_grace=kill_grace), coordinator,
+        return LifecycleManager.from_settings(settings, LocalBackend(settings, kill_grace=kill_grace), coordinator,
                                        start_timeout=30, supervise_interval=supervise_interval)
 
     yield from backend_maker(build)
@@ -126,6 +126,6 @@ def names(handles: list[Handle]) -> list[str]:
     return [h.name for h in handles]
 
 
-def monitor_pid(lcm: Lifecycle, job: str) -> int | None:
+def monitor_pid(lcm: LifecycleManager, job: str) -> int | None:
     return next((int(h.ref) for j in lcm.running_jobs() if j.job_id == job
                  for h in j.handles if h.role is Role.MONITOR), None)

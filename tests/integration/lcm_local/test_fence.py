@@ -19,7 +19,7 @@ from trainforge_services.common.contracts.etcd import AttemptInfo, HaltRequest
 from trainforge_services.common.election import FOLLOWING
 from trainforge_services.common.errors import Conflict, Unavailable
 from trainforge_services.lcm.backends.local import LocalBackend
-from trainforge_services.lcm.lifecycle import Lifecycle
+from trainforge_services.lcm.lifecycle import LifecycleManager
 from trainforge_services.lcm.replicas import LeaderLifecycle
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -67,12 +67,12 @@ def test_every_write_of_a_fenced_connection_is_refused_once_its_election_key_is_
 
 def test_a_stale_lcm_leader_writes_nothing_and_the_new_leader_takes_over(lcm_settings, etcd_server, fake, unique):
     settings = lcm_settings()
-    built: list[Lifecycle] = []
+    built: list[LifecycleManager] = []
 
     def replica(name: str) -> LeaderLifecycle:
-        def build(fenced: Coordinator) -> Lifecycle:
+        def build(fenced: Coordinator) -> LifecycleManager:
             # no supervision pass in this test's time: the refusal shown is the halt's own write
-            built.append(Lifecycle.from_settings(settings, LocalBackend(settings, kill_grace=5), fenced,
+            built.append(LifecycleManager.from_settings(settings, LocalBackend(settings, kill_grace=5), fenced,
                                                  start_timeout=30, supervise_interval=600))
             return built[-1]
 
