@@ -38,7 +38,7 @@ class LcmCalls:
                  workers: int = 8):
         self._store = store
         self._lcm = lcm
-        # a failing call is tried again from `kill_backoff` seconds on (a test's LCM answers at once)
+        # a failing call is tried again after `kill_backoff` seconds, then ever longer (tests set it short)
         self._retry = STEADY.starting(kill_backoff)
         self._kill_retry = self._retry.within(attempts=kill_attempts)
         # a cleanup whose KillJob ran out of tries waits for the scan, from twice that on
@@ -102,7 +102,7 @@ class LcmCalls:
             self._cleaning.add(job_id)
         self.submit(self._clean_up, job_id)
 
-    # -- the service's -------------------------------------------------------
+    # -- for the service (a gate, a quota) and the dispatcher (the cleanup scan) --
 
     def open_gate(self, job: JobRecord) -> None:
         """Let a gated DEPLOYING job's learners start (retried until it answers or the job moved on)."""
