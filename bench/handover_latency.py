@@ -58,7 +58,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             env = Env(mongo, osmem, "handover", Path(tmp))
             try:
-                rule = next(r for r in env.trainer.dispatcher.lifecycle.rules_for(JobState.RUNNING, JobState.STORING)
+                rule = next(r for r in env.trainer.core.lifecycle.rules_for(JobState.RUNNING, JobState.STORING)
                             if isinstance(r, TrialChanged))
                 hand_over = rule.hand_over
                 for r in range(args.rounds):

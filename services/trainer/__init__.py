@@ -7,7 +7,10 @@ and the Trainer decides what it means for the job.
 
 Layers, top to bottom (import-linter keeps them): server (wiring) ->
 servicer (protos <-> records) -> service (use cases) -> dispatcher
-(admission passes, capacity cache, LCM calls pool) -> rules (what each
-transition means: restart or fail, halt, clean up, requeue) -> store (the
-only code that sees MongoDB documents) -> record (the typed `JobRecord`).
+(admission passes, capacity cache) -> lcmcalls (the rules' actions: the
+pool of LCM calls) -> rules (what each transition means: restart or fail,
+halt, clean up, requeue) -> store (the only code that sees MongoDB
+documents) -> record (the typed `JobRecord`). The wiring builds the LCM
+calls and the rules' lifecycle once and hands both to the dispatcher and
+the service.
 """

@@ -1,7 +1,13 @@
-"""The queue's engine: turns QUEUED jobs into deployments when they fit.
+"""The queue's engine: turns QUEUED jobs into deployments when they fit. It schedules and does nothing else.
+
+The wiring (services/trainer/server.py) hands it the rules' `Lifecycle`,
+through which it makes every state change, and the `LcmCalls`
+(services/trainer/lcmcalls.py) the rules act through, whose pool also runs
+its own LCM reads off the pass (the capacity, elastic grants).
 
 Three threads share the work, so that a pass never waits on the store
-(each runs `_paced`):
+(the first two are `Loop`s of services/common/loop.py, paced and run only
+while this replica leads):
 - the reader (`_read_step`), when woken (a submit, a job that let go of its
   resources, a quota change) and every `interval` seconds, reads what changed
   into the copy of the queued and active jobs (jobmirror.py), and the quotas
@@ -33,11 +39,10 @@ fails leaves the job counted until such a read says where it is (still QUEUED:
 a later pass reserves it again). Submits only insert QUEUED jobs, which the
 next read sees.
 
-The same workers make the LCM calls a transition asks for (services/trainer/
-rules.py decides which: deploy, halt, remove an ended attempt's learners),
-retried with services/common/retry.py, since a job's record must never wait
-on the LCM. What a transition means lives in the rules, not here: every
-state change the dispatcher makes goes through `Lifecycle.move`.
+The LCM calls a transition asks for (services/trainer/rules.py decides
+which: deploy, halt, remove an ended attempt's learners) are `LcmCalls`'s,
+never the dispatcher's. What a transition means lives in the rules, not
+here: every state change the dispatcher makes goes through `Lifecycle.move`.
 `run_once` does one read, one pass and its writes in the caller's thread (the
 tests' way in).
 """
@@ -49,12 +54,10 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from trainforge_services.common.errors import Unavailable
+from trainforge_services.common.loop import Loop
 from trainforge_services.common.observability import LabelCounts
-from trainforge_services.common.retry import Backoff
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer import admission, cohorts
 from trainforge_services.trainer.admission import Plan
@@ -72,8 +75,8 @@ from trainforge_services.trainer.queuenotes import QueueNotes
 from trainforge_services.trainer.quotas import QUOTA_MAX_AGE, QuotaStore
 from trainforge_services.trainer.record import JobRecord
 from trainforge_services.trainer.reserver import Reservations, ReservationWriter
-from trainforge_services.trainer.resources import BackendSize, Quota, Usage
-from trainforge_services.trainer.rules import ACTOR, Lifecycle, Rule
+from trainforge_services.trainer.resources import BackendSize, Usage
+from trainforge_services.trainer.rules import ACTOR, Lifecycle
 from trainforge_services.trainer.stamps import STAMPS
 from trainforge_services.trainer.store import JobStore
 
@@ -100,40 +103,36 @@ _HELD_FIELDS = ("team", "resources", "gpu_type", *_PREEMPT_FIELDS, *_GROWTH_FIEL
 ADMISSIONS = LabelCounts()
 
 
-class Dispatcher(LcmCalls):
-    """Schedules: admission passes, the capacity cache and the pool of LCM calls; the rules' `Actions`."""
+class Dispatcher:
+    """Schedules: the admission passes, their threads and the capacity cache."""
 
-    def __init__(self, store: JobStore, lcm: Lcm, *, quotas: QuotaStore | None = None,
-                 interval: float = 1.0, spacing: float = SPACING, kill_attempts: int = 4,
-                 kill_backoff: float = 0.5, workers: int = 8, rules: tuple[Rule, ...] | None = None,
+    def __init__(self, store: JobStore, lcm: Lcm, lifecycle: Lifecycle, calls: LcmCalls, *,
+                 quotas: QuotaStore | None = None, interval: float = 1.0, spacing: float = SPACING,
                  preemption: Policy | None = None, gate: FenceGate | None = None):
         self._store = store
-        self._lcm = lcm
         self._quotas = quotas
-        self._interval = interval
-        self._spacing = spacing
-        self._kill_attempts = kill_attempts
-        self._kill_backoff = kill_backoff
-        self.lifecycle = Lifecycle(store, self) if rules is None else Lifecycle(store, self, rules)
+        self._lifecycle = lifecycle
+        self._calls = calls
         # halts running jobs for waiting ones that may take their place (services/trainer/preemptor.py)
-        self.preemptor = Preemptor(store, self.lifecycle, preemption or Policy())
+        self._preemptor = Preemptor(store, lifecycle, preemption or Policy())
         # This lock stops two passes of this process from spending the same free capacity; among
         # replicas, only the elected one runs passes, and `gate` fences its reservations in the store
         # (services/trainer/fence.py). No gate: the only replica.
         self._pass_lock = threading.Lock()
         self._decided = 0.0  # when the running pass had decided (before handing its reservations on)
         self._gate = gate
-        # wake-ups go to the reader (read what changed), which then asks for a pass
-        self._wake = threading.Event()
-        self._pass_wanted = threading.Event()
+        # wake-ups go to the reader (read what changed), which then asks for a pass; both run while this
+        # replica leads, spaced by twice their last duration within [MIN_SPACING, spacing]
+        stopping, spaced = threading.Event(), (min(MIN_SPACING, spacing), spacing)
+        leading = None if gate is None else (lambda: gate.leading)  # a follower neither reads nor passes
+        self._reader = Loop("trainer-jobcopy", self._read_step, interval=interval, spacing=spaced, when=leading,
+                            stopping=stopping)
+        self._passes = Loop("trainer-dispatcher", self._pass_step, interval=interval, spacing=spaced,
+                            when=leading, stopping=stopping)
         self._read_lock = threading.Lock()  # one read of what changed at a time
         self._reread: set[str] | None = set()  # jobs read again since the last pass took them (None: all)
         self._reread_lock = threading.Lock()
         self._last_read = (0, 0.0)  # (jobs, ms) of the last read of what changed
-        self._reader: threading.Thread | None = None
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._calls = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainer-lcm")
         self._notes = QueueNotes(store)
         # the queued and active jobs as of the last pass, kept from what changed (jobmirror.py)
         # without a gate this is the only replica, the only writer of the jobs: the copy reads each change
@@ -141,19 +140,13 @@ class Dispatcher(LcmCalls):
         self._jobs = JobMirror(store, dict.fromkeys([*_QUEUE_FIELDS, *_HELD_FIELDS]),
                                settled=STAMPS.settled if gate is None else None)
         # writes each pass's reservations, in the order decided (reserver.py)
-        self._writer = ReservationWriter(self.lifecycle, self._jobs)
+        self._writer = ReservationWriter(lifecycle, self._jobs)
         self._mirror_term: int | None = None
         self._capacity = CapacityCache(lcm)
         # grants elastic jobs room no queued job waits for (services/trainer/growth.py)
-        self._grower = Grower(store, lcm, self._submit)
-        # cleanups in flight, and when a failed one may be tried again
-        self._cleaning: set[str] = set()
-        self._retry_at: dict[str, float] = {}
-        self._backoffs: dict[str, Backoff] = {}
-        self._cleaning_lock = threading.Lock()
-        self._last_cleanup_scan = 0.0
+        self._grower = Grower(store, lcm, calls.submit)
 
-    # -- lifecycle ---------------------------------------------------------
+    # -- threads -----------------------------------------------------------
 
     def start(self, capacity_wait: float = 2.0) -> None:
         """Start the passes, and ask the LCM for its capacity off the caller's thread.
@@ -163,54 +156,31 @@ class Dispatcher(LcmCalls):
         submit, while an LCM that is slow or down delays the start by no more
         than that (and a submit not at all: see `capacity`).
         """
-        first = self._calls.submit(_logged, self._capacity.refresh)
+        first = self._calls.submit(self._capacity.refresh)
         self._notes.start()
         self._writer.start()
-        self._reader = threading.Thread(target=self._paced, args=(self._wake, self._read_step),
-                                        name="trainer-jobcopy", daemon=True)
         self._reader.start()
-        self._thread = threading.Thread(target=self._paced, args=(self._pass_wanted, self._pass_step),
-                                        name="trainer-dispatcher", daemon=True)
-        self._thread.start()
-        self.wake()
-        with contextlib.suppress(TimeoutError):
-            first.result(capacity_wait)
+        self._passes.start()
+        if first is not None:
+            with contextlib.suppress(TimeoutError):
+                first.result(capacity_wait)
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stopping.set()
-        self._wake.set()
-        self._pass_wanted.set()
-        for thread in (self._thread, self._reader):
-            if thread is not None:
-                thread.join(timeout)
+        """Stop the passes, then write what they decided (its deploys go to the `LcmCalls`, which the wiring
+        stops after this)."""
+        self._reader.stop(timeout)
+        self._passes.stop(timeout)
         self._writer.stop(timeout)  # after the last pass: what was decided is written
-        self._calls.shutdown(wait=True)
         self._notes.stop(timeout)
         self._jobs.close(timeout)
 
     def wake(self) -> None:
-        self._wake.set()
-
-    def _paced(self, wanted: threading.Event, step: Callable[[], None]) -> None:
-        """Run `step` each time `wanted` is set (and every `interval`) while this replica leads, spaced
-        (`SPACING`: twice its last duration, within [MIN_SPACING, spacing])."""
-        last, gap = -self._spacing, self._spacing
-        while not self._stopping.is_set():
-            wanted.wait(self._interval)
-            self._stopping.wait(max(0.0, last + gap - time.monotonic()))
-            wanted.clear()
-            if self._stopping.is_set():
-                return
-            if self._gate is not None and not self._gate.leading:
-                continue  # a follower: the elected replica reads and runs the passes
-            last = time.monotonic()
-            step()
-            gap = min(self._spacing, max(MIN_SPACING, 2 * (time.monotonic() - last)))
+        self._reader.wake()
 
     def _read_step(self) -> None:
         """The reader's: read what changed into the copy, then ask for a pass."""
         try:
-            self._scan_cleanups()
+            self._calls.scan_cleanups()
             self._refresh()
         except Unavailable as e:
             log.warning("reading the queue: %s", e.message)
@@ -218,7 +188,7 @@ class Dispatcher(LcmCalls):
         except Exception:
             log.exception("reading the queue failed")
             return
-        self._pass_wanted.set()
+        self._passes.wake()
 
     def _pass_step(self) -> None:
         """The passes': one pass on the copy as last read; its reservations go to the writer."""
@@ -261,11 +231,6 @@ class Dispatcher(LcmCalls):
         """
         return self._capacity.value
 
-    def sync_team(self, team: str, quota: Quota) -> None:
-        """Tell the LCM a team's quota changed, off the caller's thread; a failure is logged (every deploy
-        sends the team's quota too, so the backend's copy catches up at the team's next job)."""
-        self._submit(self._lcm.sync_team, team, quota)
-
     @property
     def sole_writer(self) -> bool:
         """Whether this Trainer is the only one writing the jobs (no leader election, so no gate): then
@@ -282,7 +247,7 @@ class Dispatcher(LcmCalls):
     def run_once(self) -> Plan:
         """Read what changed, run a pass on it and wait until its reservations are written (and handed to
         the rules: deploys go to the LCM pool): what the threads do in turn, in the caller's thread."""
-        self._scan_cleanups()
+        self._calls.scan_cleanups()
         self._refresh()
         result, writes = self._run_pass()
         if writes is not None:
@@ -329,7 +294,7 @@ class Dispatcher(LcmCalls):
         waiting = [copy.as_queued[job_id] for job_id in queued]
         # after reading the queue, so a newer leader's stamp covers every job read (fence.py)
         term = self._gate.confirm() if self._gate is not None else None
-        capacity = self._capacity.current(self._submit)
+        capacity = self._capacity.current(self._calls.submit)
         quotas = self._quotas.all() if self._quotas is not None and capacity is not None else {}
         if capacity is None:
             result = admission.hold(waiting, f"waiting for the LCM: {self._capacity.problem}")
@@ -356,7 +321,7 @@ class Dispatcher(LcmCalls):
                                                                   "grown": Usage(), "grown_since": None}))
                 writes.moves.append((job, fields))
         if capacity is not None:  # halt running jobs that waiting ones may displace
-            self.preemptor.consider(result, queued, active, quotas, capacity, copy.as_queued)
+            self._preemptor.consider(result, queued, active, quotas, capacity, copy.as_queued)
             # growth is for elastic jobs: without one running there is nothing to grant or to send
             if not held_back and any(j.max_learners for j in active):
                 self._grower.run(active, capacity, quotas, fence=term,
@@ -365,7 +330,7 @@ class Dispatcher(LcmCalls):
                                         for j in result.dispatch])
         for job_id, reason in result.reject.items():
             self._jobs.reserve(job_id, None)
-            done = self.lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt,
+            done = self._lifecycle.move(job_id, JobState.FAILED, reason, ACTOR, attempt=queued[job_id].attempt,
                                        fence=term, seen=queued[job_id])
             self._jobs.written(job_id, done.job)
         # handing the reasons and positions to the note writer (queuenotes.py): storing them is not the pass's
@@ -384,7 +349,7 @@ class Dispatcher(LcmCalls):
         if not any(j.max_learners for j in active):
             return
         term = self._gate.confirm() if self._gate is not None else None
-        capacity = self._capacity.current(self._submit)
+        capacity = self._capacity.current(self._calls.submit)
         if capacity is not None:
             self._grower.run(active, capacity, self._quotas.all() if self._quotas is not None else {}, fence=term)
 
@@ -393,54 +358,3 @@ class Dispatcher(LcmCalls):
         why = {job_id: reason for job_id, job in queued.items() if (reason := job.held_back(now))}
         self._notes.tell((queued[job_id], reason, 0) for job_id, reason in why.items())
         return {job_id: queued[job_id] for job_id in why}
-
-    # -- LCM calls off the pass (the rules' Actions) -------------------------
-
-    def deploy(self, job: JobRecord) -> None:
-        """Ask the LCM to start a DEPLOYING job's attempt (idempotent on the LCM's side)."""
-        self._submit(self._deploy, job)
-
-    def open_gate(self, job: JobRecord) -> None:
-        """Let a gated DEPLOYING job's learners start (retried until it answers or the job moved on)."""
-        self._submit(self._open_gate, job.id, job.attempt)
-
-    def job_finished(self, job_id: str, reason: str = "") -> None:
-        """A job let go of its resources: remove whatever runs of it and look at the queue again."""
-        self.clean_up(job_id)
-        self.wake()
-
-    def halt(self, job: JobRecord) -> None:
-        """Ask the LCM to halt a HALTING job's attempt (retried until it answers or the job moved on)."""
-        self._submit(self._halt, job.id, job.attempt)
-
-    def clean_up(self, job_id: str) -> None:
-        """Remove a job's learners (KillJob); then the rules requeue a RESTARTING job."""
-        with self._cleaning_lock:
-            if job_id in self._cleaning:
-                return
-            self._cleaning.add(job_id)
-        self._submit(self._clean_up, job_id)
-
-    def _scan_cleanups(self) -> None:
-        """Pick up cleanups a failed KillJob or a Trainer restart left behind (at most once a second)."""
-        now = time.monotonic()
-        if now - self._last_cleanup_scan < 1.0:
-            return
-        self._last_cleanup_scan = now
-        for job in self._store.pending_cleanups():
-            if self._retry_at.get(job.id, 0.0) <= now:
-                self.clean_up(job.id)
-
-    def _submit(self, fn: Callable[..., None], *args: object) -> None:
-        try:
-            self._calls.submit(_logged, fn, *args)
-        except RuntimeError:
-            log.warning("trainer is stopping; %s%s not run", fn.__name__, args[:1])
-
-
-def _logged(fn: Callable[..., None], *args: object) -> None:
-    """Run a worker task; an exception is logged rather than kept in a future nobody reads."""
-    try:
-        fn(*args)
-    except Exception:
-        log.exception("%s%s failed", fn.__name__, args[:1])

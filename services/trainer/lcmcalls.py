@@ -1,8 +1,11 @@
-"""The LCM calls a transition asks for (deploy, halt, remove an ended attempt's learners), made by the
-dispatcher's worker threads and retried with services/common/retry.py: a job's record never waits on the LCM.
+"""The rules' `Actions` (services/trainer/rules.py): the LCM calls a transition asks for (deploy, halt, open
+a gate, remove an ended attempt's learners), made by a pool of worker threads and retried with a named policy of
+services/common/retry.py, so a job's record never waits on the LCM.
 
-`LcmCalls` is the dispatcher's half that talks to the LCM; `Dispatcher` (dispatcher.py) provides the
-store, the LCM client, the lifecycle, the retry settings and the stop event it uses.
+`LcmCalls` owns that pool, its stop event and the cleanups in flight. The wiring (services/trainer/server.py)
+builds it first, then the rules' `Lifecycle` over it, then the Dispatcher, and last `bind`s the lifecycle (a call's
+outcome moves the job: a deploy that fails, a cleanup that ends) and the Dispatcher's wake-up to it. The Dispatcher
+runs its own LCM reads (the capacity, elastic grants) on the same pool through `submit`.
 """
 
 from __future__ import annotations
@@ -12,38 +15,115 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from trainforge_services.common import states
-from trainforge_services.common.errors import ResourceExhausted, TrainforgeError, Unavailable
-from trainforge_services.common.retry import Backoff, Stopped, retry_call
+from trainforge_services.common.errors import ResourceExhausted, TrainforgeError, Unavailable, message_of
+from trainforge_services.common.retry import STEADY, Backoff, Stopped
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.lcm_client import Lcm
 from trainforge_services.trainer.record import GATE_CLOSED, GATE_OPEN, JobRecord
+from trainforge_services.trainer.resources import Quota
 from trainforge_services.trainer.rules import ACTOR, Lifecycle
 from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger("trainforge_services.trainer.dispatcher")
 
-# Most seconds between two tries of a failing KillJob, HaltJob, OpenGate or DeployJob.
-_MAX_RETRY = 30.0
-
 
 class LcmCalls:
-    """Deploy, halt and clean up through the LCM; mixed into the Dispatcher, which sets these attributes."""
+    """Deploy, halt, open gates and clean up through the LCM, off the caller's thread: the rules' `Actions`."""
 
-    _store: JobStore
-    _lcm: Lcm
-    lifecycle: Lifecycle
-    _kill_attempts: int
-    _kill_backoff: float
-    _stopping: threading.Event
-    _cleaning: set[str]
-    _cleaning_lock: threading.Lock
-    _retry_at: dict[str, float]
-    _backoffs: dict[str, Backoff]
+    def __init__(self, store: JobStore, lcm: Lcm, *, kill_attempts: int = 4, kill_backoff: float = 0.5,
+                 workers: int = 8):
+        self._store = store
+        self._lcm = lcm
+        # a failing call is tried again after `kill_backoff` seconds, then ever longer (tests set it short)
+        self._retry = STEADY.starting(kill_backoff)
+        self._kill_retry = self._retry.within(attempts=kill_attempts)
+        # a cleanup whose KillJob ran out of tries waits for the scan, from twice that on
+        self._cleanup_retry = STEADY.starting(2 * kill_backoff)
+        self._stopping = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainer-lcm")
+        self._lifecycle: Lifecycle | None = None
+        self._wake: Callable[[], None] = _nothing
+        # cleanups in flight, and when a failed one may be tried again
+        self._cleaning: set[str] = set()
+        self._cleaning_lock = threading.Lock()
+        self._retry_at: dict[str, float] = {}
+        self._backoffs: dict[str, Backoff] = {}
+        self._last_cleanup_scan = 0.0
+
+    def bind(self, lifecycle: Lifecycle, wake: Callable[[], None]) -> None:
+        """The wiring's second step: the lifecycle built over these calls, and what looks at the queue again
+        (the Dispatcher's `wake`)."""
+        self._lifecycle = lifecycle
+        self._wake = wake
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        if self._lifecycle is None:
+            raise RuntimeError("LcmCalls used before bind(lifecycle, wake)")
+        return self._lifecycle
+
+    def stop(self) -> None:
+        """End the retries and wait for the calls in flight; an unfinished one is sent again by the next Trainer
+        (`JobService.reconcile`, the cleanup scan)."""
+        self._stopping.set()
+        self._pool.shutdown(wait=True)
+
+    def submit(self, fn: Callable[..., object], *args: object) -> Future | None:
+        """Run `fn(*args)` on the pool (an exception is logged); None once stopping: then it does not run."""
+        try:
+            return self._pool.submit(_logged, fn, *args)
+        except RuntimeError:
+            log.warning("trainer is stopping; %s%s not run", getattr(fn, "__name__", fn), args[:1])
+            return None
+
+    # -- the rules' Actions --------------------------------------------------
 
     def wake(self) -> None:
-        raise NotImplementedError
+        """Look at the queue again (something let go of resources, or joined the queue)."""
+        self._wake()
+
+    def deploy(self, job: JobRecord) -> None:
+        """Ask the LCM to start a DEPLOYING job's attempt (idempotent on the LCM's side)."""
+        self.submit(self._deploy, job)
+
+    def halt(self, job: JobRecord) -> None:
+        """Ask the LCM to halt a HALTING job's attempt (retried until it answers or the job moved on)."""
+        self.submit(self._halt, job.id, job.attempt)
+
+    def clean_up(self, job_id: str) -> None:
+        """Remove a job's learners (KillJob); then the rules requeue a RESTARTING job."""
+        with self._cleaning_lock:
+            if job_id in self._cleaning:
+                return
+            self._cleaning.add(job_id)
+        self.submit(self._clean_up, job_id)
+
+    # -- for the service (a gate, a quota) and the dispatcher (the cleanup scan) --
+
+    def open_gate(self, job: JobRecord) -> None:
+        """Let a gated DEPLOYING job's learners start (retried until it answers or the job moved on)."""
+        self.submit(self._open_gate, job.id, job.attempt)
+
+    def sync_team(self, team: str, quota: Quota) -> None:
+        """Tell the LCM a team's quota changed; a failure is logged (every deploy sends the team's quota too, so
+        the backend's copy catches up at the team's next job)."""
+        self.submit(self._lcm.sync_team, team, quota)
+
+    def scan_cleanups(self) -> None:
+        """Pick up cleanups a failed KillJob or a Trainer restart left behind (at most once a second)."""
+        now = time.monotonic()
+        if now - self._last_cleanup_scan < 1.0:
+            return
+        self._last_cleanup_scan = now
+        for job in self._store.pending_cleanups():
+            if self._retry_at.get(job.id, 0.0) <= now:
+                self.clean_up(job.id)
+
+    # -- on the pool ----------------------------------------------------------
 
     def _still(self, job_id: str, attempt: int, wanted: frozenset[JobState]) -> JobRecord | None:
         """The job if it is still on `attempt` and in one of `wanted`; None once it moved on."""
@@ -76,7 +156,7 @@ class LcmCalls:
                                         job.checkpoint_uri, **gated)
 
         def waiting(e: BaseException, tries: int, delay: float) -> None:
-            message = e.message if isinstance(e, TrainforgeError) else str(e)
+            message = message_of(e)
             what = "LCM full" if isinstance(e, ResourceExhausted) else "LCM unavailable"
             log.warning("job %s attempt %d: %s (%s); deploying again in %gs", job_id, attempt, what,
                         message, delay)
@@ -91,12 +171,12 @@ class LcmCalls:
                 self._store.set_fields(job_id, {"reason": reason}, state=JobState.DEPLOYING, attempt=attempt)
 
         try:
-            handles = retry_call(call, retry_on=(Unavailable, ResourceExhausted), initial=self._kill_backoff,
-                                 maximum=_MAX_RETRY, stop_event=self._stopping, on_retry=waiting)
+            handles = self._retry.call(call, retry_on=(Unavailable, ResourceExhausted), stop_event=self._stopping,
+                                       on_retry=waiting)
         except (Stopped, Unavailable, ResourceExhausted):
             return  # stopping: the next Trainer resends it (reconcile)
         except Exception as e:  # noqa: BLE001 - any other failure of the call fails the attempt
-            message = e.message if isinstance(e, TrainforgeError) else str(e) or type(e).__name__
+            message = message_of(e)
             log.warning("job %s attempt %d: deploy failed: %s", job_id, attempt, message)
             self.lifecycle.move(job_id, JobState.FAILED, f"deploy failed: {message}", ACTOR, attempt=attempt)
             return
@@ -133,12 +213,10 @@ class LcmCalls:
             return True
 
         def failed(e: BaseException, tries: int, delay: float) -> None:
-            message = e.message if isinstance(e, TrainforgeError) else str(e)
-            log.warning("job %s: OpenGate failed: %s; retrying in %gs", job_id, message, delay)
+            log.warning("job %s: OpenGate failed: %s; retrying in %gs", job_id, message_of(e), delay)
 
         try:
-            if retry_call(call, retry_on=Exception, initial=self._kill_backoff, maximum=_MAX_RETRY,
-                          stop_event=self._stopping, on_retry=failed):
+            if self._retry.call(call, retry_on=Exception, stop_event=self._stopping, on_retry=failed):
                 log.info("job %s attempt %d: gate opened", job_id, attempt)
         except Exception:  # noqa: BLE001 - only a stop ends the retries
             log.info("job %s attempt %d: gate not opened; the Trainer is stopping", job_id, attempt)
@@ -153,12 +231,10 @@ class LcmCalls:
             return True
 
         def failed(e: BaseException, tries: int, delay: float) -> None:
-            message = e.message if isinstance(e, TrainforgeError) else str(e)
-            log.warning("job %s: HaltJob failed: %s; retrying in %gs", job_id, message, delay)
+            log.warning("job %s: HaltJob failed: %s; retrying in %gs", job_id, message_of(e), delay)
 
         try:  # retried until it answers or the Trainer stops (the next one resends it): it must reach the learners
-            if retry_call(call, retry_on=Exception, initial=self._kill_backoff, maximum=_MAX_RETRY,
-                          stop_event=self._stopping, on_retry=failed):
+            if self._retry.call(call, retry_on=Exception, stop_event=self._stopping, on_retry=failed):
                 log.info("job %s attempt %d: halt requested", job_id, attempt)
         except Exception:  # noqa: BLE001 - only a stop ends the retries
             log.info("job %s attempt %d: halt not sent; the Trainer is stopping", job_id, attempt)
@@ -171,7 +247,7 @@ class LcmCalls:
             # the attempt that ran: a HALTED job resumed before its cleanup is QUEUED as the next one already
             ran = current.attempt - 1 if current.state in (JobState.PENDING, JobState.QUEUED) else current.attempt
             if not self._kill(job_id, current.reason, max(ran, 0)):
-                backoff = self._backoffs.setdefault(job_id, Backoff(2 * self._kill_backoff, _MAX_RETRY))
+                backoff = self._backoffs.setdefault(job_id, self._cleanup_retry.backoff())
                 self._retry_at[job_id] = time.monotonic() + backoff.next()
                 return
             self._backoffs.pop(job_id, None)
@@ -186,17 +262,27 @@ class LcmCalls:
         """KillJob, naming the job's current attempt (0 before its first deploy), so the LCM refuses that
         attempt's deploy if it arrives after the kill."""
         def failed(e: BaseException, tries: int, delay: float) -> None:
-            message = e.message if isinstance(e, TrainforgeError) else str(e)
-            log.warning("job %s: KillJob failed (try %d of %d): %s", job_id, tries, self._kill_attempts, message)
+            log.warning("job %s: KillJob failed (try %d of %d): %s", job_id, tries, self._kill_retry.attempts,
+                        message_of(e))
 
         try:
-            killed = retry_call(lambda: self._lcm.kill_job(job_id, reason, attempt), retry_on=Exception,
-                                attempts=self._kill_attempts, initial=self._kill_backoff, maximum=_MAX_RETRY,
-                                stop_event=self._stopping, on_retry=failed)
+            killed = self._kill_retry.call(lambda: self._lcm.kill_job(job_id, reason, attempt), retry_on=Exception,
+                                           stop_event=self._stopping, on_retry=failed)
         except Exception as e:  # noqa: BLE001 - tried again later; the job record is already final
-            message = e.message if isinstance(e, TrainforgeError) else str(e) or type(e).__name__
             log.error("job %s: learners may still run; KillJob did not succeed (%s; tried again later)", job_id,
-                      message)
+                      message_of(e))
             return False
         log.info("job %s: KillJob removed %d", job_id, killed)
         return True
+
+
+def _nothing() -> None:
+    return None
+
+
+def _logged(fn: Callable[..., object], *args: object) -> None:
+    """Run a pool task; an exception is logged rather than kept in a future nobody reads."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("%s%s failed", getattr(fn, "__name__", fn), args[:1])

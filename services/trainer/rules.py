@@ -10,9 +10,11 @@ transition). `Lifecycle.move` is the only way the service and the
 dispatcher change a job's state: the store's compare-and-set, then the
 rules. To change the restart or halt policy, change a rule here.
 
-The rules act through `Actions` (implemented by the dispatcher: its LCM
-calls pool and its wake-up), so they never call the LCM themselves and
-never wait on it.
+The rules act through `Actions` (implemented by `LcmCalls`,
+services/trainer/lcmcalls.py: its pool of LCM calls, and the dispatcher's
+wake-up), so they never call the LCM themselves and never wait on it. The
+wiring (services/trainer/server.py) builds the `Actions` first, then the
+`Lifecycle` over them, then binds the lifecycle to them.
 """
 
 from __future__ import annotations

@@ -1,10 +1,18 @@
-"""Assembles a Trainer from settings: store, LCM client, dispatcher, gRPC server.
+"""Assembles a Trainer from settings: store, LCM client, the job core, gRPC server.
+
+The job core is wired in two steps, because the rules and their actions
+depend on each other (services/trainer/rules.py): `wire` builds the
+`LcmCalls` (the rules' `Actions`: the LCM calls a transition asks for),
+then the rules' `Lifecycle` over them, then the `Dispatcher` (the admission
+passes), and last binds the lifecycle and the dispatcher's wake-up to the
+calls. `build` hands the same lifecycle and calls to the `JobService`.
 
 `build` wires the parts and binds the port without starting anything, so a
-test can hand in a fake LCM or its own database; `Trainer.start` brings the
-job store up to date (indexes, restart reconciliation) before the first
-request or dispatch pass; `Trainer.stop` stops taking requests first, then
-the dispatcher, then closes connections.
+test can hand in a fake LCM or its own database (a test of the job core
+alone calls `wire`); `Trainer.start` brings the job store up to date
+(indexes, restart reconciliation) before the first request or dispatch
+pass; `Trainer.stop` stops taking requests first, then the dispatcher and
+the LCM calls, then closes connections.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -36,7 +44,7 @@ from trainforge_services.common.secrets import SecretBox, SecretStore, load_key
 from trainforge_services.common.settings import TrainerSettings
 from trainforge_services.common.states import JobState
 from trainforge_services.common.webhooks import Outbox, TeamWebhooks
-from trainforge_services.trainer.dispatcher import ADMISSIONS, Dispatcher
+from trainforge_services.trainer.dispatcher import ADMISSIONS, SPACING, Dispatcher
 from trainforge_services.trainer.experiments.driver import ExperimentDriver, TrialChanged
 from trainforge_services.trainer.experiments.metrics import LogStoreMetrics, MetricsReader
 from trainforge_services.trainer.experiments.service import ExperimentService
@@ -45,14 +53,15 @@ from trainforge_services.trainer.experiments.store import ExperimentStore
 from trainforge_services.trainer.experiments.workflow_store import COLLECTION as WORKFLOW_COLLECTION
 from trainforge_services.trainer.experiments.workflow_store import WorkflowStore
 from trainforge_services.trainer.experiments.workflows import WorkflowRunner, WorkflowService
-from trainforge_services.trainer.fence import Fence
+from trainforge_services.trainer.fence import Fence, FenceGate
 from trainforge_services.trainer.lcm_client import GrpcLcm, Lcm
+from trainforge_services.trainer.lcmcalls import LcmCalls
 from trainforge_services.trainer.notifier import ANNOUNCED, RECONCILE_WINDOW, Notifier
 from trainforge_services.trainer.preemption import Policy
 from trainforge_services.trainer.quotas import COLLECTION as QUOTA_COLLECTION
 from trainforge_services.trainer.quotas import QUOTA_MAX_AGE, QuotaStore
 from trainforge_services.trainer.replicas import Leadership, leadership
-from trainforge_services.trainer.rules import DEFAULT_RULES, Announce
+from trainforge_services.trainer.rules import DEFAULT_RULES, Announce, Lifecycle, Rule
 from trainforge_services.trainer.secret_env import ResolvingLcm
 from trainforge_services.trainer.service import JobService
 from trainforge_services.trainer.servicer import TrainerServicer
@@ -63,12 +72,37 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class Core:
+    """The Trainer's job core, wired: the rules' lifecycle, the LCM calls it acts through, and the dispatcher."""
+
+    lifecycle: Lifecycle
+    calls: LcmCalls
+    dispatcher: Dispatcher
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.dispatcher.stop(timeout)  # its last reservations are written; their deploys go to the calls
+        self.calls.stop()
+
+
+def wire(store: JobStore, lcm: Lcm, *, rules: Sequence[Rule] = DEFAULT_RULES, quotas: QuotaStore | None = None,
+         interval: float = 1.0, spacing: float = SPACING, kill_attempts: int = 4, kill_backoff: float = 0.5,
+         workers: int = 8, preemption: Policy | None = None, gate: FenceGate | None = None) -> Core:
+    """The job core over `store` and `lcm`, not yet started (`core.dispatcher.start()`)."""
+    calls = LcmCalls(store, lcm, kill_attempts=kill_attempts, kill_backoff=kill_backoff, workers=workers)
+    lifecycle = Lifecycle(store, calls, rules)
+    dispatcher = Dispatcher(store, lcm, lifecycle, calls, quotas=quotas, interval=interval, spacing=spacing,
+                            preemption=preemption, gate=gate)
+    calls.bind(lifecycle, wake=dispatcher.wake)
+    return Core(lifecycle, calls, dispatcher)
+
+
+@dataclass
 class Trainer:
     server: grpc.Server
     port: int
     host: str
     store: JobStore
-    dispatcher: Dispatcher
+    core: Core
     service: JobService
     _closers: list[Callable[[], None]] = field(default_factory=list)
     notifier: Notifier | None = None
@@ -83,6 +117,10 @@ class Trainer:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        return self.core.dispatcher
 
     def start(self) -> Trainer:
         try:
@@ -129,7 +167,7 @@ class Trainer:
             self.leadership.stop()
         if self.driver is not None:
             self.driver.stop()
-        self.dispatcher.stop()
+        self.core.stop()
         if self.notifier is not None:
             self.notifier.stop()
         for close in self._closers:
@@ -169,11 +207,10 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
     listen = settings.listen_address or settings.trainer_address
     lead = (leadership(settings.etcd_endpoints, settings.etcd_prefix, Fence(db, "dispatcher"),
                        ttl=settings.leader_ttl, address=listen) if settings.elect else None)
-    dispatcher = Dispatcher(store, lcm, quotas=quotas, interval=settings.dispatch_interval,
-                            gate=lead.gate if lead is not None else None,
-                            rules=(*DEFAULT_RULES, Announce(notifier.enqueue), trial_changed),
-                            preemption=Policy(settings.preempt_min_runtime, settings.preempt_max_per_job))
-    service = JobService(store, dispatcher, quotas, refs)
+    core = wire(store, lcm, rules=(*DEFAULT_RULES, Announce(notifier.enqueue), trial_changed), quotas=quotas,
+                interval=settings.dispatch_interval, gate=lead.gate if lead is not None else None,
+                preemption=Policy(settings.preempt_min_runtime, settings.preempt_max_per_job))
+    service = JobService(store, core.lifecycle, core.calls, core.dispatcher, quotas, refs)
     if metrics is None:
         reader = LogStoreMetrics(settings.logstore_url, settings.logstore_index,
                                  objects=functools.cache(lambda: store_from_settings(settings)))
@@ -191,7 +228,7 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
     trainer_pb2_grpc.add_TrainerServicer_to_server(TrainerServicer(service, experiment_service, workflow_service), server)
     add_health(server, ["trainforge.Trainer"])
     host = listen.rsplit(":", 1)[0]
-    return Trainer(server, port, host, store, dispatcher, service, closers, notifier,
+    return Trainer(server, port, host, store, core, service, closers, notifier,
                    metrics_port=settings.metrics_port, experiments=experiments, driver=driver,
                    workflows=workflow_store, leadership=lead)
 

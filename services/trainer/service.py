@@ -1,8 +1,11 @@
 """What the Trainer's RPCs mean, free of gRPC.
 
 Each public method is one use case (submit, cancel, a monitor's report,
-setting a quota, a usage report...) over the stores and the dispatcher;
-services/trainer/servicer.py only converts messages. Every transition made
+setting a quota, a usage report...) over the stores, the dispatcher (the
+capacity it knows, a wake-up) and the LCM calls (services/trainer/
+lcmcalls.py); services/trainer/servicer.py only converts messages. The
+wiring (services/trainer/server.py) hands it the same rules' `Lifecycle`
+and `LcmCalls` as the dispatcher. Every transition made
 here goes through `Lifecycle.move` (services/trainer/rules.py): the store's
 compare-and-set, then the rules for that transition (restart or fail,
 request the halt, remove the learners, look at the queue again), so no
@@ -31,10 +34,11 @@ from trainforge_services.trainer.accounting import ClusterView, TeamReport
 from trainforge_services.trainer.attempts import next_attempt
 from trainforge_services.trainer.dispatcher import Dispatcher
 from trainforge_services.trainer.jobmirror import EXACT_MARGIN, MARGIN
+from trainforge_services.trainer.lcmcalls import LcmCalls
 from trainforge_services.trainer.quotas import QuotaStore
 from trainforge_services.trainer.record import JobRecord, LearnerReport
 from trainforge_services.trainer.resources import Quota
-from trainforge_services.trainer.rules import ACTOR, Proposal, RequestHalt
+from trainforge_services.trainer.rules import ACTOR, Lifecycle, Proposal, RequestHalt
 from trainforge_services.trainer.stamps import STAMPS
 from trainforge_services.trainer.store import AlreadySubmitted, JobStore
 from trainforge_services.trainer.storerefs import StoreRefs
@@ -67,12 +71,14 @@ def listing_as_of(*, sole_writer: bool) -> float:
 
 
 class JobService:
-    def __init__(self, store: JobStore, dispatcher: Dispatcher, quotas: QuotaStore, refs: StoreRefs):
+    def __init__(self, store: JobStore, lifecycle: Lifecycle, calls: LcmCalls, dispatcher: Dispatcher,
+                 quotas: QuotaStore, refs: StoreRefs):
         self._store = store
         self.refs = refs
+        self._lifecycle = lifecycle
+        self._calls = calls
         self._dispatcher = dispatcher
         self._quotas = quotas
-        self._lifecycle = dispatcher.lifecycle
 
     def submit(self, team: str, manifest_source: str, *, code_uri: str = "", submitted_by: str = "",
                job_id: str = "", idempotency_key: str = "", experiment_id: str = "",
@@ -154,7 +160,7 @@ class JobService:
         """Replace a team's quota; the next dispatch pass applies it (running jobs keep running)."""
         self._quotas.put(team, quota, actor or "admin")
         log.info("team %s: quota set by %s: %s", team, actor or "admin", quota)
-        self._dispatcher.sync_team(team, quota)
+        self._calls.sync_team(team, quota)
         self._dispatcher.wake()
         return self.team_usage(team)
 
@@ -277,7 +283,7 @@ class JobService:
             return None
         log.info("job %s: gate opened by %s (%s, attempt %d)", job_id, actor, job.state.name, job.attempt)
         if job.state == JobState.DEPLOYING:
-            self._dispatcher.open_gate(job)
+            self._calls.open_gate(job)
         return job
 
     def report(self, job_id: str, attempt: int, state: JobState, reason: str, actor: str, *,
@@ -338,10 +344,10 @@ class JobService:
             log.info("job %s: admitted after restart", job.id)
         for job in self._store.in_states([JobState.DEPLOYING]):
             log.info("job %s: resending deploy of attempt %d after restart", job.id, job.attempt)
-            self._dispatcher.deploy(job)
+            self._calls.deploy(job)
         for job in self._store.in_states([JobState.HALTING]):
             log.info("job %s: resending the halt of attempt %d after restart", job.id, job.attempt)
-            self._dispatcher.halt(job)
+            self._calls.halt(job)
         # cleanups (and the requeue of RESTARTING jobs) are picked up by the dispatcher's passes
         self._dispatcher.wake()
 

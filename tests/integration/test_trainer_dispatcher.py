@@ -11,8 +11,8 @@ from tests.servers import wait_for
 from trainforge_services.common.errors import ResourceExhausted, Unavailable
 from trainforge_services.common.manifest import parse_manifest
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.dispatcher import Dispatcher
 from trainforge_services.trainer.resources import BackendSize, Usage
+from trainforge_services.trainer.server import wire
 from trainforge_services.trainer.store import JobStore
 
 GI = 2**30
@@ -99,7 +99,8 @@ def queue(store: JobStore, job_id: str, *, cpus: float, priority: str = "normal"
 
 def test_a_pass_reserves_what_fits_and_words_the_rest(store):
     lcm = ScriptedLcm(BackendSize(Usage(gpus=0, cpus=4, memory=8 * GI, learners=4)))
-    dispatcher = Dispatcher(store, lcm)
+    core = wire(store, lcm)
+    dispatcher = core.dispatcher
     queue(store, "big", cpus=3)
     queue(store, "urgent", cpus=2, priority="high")
     queue(store, "small", cpus=2)
@@ -117,7 +118,7 @@ def test_a_pass_reserves_what_fits_and_words_the_rest(store):
         # a second pass changes nothing: the reservations hold the room
         assert dispatcher.run_once().dispatch == []
     finally:
-        dispatcher.stop()
+        core.stop()
 
 
 def running(store: JobStore, job_id: str) -> None:
@@ -128,31 +129,32 @@ def running(store: JobStore, job_id: str) -> None:
 
 def test_killjob_is_retried_until_the_lcm_answers(store):
     lcm = ScriptedLcm(BackendSize(Usage(cpus=4, memory=8 * GI, learners=4)), kill_failures=2)
-    dispatcher = Dispatcher(store, lcm, kill_backoff=0.01)
+    core = wire(store, lcm, kill_backoff=0.01)
     running(store, "j")
     assert store.transition("j", JobState.CANCELLED, "cancelled", "user").cleanup_pending
     try:
-        dispatcher.job_finished("j", "cancelled")
+        core.calls.clean_up("j")
         wait_for(lambda: not store.find("j").cleanup_pending, 10, "the cleanup to be recorded")
     finally:
-        dispatcher.stop()
+        core.stop()
     assert lcm.kill_tries == ["j", "j", "j"]
 
 
 def test_a_cleanup_that_ran_out_of_tries_is_picked_up_by_a_later_pass(store):
     lcm = ScriptedLcm(BackendSize(Usage(cpus=4, memory=8 * GI, learners=4)), kill_failures=3)
-    dispatcher = Dispatcher(store, lcm, kill_attempts=2, kill_backoff=0.01)
+    core = wire(store, lcm, kill_attempts=2, kill_backoff=0.01)
+    dispatcher = core.dispatcher
     running(store, "j")
     store.transition("j", JobState.FAILED, "learner 0 exited with code 1", "monitor")
     try:
-        dispatcher.job_finished("j")
+        core.calls.clean_up("j")
         wait_for(lambda: len(lcm.kill_tries) == 2, 10, "the first two KillJobs")
         assert store.find("j").cleanup_pending
         # the scan of pending cleanups (once a second, after the retry backoff) tries again
         wait_for(lambda: (dispatcher.run_once(), not store.find("j").cleanup_pending)[1], 15,
                  "a pass to finish the cleanup", interval=0.2)
     finally:
-        dispatcher.stop()
+        core.stop()
     assert len(lcm.kill_tries) == 4
 
 
@@ -160,7 +162,8 @@ def test_an_ended_job_holds_its_learners_until_killjob_removed_them(store):
     """The LCM counts a finished job's learners until its KillJob ran; the pass counts them too, so it never
     dispatches into a slot the LCM would refuse (that deploy would wait out a retry backoff)."""
     lcm = ScriptedLcm(BackendSize(Usage(cpus=4, memory=8 * GI, learners=1)), kill_failures=1000)
-    dispatcher = Dispatcher(store, lcm, kill_attempts=1, kill_backoff=0.01)
+    core = wire(store, lcm, kill_attempts=1, kill_backoff=0.01)
+    dispatcher = core.dispatcher
     running(store, "old")
     store.transition("old", JobState.STORING, "storing outputs", "monitor")
     assert store.transition("old", JobState.COMPLETED, "all learners completed", "monitor").cleanup_pending
@@ -172,7 +175,7 @@ def test_an_ended_job_holds_its_learners_until_killjob_removed_them(store):
         assert dispatcher.run_once().dispatch == ["next"]
         wait_for(lambda: lcm.deploys == [("next", 1)], 10, "the deploy")
     finally:
-        dispatcher.stop()
+        core.stop()
     assert lcm.deploy_tries == 1  # never refused
 
 
@@ -188,7 +191,8 @@ def test_capacity_is_asked_for_at_start_and_never_by_a_caller(store):
             return self.capacity
 
     lcm = SlowLcm(BackendSize(Usage(cpus=4, memory=8 * GI, learners=4)))
-    dispatcher = Dispatcher(store, lcm, interval=60)
+    core = wire(store, lcm, interval=60)
+    dispatcher = core.dispatcher
     try:
         assert dispatcher.capacity() is None and lcm.asked == 0  # unknown, and a caller does not wait for it
         started = time.monotonic()
@@ -199,14 +203,15 @@ def test_capacity_is_asked_for_at_start_and_never_by_a_caller(store):
         wait_for(lambda: dispatcher.capacity() == lcm.capacity, 10, "the capacity asked for at start")
     finally:
         answer.set()
-        dispatcher.stop()
+        core.stop()
 
 
 def test_a_deploy_that_waits_says_why_in_the_jobs_reason(store):
     """An LCM that answers Unavailable (restarting, or its docker engine unreachable: test_docker_backend.py): the
     job stays DEPLOYING and its reason says why, then says it was deployed once the LCM answers."""
     lcm = ScriptedLcm(BackendSize(Usage(cpus=4, memory=8 * GI, learners=4)), deploy_failures=10**6)
-    dispatcher = Dispatcher(store, lcm, kill_backoff=0.01)
+    core = wire(store, lcm, kill_backoff=0.01)
+    dispatcher = core.dispatcher
     queue(store, "j", cpus=1)
     try:
         dispatcher.run_once()
@@ -219,7 +224,7 @@ def test_a_deploy_that_waits_says_why_in_the_jobs_reason(store):
         wait_for(lambda: lcm.deploys == [("j", 1)], 10, "the deploy to get through")
         wait_for(lambda: store.find("j").reason.startswith("deployed after "), 10, "the reason to say it deployed")
     finally:
-        dispatcher.stop()
+        core.stop()
     assert store.find("j").state == JobState.DEPLOYING
 
 
@@ -227,18 +232,19 @@ def test_a_job_cancelled_before_its_deploy_reached_the_lcm_has_that_attempt_kill
     """The KillJob names the attempt whose deploy is still on its way, so the LCM marks it killed although it
     holds nothing of the job yet (services/lcm/lifecycle/core.py refuses that deploy when it arrives)."""
     lcm = ScriptedLcm(BackendSize(Usage(cpus=4, memory=8 * GI, learners=4)), deploy_failures=10**6)
-    dispatcher = Dispatcher(store, lcm, kill_backoff=0.01)
+    core = wire(store, lcm, kill_backoff=0.01)
+    dispatcher = core.dispatcher
     queue(store, "j", cpus=1)
     try:
         dispatcher.run_once()
         wait_for(lambda: "restarting" in store.find("j").reason, 10, "the deploy to wait")
         assert store.find("j").attempt == 1
         assert store.transition("j", JobState.CANCELLED, "cancelled by user:k1", "user").cleanup_pending
-        dispatcher.job_finished("j", "cancelled")
+        core.calls.clean_up("j")
         wait_for(lambda: not store.find("j").cleanup_pending, 10, "the cleanup to be recorded")
         assert lcm.kill_attempts == [("j", 1)]
     finally:
-        dispatcher.stop()
+        core.stop()
     assert lcm.deploys == [] and store.find("j").state == JobState.CANCELLED
 
 
@@ -247,13 +253,14 @@ def test_a_deploy_waits_out_an_lcm_that_refuses_for_now(store, error):
     """An LCM restarting, or one that still counts learners of ended jobs until their KillJob (full): the
     deploy is tried again, not failed."""
     lcm = ScriptedLcm(BackendSize(Usage(cpus=4, memory=8 * GI, learners=4)), deploy_failures=3, deploy_error=error)
-    dispatcher = Dispatcher(store, lcm, kill_backoff=0.01)
+    core = wire(store, lcm, kill_backoff=0.01)
+    dispatcher = core.dispatcher
     queue(store, "j", cpus=1)
     try:
         dispatcher.run_once()
         wait_for(lambda: lcm.deploys == [("j", 1)], 10, "the deploy to get through")
     finally:
-        dispatcher.stop()
+        core.stop()
     assert lcm.deploy_tries == 4
     assert store.find("j").state == JobState.DEPLOYING
 
@@ -264,7 +271,8 @@ def test_passes_go_on_while_the_full_read_runs_and_its_merge_keeps_their_reserva
     held = HeldStore(mongo_db, collection=f"jobs_{unique}")
     held.ensure_indexes()
     lcm = ScriptedLcm(BackendSize(Usage(gpus=0, cpus=4, memory=8 * GI, learners=4)))
-    dispatcher = Dispatcher(held, lcm)
+    core = wire(held, lcm)
+    dispatcher = core.dispatcher
     for job_id in ("a", "b", "c"):
         queue(held, job_id, cpus=2)
     try:
@@ -285,4 +293,4 @@ def test_passes_go_on_while_the_full_read_runs_and_its_merge_keeps_their_reserva
         wait_for(lambda: sorted(lcm.deploys) == [("a", 1), ("b", 1)], 10, "the two deploys")
     finally:
         held.release.set()
-        dispatcher.stop()
+        core.stop()

@@ -12,9 +12,9 @@ from tests.servers import wait_for
 from trainforge_services.common.election import Election
 from trainforge_services.common.manifest import parse_manifest
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.dispatcher import Dispatcher
 from trainforge_services.trainer.fence import Deposed, Fence, FenceGate
 from trainforge_services.trainer.resources import Usage
+from trainforge_services.trainer.server import wire
 from trainforge_services.trainer.store import JobStore
 
 pytestmark = pytest.mark.integration
@@ -65,12 +65,13 @@ def test_a_deposed_dispatchers_pass_reserves_nothing(mongo_db, unique, queued):
     stale.lead(3)
     assert fence.take(4, "newer")  # and the newer leader has not stamped yet: the pass's own check refuses
     lcm = IdleLcm(Usage(gpus=0, cpus=8, memory=64 * GI))
-    dispatcher = Dispatcher(store, lcm, gate=stale, interval=60)
+    core = wire(store, lcm, gate=stale, interval=60)
+    dispatcher = core.dispatcher
     try:
         with pytest.raises(Deposed):
             dispatcher.run_once()
     finally:
-        dispatcher.stop()
+        core.stop()
     assert store.find(job).state == JobState.QUEUED
     assert len(store.find(job).history) == 2
 

@@ -12,8 +12,8 @@ from tests.servers import wait_for
 from trainforge_services.common.manifest import parse_manifest
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.accounting import reports
-from trainforge_services.trainer.dispatcher import Dispatcher
 from trainforge_services.trainer.resources import Usage
+from trainforge_services.trainer.server import wire
 from trainforge_services.trainer.store import JobStore
 
 pytestmark = pytest.mark.integration
@@ -37,7 +37,8 @@ def submit(store: JobStore, job_id: str, learners: object, team: str = "team-a")
 
 def test_growth_waits_for_the_queue_and_admission_counts_what_was_granted(store):
     lcm = IdleLcm(Usage(gpus=4, cpus=16, memory=64 * GI, learners=8))
-    dispatcher = Dispatcher(store, lcm, interval=60)
+    core = wire(store, lcm, interval=60)
+    dispatcher = core.dispatcher
     try:
         submit(store, "el", {"min": 1, "max": 4})
         submit(store, "big", 4, team="team-b")  # needs the whole backend: waits behind the elastic job
@@ -72,7 +73,7 @@ def test_growth_waits_for_the_queue_and_admission_counts_what_was_granted(store)
         assert dispatcher.run_once().dispatch == ["el"]
         assert store.find("el").grown == Usage()
     finally:
-        dispatcher.stop()
+        core.stop()
 
 
 def test_a_stale_grant_is_refused_by_the_store(store):

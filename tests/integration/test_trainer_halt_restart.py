@@ -17,10 +17,10 @@ from tests.integration.test_trainer_dispatcher import ScriptedLcm
 from tests.servers import wait_for
 from trainforge_services.common.errors import Conflict
 from trainforge_services.common.states import JobState, LearnerState
-from trainforge_services.trainer.dispatcher import Dispatcher
 from trainforge_services.trainer.quotas import QuotaStore
 from trainforge_services.trainer.record import LearnerReport
 from trainforge_services.trainer.resources import BackendSize, Quota, Usage
+from trainforge_services.trainer.server import wire
 from trainforge_services.trainer.service import JobService
 from trainforge_services.trainer.store import JobStore
 from trainforge_services.trainer.storerefs import Publications, StoreOwners, StoreRefs
@@ -40,12 +40,13 @@ def trainer(mongo_db, unique):
     store = JobStore(mongo_db, collection=f"jobs_{unique}")
     store.ensure_indexes()
     lcm = ScriptedLcm(BackendSize(Usage(cpus=8, memory=32 * GI, learners=8)))
-    dispatcher = Dispatcher(store, lcm, quotas=QuotaStore(mongo_db, f"quotas_{unique}"), interval=0.2,
-                            spacing=0.0, kill_backoff=0.01)
-    service = JobService(store, dispatcher, QuotaStore(mongo_db, f"quotas_{unique}"), refs_for(mongo_db, unique))
+    core = wire(store, lcm, quotas=QuotaStore(mongo_db, f"quotas_{unique}"), interval=0.2,
+                spacing=0.0, kill_backoff=0.01)
+    dispatcher = core.dispatcher
+    service = JobService(store, core.lifecycle, core.calls, dispatcher, QuotaStore(mongo_db, f"quotas_{unique}"), refs_for(mongo_db, unique))
     dispatcher.start()
     yield service, store, lcm
-    dispatcher.stop()
+    core.stop()
 
 
 def submit(service: JobService, **manifest) -> str:
@@ -288,8 +289,9 @@ def test_a_deploy_the_lcm_refuses_because_its_attempt_was_killed_loses_nothing(m
     job = f"late-{unique}"
     lcm = LateLcm(BackendSize(Usage(cpus=8, memory=32 * GI, learners=8)), job)
     quotas = QuotaStore(mongo_db, f"quotas_{unique}")
-    dispatcher = Dispatcher(store, lcm, quotas=quotas, interval=0.2, spacing=0.0, kill_backoff=0.01)
-    service = JobService(store, dispatcher, quotas, refs_for(mongo_db, unique))
+    core = wire(store, lcm, quotas=quotas, interval=0.2, spacing=0.0, kill_backoff=0.01)
+    dispatcher = core.dispatcher
+    service = JobService(store, core.lifecycle, core.calls, dispatcher, quotas, refs_for(mongo_db, unique))
     dispatcher.start()
     try:
         body = {"name": "train", "command": "python train.py", "learners": 2,
@@ -308,7 +310,7 @@ def test_a_deploy_the_lcm_refuses_because_its_attempt_was_killed_loses_nothing(m
             wait_for(lambda: not store.find(job).cleanup_pending, 10, "the cleanup")
         lcm.go.set()
         assert lcm.answered.wait(10), "the deploy of attempt 1 was not answered"
-        dispatcher.stop()  # waits for its calls: what the dispatcher made of the Conflict is done
+        core.stop()  # waits for its calls: what the dispatcher made of the Conflict is done
         if then == "cancelled":
             doc = store.find(job)
             assert (JobState(doc.state), doc.reason) == (JobState.CANCELLED, "cancelled by user:k1")
@@ -318,4 +320,4 @@ def test_a_deploy_the_lcm_refuses_because_its_attempt_was_killed_loses_nothing(m
             assert lcm.deploys == [(job, 2)]
         assert not any("deploy failed" in e.reason for e in store.find(job).history), "the Conflict failed the job"
     finally:
-        dispatcher.stop()
+        core.stop()

@@ -18,10 +18,10 @@ from tests.integration.test_trainer_dispatcher import ScriptedLcm
 from tests.integration.test_trainer_halt_restart import refs_for, state_of
 from tests.servers import wait_for
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.dispatcher import Dispatcher
 from trainforge_services.trainer.preemption import Policy
 from trainforge_services.trainer.quotas import QuotaStore
 from trainforge_services.trainer.resources import BackendSize, Quota, Usage
+from trainforge_services.trainer.server import wire
 from trainforge_services.trainer.service import JobService
 from trainforge_services.trainer.store import JobStore
 
@@ -34,27 +34,28 @@ def make_trainer(mongo_db, unique, *, max_preemptions: int = 3):
     store.ensure_indexes()
     lcm = ScriptedLcm(BackendSize(Usage(cpus=8, memory=64 * GI, learners=8)))
     quotas = QuotaStore(mongo_db, f"quotas_{unique}")
-    dispatcher = Dispatcher(store, lcm, quotas=quotas, interval=0.1, spacing=0.0, kill_backoff=0.01,
-                            preemption=Policy(min_runtime=MIN_RUNTIME, max_preemptions=max_preemptions))
-    service = JobService(store, dispatcher, quotas, refs_for(mongo_db, unique))
+    core = wire(store, lcm, quotas=quotas, interval=0.1, spacing=0.0, kill_backoff=0.01,
+                preemption=Policy(min_runtime=MIN_RUNTIME, max_preemptions=max_preemptions))
+    dispatcher = core.dispatcher
+    service = JobService(store, core.lifecycle, core.calls, dispatcher, quotas, refs_for(mongo_db, unique))
     service.set_quota("a", Quota(cpus=2, cohort="lab"), "admin")
     service.set_quota("b", Quota(cpus=4, cohort="lab"), "admin")
     dispatcher.start()
-    return service, store, lcm, dispatcher
+    return service, store, lcm, core
 
 
 @pytest.fixture
 def trainer(mongo_db, unique):
-    service, store, lcm, dispatcher = make_trainer(mongo_db, unique)
+    service, store, lcm, core = make_trainer(mongo_db, unique)
     yield service, store, lcm
-    dispatcher.stop()
+    core.stop()
 
 
 @pytest.fixture
 def bounded(mongo_db, unique):
-    service, store, lcm, dispatcher = make_trainer(mongo_db, unique, max_preemptions=1)
+    service, store, lcm, core = make_trainer(mongo_db, unique, max_preemptions=1)
     yield service, store, lcm
-    dispatcher.stop()
+    core.stop()
 
 
 def submit(service: JobService, team: str, cpus: float = 2) -> str:

@@ -17,9 +17,9 @@ from tests.integration.test_trainer_dispatcher import GI, ScriptedLcm, queue
 from tests.servers import wait_for
 from trainforge_services.common.errors import Unavailable
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.dispatcher import Dispatcher
 from trainforge_services.trainer.jobmirror import JobMirror
 from trainforge_services.trainer.resources import BackendSize, Usage
+from trainforge_services.trainer.server import wire
 from trainforge_services.trainer.stamps import STAMPS
 from trainforge_services.trainer.store import JobStore
 
@@ -58,7 +58,8 @@ def four_cpus() -> ScriptedLcm:
 
 def test_a_reservation_not_yet_written_holds_its_room_for_the_next_passes(gated):
     lcm = four_cpus()
-    dispatcher = Dispatcher(gated, lcm, interval=60)
+    core = wire(gated, lcm, interval=60)
+    dispatcher = core.dispatcher
     for job_id in ("c", "d", "e"):
         queue(gated, job_id, cpus=2)
     gated.release.clear()
@@ -88,7 +89,7 @@ def test_a_reservation_not_yet_written_holds_its_room_for_the_next_passes(gated)
         gated.release.set()
         if writer is not None:
             writer.join(15)
-        dispatcher.stop()
+        core.stop()
 
 
 def test_a_read_that_began_before_the_write_returned_does_not_requeue_the_job(mongo_db, unique):
@@ -117,7 +118,8 @@ def test_a_read_that_began_before_the_write_returned_does_not_requeue_the_job(mo
 
 def test_a_reservation_whose_write_failed_is_queued_again_after_the_next_read(gated):
     lcm = four_cpus()
-    dispatcher = Dispatcher(gated, lcm, interval=60)
+    core = wire(gated, lcm, interval=60)
+    dispatcher = core.dispatcher
     queue(gated, "j", cpus=2)
     queue(gated, "k", cpus=3)
     gated.fail = True
@@ -133,12 +135,13 @@ def test_a_reservation_whose_write_failed_is_queued_again_after_the_next_read(ga
         assert gated.find("j").state == JobState.DEPLOYING
         wait_for(lambda: lcm.deploys == [("j", 1)], 10, "j deployed once")
     finally:
-        dispatcher.stop()
+        core.stop()
 
 
 def test_a_job_cancelled_between_its_reservation_and_the_write_is_not_deployed_and_frees_its_room(gated):
     lcm = four_cpus()
-    dispatcher = Dispatcher(gated, lcm, interval=60)
+    core = wire(gated, lcm, interval=60)
+    dispatcher = core.dispatcher
     queue(gated, "j", cpus=3)
     queue(gated, "k", cpus=3)
     gated.release.clear()
@@ -158,4 +161,4 @@ def test_a_job_cancelled_between_its_reservation_and_the_write_is_not_deployed_a
         wait_for(lambda: lcm.deploys == [("k", 1)], 10, "k deployed, j never")
     finally:
         gated.release.set()
-        dispatcher.stop()
+        core.stop()
