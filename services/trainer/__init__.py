@@ -10,7 +10,9 @@ servicer (protos <-> records) -> service (use cases) -> dispatcher
 (admission passes, capacity cache) -> lcmcalls (the rules' actions: the
 pool of LCM calls) -> rules (what each transition means: restart or fail,
 halt, clean up, requeue) -> store (the only code that sees MongoDB
-documents) -> record (the typed `JobRecord`). The wiring builds the LCM
+documents) -> record (the typed `JobRecord`) beside admission (the
+admission policy) -> resources (the shared vocabulary: usage, quotas,
+queue entries, the backend's size; plain values). The wiring builds the LCM
 calls and the rules' lifecycle once and hands both to the dispatcher and
 the service.
 """

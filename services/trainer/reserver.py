@@ -5,7 +5,7 @@ each job it reserves as held from that moment (`JobMirror.reserve`); it
 hands the moves here and goes on. One thread makes them, batch by batch in
 the order the passes decided and job by job within a batch, so the store
 sees what the passes counted, and each move's Deploy rule (services/trainer/
-rules.py) hands the LCM call to the dispatcher's pool only once the move is
+rules.py) hands the LCM call to the pool of LCM calls (services/trainer/lcmcalls.py) only once the move is
 written. Each write's outcome goes back to the copy (`JobMirror.written`),
 which counts the job as held until a read that began after it has been
 applied (the copy's docstring says why). A write that failed may or may not
