@@ -26,7 +26,7 @@ import httpx
 import psutil
 from pydantic import ValidationError
 
-from trainforge_services.api.admin import IssuedKey, bootstrap_key
+from trainforge_services.api.identity_cli import IssuedKey, bootstrap_key
 from trainforge_services.common import isolation, proctree
 from trainforge_services.common.settings import ApiSettings
 from trainforge_services.devstack import procs

@@ -16,7 +16,7 @@ from trainforge_services.common.errors import TrainforgeError
 from trainforge_services.common.observability import configure_logging
 from trainforge_services.common.process import start_service
 from trainforge_services.common.settings import LcmSettings
-from trainforge_services.lcm.server import build_lifecycle, build_replica, serve
+from trainforge_services.lcm.wiring import build_lifecycle, build_replica, serve
 
 log = logging.getLogger("trainforge_services.lcm")
 

@@ -53,7 +53,7 @@ T = TypeVar("T")
 
 
 class LeaderLifecycle:
-    """The lifecycle's face for the servicer: the elected replica's `LifecycleManager`, or a refusal."""
+    """The lifecycle's face for the gRPC API (grpc_api.py): the elected replica's `LifecycleManager`, or a refusal."""
 
     def __init__(self, build: Callable[[Coordinator], LifecycleManager], coordinator: Coordinator, *, backend: str,
                  ttl: int, address: str):
@@ -102,7 +102,7 @@ class LeaderLifecycle:
             raise Unavailable(f"LCM {FOLLOWING} ({self.identity}); the elected replica serves this call")
         return lifecycle
 
-    # -- what the servicer and the metrics call ------------------------------------------
+    # -- what the gRPC API and the metrics call ------------------------------------------
 
     def _as_leader(self, call: Callable[[LifecycleManager], T]) -> T:
         try:

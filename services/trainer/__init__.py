@@ -5,8 +5,9 @@ queue, the state machine and usage accounting live together behind one gRPC
 service (protos/trainer.proto); other processes report what they observe
 and the Trainer decides what it means for the job.
 
-Layers, top to bottom (import-linter keeps them): server (wiring) ->
-servicer (protos <-> records) -> service (use cases) -> dispatcher
+Layers, top to bottom (import-linter keeps them): wiring (builds the
+parts) -> grpc_api (protos <-> records) -> job_service (use cases) ->
+dispatcher
 (admission passes, capacity cache) -> lcmcalls (the rules' actions: the
 pool of LCM calls) -> rules (what each transition means: restart or fail,
 halt, clean up, requeue) -> store (the only code that sees MongoDB

@@ -13,7 +13,7 @@ from trainforge_services.common.errors import TrainforgeError
 from trainforge_services.common.observability import configure_logging
 from trainforge_services.common.process import start_service
 from trainforge_services.common.settings import TrainerSettings
-from trainforge_services.trainer.server import serve
+from trainforge_services.trainer.wiring import serve
 
 log = logging.getLogger("trainforge_services.trainer")
 

@@ -1,6 +1,6 @@
 """The queue's engine: turns QUEUED jobs into deployments when they fit. It schedules and does nothing else.
 
-The wiring (services/trainer/server.py) hands it the rules' `Lifecycle`,
+The wiring (services/trainer/wiring.py) hands it the rules' `Lifecycle`,
 through which it makes every state change, and the `LcmCalls`
 (services/trainer/lcmcalls.py) the rules act through, whose pool also runs
 its own LCM reads off the pass (the capacity, elastic grants).
@@ -99,7 +99,7 @@ _HELD_FIELDS = ("team", "resources", "gpu_type", *_PREEMPT_FIELDS, *_GROWTH_FIEL
 
 
 # The admission passes' decisions in this process, by decision and reason kind ("held" per job and pass):
-# exported as trainforge_admission_decisions_total (services/trainer/server.py).
+# exported as trainforge_admission_decisions_total (services/trainer/wiring.py).
 ADMISSIONS = LabelCounts()
 
 

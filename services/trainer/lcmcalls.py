@@ -2,7 +2,7 @@
 a gate, remove an ended attempt's learners), made by a pool of worker threads and retried with a named policy of
 services/common/retry.py, so a job's record never waits on the LCM.
 
-`LcmCalls` owns that pool, its stop event and the cleanups in flight. The wiring (services/trainer/server.py)
+`LcmCalls` owns that pool, its stop event and the cleanups in flight. The wiring (services/trainer/wiring.py)
 builds it first, then the rules' `Lifecycle` over it, then the Dispatcher, and last `bind`s the lifecycle (a call's
 outcome moves the job: a deploy that fails, a cleanup that ends) and the Dispatcher's wake-up to it. The Dispatcher
 runs its own LCM reads (the capacity, elastic grants) on the same pool through `submit`.

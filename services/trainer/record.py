@@ -1,7 +1,7 @@
 """A job as the Trainer knows it: one frozen, typed record.
 
 `JobRecord` is what the store hands out and what the service, the rules,
-the dispatcher and the servicer read; none of them sees a MongoDB document.
+the dispatcher and the gRPC API (grpc_api.py) read; none of them sees a MongoDB document.
 services/trainer/storedocs.py is the one place a record is made from a document
 (and a change written back), so a field renamed in the store moves in one
 file. A record read with a projection (a dispatch pass reads only what it

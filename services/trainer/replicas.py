@@ -34,7 +34,7 @@ from trainforge_services.common.errors import message_of
 from trainforge_services.trainer.dispatcher import Dispatcher
 from trainforge_services.trainer.experiments.driver import ExperimentDriver
 from trainforge_services.trainer.fence import Fence, FenceGate
-from trainforge_services.trainer.service import JobService
+from trainforge_services.trainer.job_service import JobService
 from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ rules. To change the restart or halt policy, change a rule here.
 The rules act through `Actions` (implemented by `LcmCalls`,
 services/trainer/lcmcalls.py: its pool of LCM calls, and the dispatcher's
 wake-up), so they never call the LCM themselves and never wait on it. The
-wiring (services/trainer/server.py) builds the `Actions` first, then the
+wiring (services/trainer/wiring.py) builds the `Actions` first, then the
 `Lifecycle` over them, then binds the lifecycle to them.
 """
 

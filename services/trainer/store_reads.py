@@ -61,7 +61,7 @@ class JobReads:
         """A team's jobs, newest first (then by id, descending); `before` is the last (created_at, id) seen.
 
         `changed_after`: only jobs whose `changed_at` is at or after it (0: no bound). At or after, not
-        after: the time a follower passes is a listing's `as_of` (services/trainer/service.py `list`), and
+        after: the time a follower passes is a listing's `as_of` (services/trainer/job_service.py `list`), and
         a write stamped exactly then may still have been out when that listing read; such a job is returned
         twice rather than missed. A change that stamps nothing (a queue note) does not bring a job back."""
         query: dict = {"team": team}

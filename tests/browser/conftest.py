@@ -36,7 +36,7 @@ from trainforge_services.common.contracts import storekeys
 from trainforge_services.common.settings import ApiSettings, TrainerSettings
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.resources import Usage
-from trainforge_services.trainer.server import serve
+from trainforge_services.trainer.wiring import serve
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("TF_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "browser"

@@ -19,7 +19,7 @@ from trainforge_services.api.identity import IdentityStore, Role
 from trainforge_services.common.adapters.objectstore import LocalStore
 from trainforge_services.common.settings import ApiSettings, TrainerSettings
 from trainforge_services.trainer.resources import Usage
-from trainforge_services.trainer.server import serve
+from trainforge_services.trainer.wiring import serve
 
 AUTH_TTL = 1.0
 JOB_TTL = 0.5

@@ -313,7 +313,7 @@ def test_the_default_signing_secret_is_refused_outside_dev_mode(monkeypatch, cap
     from pydantic import ValidationError
 
     from trainforge_services.api import __main__ as api_main
-    from trainforge_services.api import admin as admin_tool
+    from trainforge_services.api import identity_cli as admin_tool
     from trainforge_services.common.settings import DEV_JWT_SECRET
 
     for name in ("TF_DEV_MODE", "TF_JWT_SECRET"):

@@ -111,7 +111,7 @@ def test_admin_bootstrap_prints_a_working_key_once(mongo_server, mongo_db, uniqu
     env = {**os.environ, "TF_DEV_MODE": "1", "TF_MONGO_URL": mongo_server.url, "TF_MONGO_DB": mongo_db.name}
 
     def bootstrap():
-        proc = subprocess.run([sys.executable, "-m", "trainforge_services.api.admin", "bootstrap", "--team", "local", "--json"],
+        proc = subprocess.run([sys.executable, "-m", "trainforge_services.api.identity_cli", "bootstrap", "--team", "local", "--json"],
                               env=env, capture_output=True, text=True, timeout=60, check=True)
         return json.loads(proc.stdout)
 

@@ -115,7 +115,7 @@ def test_team_namespace_quota_and_policies_are_created_and_kept_in_step(backend)
 
 def test_an_admins_quota_change_reaches_the_namespace_at_once_through_the_lcm(backend, lifecycle, settings):
     """The Trainer's SyncTeam call (sent when an admin sets a quota), over gRPC to a real LCM on this backend."""
-    from trainforge_services.lcm.server import serve
+    from trainforge_services.lcm.wiring import serve
     from trainforge_services.trainer.lcm_client import GrpcLcm
     from trainforge_services.trainer.resources import Quota
 

@@ -22,7 +22,7 @@ from trainforge_protos import lcm_pb2, lcm_pb2_grpc
 from trainforge_services.common import rpc
 from trainforge_services.common.errors import Conflict, InvalidArgument, ResourceExhausted
 from trainforge_services.common.manifest import Manifest
-from trainforge_services.lcm.server import serve
+from trainforge_services.lcm.wiring import serve
 from trainforge_services.trainer.lcm_client import GrpcLcm
 
 MANIFEST = Manifest(name="mnist-ddp", learners=2, command="python train.py --lr {{lr}}", params={"lr": 0.1},

@@ -19,8 +19,8 @@ from trainforge_services.api.app import create_app
 from trainforge_services.common import rpc
 from trainforge_services.common.observability import JsonFormatter, log_context
 from trainforge_services.common.settings import ApiSettings
-from trainforge_services.lcm import server as lcm_server
-from trainforge_services.trainer.server import serve as serve_trainer
+from trainforge_services.lcm import wiring as lcm_wiring
+from trainforge_services.trainer.wiring import serve as serve_trainer
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +104,7 @@ def test_the_trainer_serves_metrics_and_health(mongo_server, unique, tmp_path, f
 def test_the_lcm_serves_metrics_and_health(lifecycles, lcm_settings):  # noqa: F811
     port = free_port()
     sizes = dict(local_cpus=2, local_memory=2**32)
-    server, grpc_port = lcm_server.serve(lcm_settings(**sizes).model_copy(update={"metrics_port": port}),
+    server, grpc_port = lcm_wiring.serve(lcm_settings(**sizes).model_copy(update={"metrics_port": port}),
                                          lifecycles(**sizes))
     try:
         assert serving(f"127.0.0.1:{grpc_port}", "trainforge.LifecycleManager")
@@ -114,7 +114,7 @@ def test_the_lcm_serves_metrics_and_health(lifecycles, lcm_settings):  # noqa: F
         assert set(transfer_bytes(found)) == {"put", "get"}
         assert found["trainforge_log_shipping_lag_lines"] == []  # no job runs (tests/unit/test_logship_lag.py)
     finally:
-        lcm_server.ENDPOINTS.pop(grpc_port).stop()
+        lcm_wiring.ENDPOINTS.pop(grpc_port).stop()
         server.stop(0).wait()
 
 

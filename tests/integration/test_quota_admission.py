@@ -23,8 +23,8 @@ from trainforge_services.common import rpc
 from trainforge_services.common.errors import Conflict, InvalidArgument
 from trainforge_services.common.manifest import parse_manifest
 from trainforge_services.common.states import JobState
-from trainforge_services.trainer.server import serve
 from trainforge_services.trainer.store import JobStore
+from trainforge_services.trainer.wiring import serve
 
 GI = 2**30
 

@@ -45,7 +45,7 @@ from trainforge_services.common.adapters.mongo import connect
 from trainforge_services.common.adapters.objectstore import LocalStore
 from trainforge_services.common.settings import ApiSettings, TrainerSettings
 from trainforge_services.trainer.resources import BackendSize, Usage
-from trainforge_services.trainer.server import serve
+from trainforge_services.trainer.wiring import serve
 
 # Not among the checks: positive_data_acceptance (a valid-looking request may
 # rightly be refused, e.g. 404 for a generated id or 409 for a state) and

@@ -24,7 +24,7 @@ from trainforge_services.api.trainer_client import TrainerClient
 from trainforge_services.common.adapters import mongo
 from trainforge_services.common.adapters.objectstore import LocalStore
 from trainforge_services.common.settings import ApiSettings
-from trainforge_services.trainer.server import serve
+from trainforge_services.trainer.wiring import serve
 
 _LEAKS = ("Topology", "ServerSelectionTimeoutError", "AutoReconnect", "Connection refused", "127.0.0.1:", "Errno")
 

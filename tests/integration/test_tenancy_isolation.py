@@ -27,7 +27,7 @@ from trainforge_services.api.experiments import ExperimentCalls
 from trainforge_services.api.identity import Role, key_id_of
 from trainforge_services.common.settings import TrainerSettings
 from trainforge_services.trainer.resources import BackendSize, Usage
-from trainforge_services.trainer.server import serve
+from trainforge_services.trainer.wiring import serve
 
 JOB = json.dumps({"name": "secret-model", "framework": "custom", "command": "true"})
 PARAM = re.compile(r"\{([^}]+)\}")

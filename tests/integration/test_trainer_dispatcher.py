@@ -12,8 +12,8 @@ from trainforge_services.common.errors import ResourceExhausted, Unavailable
 from trainforge_services.common.manifest import parse_manifest
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.resources import BackendSize, Usage
-from trainforge_services.trainer.server import wire
 from trainforge_services.trainer.store import JobStore
+from trainforge_services.trainer.wiring import wire
 
 GI = 2**30
 

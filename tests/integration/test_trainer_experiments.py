@@ -26,7 +26,7 @@ from trainforge_services.common.settings import TrainerSettings
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.experiments.slots import SLOT, behind_gate, holds_slot
 from trainforge_services.trainer.resources import BackendSize, Quota, Usage
-from trainforge_services.trainer.server import serve
+from trainforge_services.trainer.wiring import serve
 
 GI = 2**30
 TEAM = "vision"

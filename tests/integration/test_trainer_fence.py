@@ -14,8 +14,8 @@ from trainforge_services.common.manifest import parse_manifest
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.fence import Deposed, Fence, FenceGate
 from trainforge_services.trainer.resources import Usage
-from trainforge_services.trainer.server import wire
 from trainforge_services.trainer.store import JobStore
+from trainforge_services.trainer.wiring import wire
 
 pytestmark = pytest.mark.integration
 GI = 2**30

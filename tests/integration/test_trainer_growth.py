@@ -13,8 +13,8 @@ from trainforge_services.common.manifest import parse_manifest
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.accounting import reports
 from trainforge_services.trainer.resources import Usage
-from trainforge_services.trainer.server import wire
 from trainforge_services.trainer.store import JobStore
+from trainforge_services.trainer.wiring import wire
 
 pytestmark = pytest.mark.integration
 GI = 2**30
@@ -90,7 +90,7 @@ def test_per_day_usage_charges_what_the_job_held_before_and_after_its_grant(stor
     """The grant's history entry, as the store writes it, through the wire shape to per-day usage."""
     from trainforge_services.api import usage
     from trainforge_services.api.trainer_client import job_to_json
-    from trainforge_services.trainer.servicer import job_to_proto
+    from trainforge_services.trainer.grpc_api import job_to_proto
 
     submit(store, "el", {"min": 1, "max": 3})
     for to in (JobState.DEPLOYING, JobState.RUNNING):

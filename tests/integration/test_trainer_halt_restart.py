@@ -17,13 +17,13 @@ from tests.integration.test_trainer_dispatcher import ScriptedLcm
 from tests.servers import wait_for
 from trainforge_services.common.errors import Conflict
 from trainforge_services.common.states import JobState, LearnerState
+from trainforge_services.trainer.job_service import JobService
 from trainforge_services.trainer.quotas import QuotaStore
 from trainforge_services.trainer.record import LearnerReport
 from trainforge_services.trainer.resources import BackendSize, Quota, Usage
-from trainforge_services.trainer.server import wire
-from trainforge_services.trainer.service import JobService
 from trainforge_services.trainer.store import JobStore
 from trainforge_services.trainer.storerefs import Publications, StoreOwners, StoreRefs
+from trainforge_services.trainer.wiring import wire
 
 GI = 2**30
 TEAM = "vision"
@@ -245,7 +245,7 @@ def test_the_cluster_view_has_the_lcm_s_capacity_and_what_active_jobs_hold(train
     assert (view.active_jobs, view.queued_jobs) == (1, 1)
 
     from trainforge_services.api.trainer_client import cluster_to_json
-    from trainforge_services.trainer.servicer import cluster_to_proto
+    from trainforge_services.trainer.grpc_api import cluster_to_proto
 
     wire = cluster_to_json(cluster_to_proto(view))
     assert wire["known"] and wire["capacity"] == {"gpus": 0, "cpus": 8.0, "memory": 32 * GI, "learners": 8}

@@ -18,12 +18,12 @@ from tests.integration.test_trainer_dispatcher import ScriptedLcm
 from tests.integration.test_trainer_halt_restart import refs_for, state_of
 from tests.servers import wait_for
 from trainforge_services.common.states import JobState
+from trainforge_services.trainer.job_service import JobService
 from trainforge_services.trainer.preemption import Policy
 from trainforge_services.trainer.quotas import QuotaStore
 from trainforge_services.trainer.resources import BackendSize, Quota, Usage
-from trainforge_services.trainer.server import wire
-from trainforge_services.trainer.service import JobService
 from trainforge_services.trainer.store import JobStore
+from trainforge_services.trainer.wiring import wire
 
 GI = 2**30
 MIN_RUNTIME = 1.5

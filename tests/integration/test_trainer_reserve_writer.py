@@ -19,9 +19,9 @@ from trainforge_services.common.errors import Unavailable
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.jobmirror import JobMirror
 from trainforge_services.trainer.resources import BackendSize, Usage
-from trainforge_services.trainer.server import wire
 from trainforge_services.trainer.stamps import STAMPS
 from trainforge_services.trainer.store import JobStore
+from trainforge_services.trainer.wiring import wire
 
 FIELDS = ("team", "resources", "gpu_type", "priority", "created_at", "attempt", "cleanup_pending")
 

@@ -26,8 +26,8 @@ from trainforge_services.common.errors import Conflict, InvalidArgument, NotFoun
 from trainforge_services.common.manifest import parse_manifest
 from trainforge_services.common.settings import TrainerSettings
 from trainforge_services.common.states import JobState, LearnerState
-from trainforge_services.trainer.server import serve
 from trainforge_services.trainer.store import JobStore
+from trainforge_services.trainer.wiring import serve
 
 GI = 2**30
 SECRETS_KEY = "0" * 43 + "="  # a well-formed Fernet key (32 zero-ish bytes), for processes outside dev mode

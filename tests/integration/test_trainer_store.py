@@ -303,7 +303,7 @@ def test_list_changed_after_keeps_the_jobs_stamped_at_or_after_it(store):
 
 
 def test_a_write_stamped_before_a_listing_and_committed_after_it_is_in_the_next_one(store, mongo_db, unique):
-    from trainforge_services.trainer.service import listing_as_of
+    from trainforge_services.trainer.job_service import listing_as_of
     from trainforge_services.trainer.stamps import STAMPS
 
     queued(store, "a")

@@ -31,7 +31,7 @@ from trainforge_services.common.adapters.objectstore import LocalStore
 from trainforge_services.common.settings import ApiSettings, TrainerSettings
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer.resources import Usage
-from trainforge_services.trainer.server import serve
+from trainforge_services.trainer.wiring import serve
 
 DAY = 86400
 # two whole days before today (UTC), so the running job's third day is today

@@ -30,7 +30,7 @@ from trainforge_services.common.adapters.objectstore import LocalStore
 from trainforge_services.common.settings import ApiSettings, TrainerSettings
 from trainforge_services.common.webhooks import DELIVERY_HEADER, SIGNATURE_HEADER, verify
 from trainforge_services.trainer.resources import Usage
-from trainforge_services.trainer.server import serve
+from trainforge_services.trainer.wiring import serve
 
 
 class Receiver:

@@ -9,7 +9,7 @@ from trainforge_services.common.errors import Unavailable
 from trainforge_services.common.keys import Keys
 from trainforge_services.controller.lagreport import LagReporter
 from trainforge_services.lcm.lifecycle.types import RunningJob
-from trainforge_services.lcm.server import lcm_registry
+from trainforge_services.lcm.wiring import lcm_registry
 
 
 class FakeCoordinator:

@@ -4,8 +4,8 @@ import json
 
 from trainforge_protos import common_pb2
 from trainforge_services.common.states import JobState, LearnerState
+from trainforge_services.trainer.grpc_api import job_to_proto, learners_from_proto
 from trainforge_services.trainer.record import JobRecord, LearnerReport, StatusEvent
-from trainforge_services.trainer.servicer import job_to_proto, learners_from_proto
 
 
 def stored_job() -> JobRecord:
@@ -65,8 +65,8 @@ def test_the_learners_isolation_survives_the_trainer_and_reaches_the_api():
 def test_an_unknown_capacity_says_why_and_has_nothing_free():
     from trainforge_services.api.trainer_client import cluster_to_json
     from trainforge_services.trainer.accounting import ClusterView
+    from trainforge_services.trainer.grpc_api import cluster_to_proto
     from trainforge_services.trainer.resources import Usage
-    from trainforge_services.trainer.servicer import cluster_to_proto
 
     view = ClusterView(capacity=None, unknown_reason="the LCM is unreachable", held=Usage(cpus=2.0, learners=1),
                        active_jobs=1, queued_jobs=3)

@@ -9,9 +9,9 @@ from trainforge_services.common.errors import InvalidArgument
 from trainforge_services.common.manifest import parse_manifest
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer import accounting, quotas, storedocs
+from trainforge_services.trainer.grpc_api import quota_from_proto, quota_to_proto, usage_to_proto
 from trainforge_services.trainer.record import JobRecord
 from trainforge_services.trainer.resources import Quota, TeamUse, Usage
-from trainforge_services.trainer.servicer import quota_from_proto, quota_to_proto, usage_to_proto
 
 GI = 2**30
 

@@ -47,9 +47,9 @@ from trainforge_services.trainer.experiments import asha
 from trainforge_services.trainer.experiments.metrics import MetricsReader, last_value, points
 from trainforge_services.trainer.experiments.slots import BUSY, SLOT, behind_gate, free_slots, held_trials
 from trainforge_services.trainer.experiments.store import ExperimentRecord, ExperimentStore, best_trial
+from trainforge_services.trainer.job_service import JobService
 from trainforge_services.trainer.record import JobRecord
 from trainforge_services.trainer.rules import Rule
-from trainforge_services.trainer.service import JobService
 from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from trainforge_services.common.contracts.sampling import trial_manifest
 from trainforge_services.trainer.experiments.driver import ExperimentDriver
 from trainforge_services.trainer.experiments.runs import RunService, state_name
 from trainforge_services.trainer.experiments.store import ExperimentRecord, ExperimentStore, best_trial
+from trainforge_services.trainer.job_service import JobService
 from trainforge_services.trainer.record import JobRecord
-from trainforge_services.trainer.service import JobService
 from trainforge_services.trainer.store import JobStore
 
 log = logging.getLogger(__name__)

@@ -3,8 +3,8 @@
 Each public method is one use case (submit, cancel, a monitor's report,
 setting a quota, a usage report...) over the stores, the dispatcher (the
 capacity it knows, a wake-up) and the LCM calls (services/trainer/
-lcmcalls.py); services/trainer/servicer.py only converts messages. The
-wiring (services/trainer/server.py) hands it the same rules' `Lifecycle`
+lcmcalls.py); services/trainer/grpc_api.py only converts messages. The
+wiring (services/trainer/wiring.py) hands it the same rules' `Lifecycle`
 and `LcmCalls` as the dispatcher. Every transition made
 here goes through `Lifecycle.move` (services/trainer/rules.py): the store's
 compare-and-set, then the rules for that transition (restart or fail,

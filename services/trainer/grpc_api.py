@@ -1,4 +1,4 @@
-"""The Trainer's gRPC face: messages in, services/trainer/service.py, messages out.
+"""The Trainer's gRPC face: messages in, services/trainer/job_service.py, messages out.
 
 Nothing here decides anything. `job_to_proto` is the one place a stored job
 becomes a `common_pb2.Job`, so every caller sees history and learners in the
@@ -24,9 +24,9 @@ from trainforge_services.trainer.accounting import ClusterView, TeamReport
 from trainforge_services.trainer.experiments.service import ExperimentService
 from trainforge_services.trainer.experiments.wire import experiment_to_proto, view_to_proto, workflow_to_proto
 from trainforge_services.trainer.experiments.workflows import WorkflowService
+from trainforge_services.trainer.job_service import JobService
 from trainforge_services.trainer.record import JobRecord, LearnerReport
 from trainforge_services.trainer.resources import Limits, Quota, Usage
-from trainforge_services.trainer.service import JobService
 
 Ctx = grpc.ServicerContext
 _BORROWABLE = ("gpus", "cpus", "memory")

@@ -1,4 +1,4 @@
-"""Binds the LCM's servicer to a port; the lifecycle is passed in or built from settings.
+"""Binds the LCM's gRPC API (grpc_api.py) to a port; the lifecycle is passed in or built from settings.
 
 Kept apart from `__main__` so tests serve an LCM in-process with the
 lifecycle they built (and close themselves).
@@ -22,9 +22,9 @@ from trainforge_services.common.observability import (
 )
 from trainforge_services.common.settings import LcmSettings
 from trainforge_services.lcm.backends import make_backend
+from trainforge_services.lcm.grpc_api import LcmServicer
 from trainforge_services.lcm.lifecycle import LifecycleManager
 from trainforge_services.lcm.replicas import LeaderLifecycle
-from trainforge_services.lcm.servicer import LcmServicer
 
 log = logging.getLogger(__name__)
 

@@ -54,6 +54,8 @@ from trainforge_services.trainer.experiments.workflow_store import COLLECTION as
 from trainforge_services.trainer.experiments.workflow_store import WorkflowStore
 from trainforge_services.trainer.experiments.workflows import WorkflowRunner, WorkflowService
 from trainforge_services.trainer.fence import Fence, FenceGate
+from trainforge_services.trainer.grpc_api import TrainerServicer
+from trainforge_services.trainer.job_service import JobService
 from trainforge_services.trainer.lcm_client import GrpcLcm, Lcm
 from trainforge_services.trainer.lcmcalls import LcmCalls
 from trainforge_services.trainer.notifier import ANNOUNCED, RECONCILE_WINDOW, Notifier
@@ -63,8 +65,6 @@ from trainforge_services.trainer.quotas import QUOTA_MAX_AGE, QuotaStore
 from trainforge_services.trainer.replicas import Leadership, leadership
 from trainforge_services.trainer.rules import DEFAULT_RULES, Announce, Lifecycle, Rule
 from trainforge_services.trainer.secret_env import ResolvingLcm
-from trainforge_services.trainer.service import JobService
-from trainforge_services.trainer.servicer import TrainerServicer
 from trainforge_services.trainer.store import COLLECTION, JobStore
 from trainforge_services.trainer.storerefs import Publications, StoreOwners, StoreRefs
 

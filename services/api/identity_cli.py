@@ -1,4 +1,4 @@
-"""`python -m trainforge_services.api.admin`: manage teams and API keys from a shell on the platform's side.
+"""`python -m trainforge_services.api.identity_cli`: manage teams and API keys from a shell on the platform's side.
 
 Day-to-day administration goes over HTTP (/v1/admin, `trainforge admin`);
 this is the way in before there is anyone to call it, and the way back when
@@ -8,12 +8,12 @@ launcher (`trainforge_services.devstack`) calls in process to get the stack's fi
 and for `trainforge admin bootstrap` the first platform admin's; the
 `bootstrap` command prints the plaintext key once and it is not stored anywhere.
 
-    python -m trainforge_services.api.admin bootstrap --team local [--json]
-    python -m trainforge_services.api.admin bootstrap --platform-admin --team platform [--json]
-    python -m trainforge_services.api.admin issue-key --team ml --name ci --role member [--json]
-    python -m trainforge_services.api.admin revoke-key KEY_ID
-    python -m trainforge_services.api.admin list-keys --team ml [--json]
-    python -m trainforge_services.api.admin enable-team ml
+    python -m trainforge_services.api.identity_cli bootstrap --team local [--json]
+    python -m trainforge_services.api.identity_cli bootstrap --platform-admin --team platform [--json]
+    python -m trainforge_services.api.identity_cli issue-key --team ml --name ci --role member [--json]
+    python -m trainforge_services.api.identity_cli revoke-key KEY_ID
+    python -m trainforge_services.api.identity_cli list-keys --team ml [--json]
+    python -m trainforge_services.api.identity_cli enable-team ml
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def list_keys(store: IdentityStore, args: argparse.Namespace) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m trainforge_services.api.admin", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m trainforge_services.api.identity_cli", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     def cmd(name: str, fn, help_: str) -> argparse.ArgumentParser:  # noqa: ANN001
