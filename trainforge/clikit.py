@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -30,6 +31,14 @@ def when(ts: float | None) -> str:
 
 def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
+
+
+def answer(as_json: bool, data: Any, show: Callable[[Console, Any], None]) -> None:
+    """A command's result: one JSON document with --json, else `show(console, data)` for a person."""
+    if as_json:
+        emit_json(data)
+    else:
+        show(out(), data)
 
 
 class Group(click.Group):
