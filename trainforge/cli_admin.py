@@ -17,7 +17,6 @@ import re
 
 import click
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from trainforge import cli_usage, clikit, config, stack
@@ -54,10 +53,8 @@ def print_usage(console: Console, reports: list[dict]) -> None:
     if not reports:
         console.print("no usage")
         return
-    table = Table(show_edge=False)
-    for col in ("team", "gpus", "cpus", "memory", "jobs", "queued", "gpu hours", "by gpu type", "cohort",
-                "borrowed"):
-        table.add_column(col)
+    table = clikit.table("team", "gpus", "cpus", "memory", "jobs", "queued", "gpu hours", "by gpu type", "cohort",
+                         "borrowed")
     for r in reports:
         q, u = r["quota"], r["in_use"]
         types = sorted(set(q["gpus_by_type"]) | set(u["gpus_by_type"]))
@@ -80,9 +77,7 @@ def _print_keys(console: Console, keys: list[dict]) -> None:
     if not keys:
         console.print("no keys")
         return
-    table = Table(show_edge=False)
-    for col in ("id", "name", "role", "state", "created", "last used", "expires"):
-        table.add_column(col)
+    table = clikit.table("id", "name", "role", "state", "created", "last used", "expires")
     for k in keys:
         expired = k["expires_at"] is not None and k["expires_at"] <= dt.datetime.now().timestamp()
         state = "revoked" if k["revoked"] else ("expired" if expired else "active")
@@ -369,9 +364,7 @@ def audit(ctx: click.Context, team: str | None, since: str | None, until: str | 
     if not entries:
         console.print("no audit entries")
         return
-    table = Table(show_edge=False)
-    for col in ("time", "key", "team", "method", "route", "target", "status"):
-        table.add_column(col)
+    table = clikit.table("time", "key", "team", "method", "route", "target", "status")
     for e in entries:
         style = "red" if e["status"] >= 400 else ""
         table.add_row(when(e["ts"]), e["key_id"] or "-", e["team"] or "-", e["method"], e["route"] or e["path"],

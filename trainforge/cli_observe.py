@@ -104,9 +104,7 @@ def events(ctx: click.Context, job_id: str, as_json: bool) -> None:
 
 
 def _print_events(console: Console, timeline: list[dict]) -> None:
-    table = Table(show_edge=False)
-    for col in ("time", "event", "state", "reason", "actor"):
-        table.add_column(col)
+    table = clikit.table("time", "event", "state", "reason", "actor")
     for ev in timeline:
         table.add_row(when(ev["time"]) if ev.get("time") else "", ev["kind"], ev["to"], Text(ev.get("reason") or ""),
                       ev.get("actor") or "")

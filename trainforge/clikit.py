@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.table import Table
 
 from trainforge import config, stack
 from trainforge.sdk import ApiError, Client, ClientError
@@ -27,6 +28,14 @@ def when(ts: float | None) -> str:
     if not ts:
         return "-"
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def table(*columns: str) -> Table:
+    """A table for a person, without an outer border, with these columns."""
+    shown = Table(show_edge=False)
+    for col in columns:
+        shown.add_column(col)
+    return shown
 
 
 def emit_json(data: Any) -> None:
