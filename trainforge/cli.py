@@ -235,6 +235,12 @@ def logs(ctx: click.Context, job_id: str, follow: bool, learner: int | None, que
         console.print(f"no log lines for {job_id} ({job_state})")
 
 
+def _state_line(job: dict, *, reason: bool = True) -> Text:
+    """`<id> <state>`, and `: <reason>` when asked for and the job has one."""
+    return Text.assemble((job["id"], "bold"), " ", state_text(job["state"]),
+                         f": {job['reason']}" if reason and job.get("reason") else "")
+
+
 @main.command()
 @click.argument("job_id", shell_complete=cli_account.complete_job_id)
 @_json_flag
@@ -243,10 +249,7 @@ def cancel(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """Cancel a job and stop its learners."""
     as_json = _use_json(ctx, as_json)
     job = clikit.client(ctx).cancel(job_id)
-    if as_json:
-        _emit_json(job)
-    else:
-        _out().print(Text.assemble((job["id"], "bold"), " ", state_text(job["state"])))
+    clikit.answer(as_json, job, lambda console, cancelled: console.print(_state_line(cancelled, reason=False)))
 
 
 @main.command()
@@ -266,8 +269,7 @@ def halt(ctx: click.Context, job_id: str, wait: bool, timeout: float, as_json: b
     if as_json:
         _emit_json(job)
         return
-    _out().print(Text.assemble((job["id"], "bold"), " ", state_text(job["state"]),
-                               f": {job['reason']}" if job.get("reason") else ""))
+    _out().print(_state_line(job))
     if job["state"] not in ("halted", "halting"):
         ctx.exit(1)
 
@@ -280,11 +282,7 @@ def resume(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """Queue a halted job again; it continues from its last checkpoint."""
     as_json = _use_json(ctx, as_json)
     job = clikit.client(ctx).resume(job_id)
-    if as_json:
-        _emit_json(job)
-    else:
-        _out().print(Text.assemble((job["id"], "bold"), " ", state_text(job["state"]),
-                                   f": {job['reason']}" if job.get("reason") else ""))
+    clikit.answer(as_json, job, lambda console, resumed: console.print(_state_line(resumed)))
 
 
 # -- the caller and the team ---------------------------------------------------------------

@@ -17,11 +17,10 @@ import re
 
 import click
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from trainforge import cli_usage, clikit, config, stack
-from trainforge.clikit import emit_json, json_flag, out, use_json, when
+from trainforge.clikit import answer, emit_json, json_flag, out, use_json, when
 from trainforge.sdk import Client, ClientError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
@@ -54,10 +53,8 @@ def print_usage(console: Console, reports: list[dict]) -> None:
     if not reports:
         console.print("no usage")
         return
-    table = Table(show_edge=False)
-    for col in ("team", "gpus", "cpus", "memory", "jobs", "queued", "gpu hours", "by gpu type", "cohort",
-                "borrowed"):
-        table.add_column(col)
+    table = clikit.table("team", "gpus", "cpus", "memory", "jobs", "queued", "gpu hours", "by gpu type", "cohort",
+                         "borrowed")
     for r in reports:
         q, u = r["quota"], r["in_use"]
         types = sorted(set(q["gpus_by_type"]) | set(u["gpus_by_type"]))
@@ -80,9 +77,7 @@ def _print_keys(console: Console, keys: list[dict]) -> None:
     if not keys:
         console.print("no keys")
         return
-    table = Table(show_edge=False)
-    for col in ("id", "name", "role", "state", "created", "last used", "expires"):
-        table.add_column(col)
+    table = clikit.table("id", "name", "role", "state", "created", "last used", "expires")
     for k in keys:
         expired = k["expires_at"] is not None and k["expires_at"] <= dt.datetime.now().timestamp()
         state = "revoked" if k["revoked"] else ("expired" if expired else "active")
@@ -95,6 +90,10 @@ def _print_issued(console: Console, issued: dict) -> None:
     console.print(f"{issued['role']} API key {issued['key_id']} for team {issued['team']}; "
                   "it is shown only this once:")
     click.echo(issued["key"])
+
+
+def _print_revoked(console: Console, revoked: dict) -> None:
+    console.print(f"revoked {revoked['key_id']} ({revoked['name']}, team {revoked['team']})")
 
 
 def _print_team(console: Console, team: dict) -> None:
@@ -178,11 +177,7 @@ def _team_command(name: str, help_: str, action: str) -> None:
     @click.pass_context
     def command(ctx: click.Context, team: str, as_json: bool) -> None:
         as_json = use_json(ctx, as_json)
-        result = getattr(_admin(ctx).admin, action)(team)
-        if as_json:
-            emit_json(result)
-        else:
-            _print_team(out(), result)
+        answer(as_json, getattr(_admin(ctx).admin, action)(team), _print_team)
 
 
 _team_command("create", "Create a team.", "create_team")
@@ -254,10 +249,7 @@ def quota_set(ctx: click.Context, team: str, gpus: int | None, cpus: float | Non
     report = _admin(ctx).admin.set_quota(team, gpus=gpus, cpus=cpus, memory=memory, jobs=jobs,
                                          gpus_by_type=gpu_types, cohort=cohort, lending_limit=lending_limit,
                                          borrowing_limit=borrowing_limit, egress=egress)
-    if as_json:
-        emit_json(report)
-    else:
-        print_usage(out(), [report])
+    answer(as_json, report, lambda console, one: print_usage(console, [one]))
 
 
 @admin.command()
@@ -276,10 +268,7 @@ def usage(ctx: click.Context, team: str | None, since: str | None, until: str | 
         cli_usage.accounting(_admin(ctx).admin, team, since, until, as_csv=as_csv, as_json=as_json)
         return
     reports = _admin(ctx).admin.usage(team)
-    if as_json:
-        emit_json(reports)
-    else:
-        print_usage(out(), [reports] if isinstance(reports, dict) else reports)
+    answer(as_json, reports, lambda console, found: print_usage(console, [found] if isinstance(found, dict) else found))
 
 
 # -- keys ----------------------------------------------------------------------------------
@@ -310,11 +299,7 @@ def keys_list(ctx: click.Context, team: str | None, as_json: bool) -> None:
     """A team's keys (never their secrets)."""
     as_json = use_json(ctx, as_json)
     client = _admin(ctx)
-    found = client.admin.keys(team) if _other_team(client, team) else client.keys()
-    if as_json:
-        emit_json(found)
-    else:
-        _print_keys(out(), found)
+    answer(as_json, client.admin.keys(team) if _other_team(client, team) else client.keys(), _print_keys)
 
 
 @keys.command("create")
@@ -335,10 +320,7 @@ def keys_create(ctx: click.Context, name: str, team: str | None, role: str, expi
         issued = client.admin.create_key(team, name, role, expires)  # type: ignore[arg-type]
     else:
         issued = client.create_key(name, role, expires)
-    if as_json:
-        emit_json(issued)
-    else:
-        _print_issued(out(), issued)
+    answer(as_json, issued, _print_issued)
 
 
 @keys.command("revoke")
@@ -350,11 +332,7 @@ def keys_revoke(ctx: click.Context, key_id: str, as_json: bool) -> None:
     as_json = use_json(ctx, as_json)
     client = _admin(ctx)
     platform = client.whoami()["role"] == "platform_admin"
-    revoked = client.admin.revoke_key(key_id) if platform else client.revoke_key(key_id)
-    if as_json:
-        emit_json(revoked)
-    else:
-        out().print(f"revoked {revoked['key_id']} ({revoked['name']}, team {revoked['team']})")
+    answer(as_json, client.admin.revoke_key(key_id) if platform else client.revoke_key(key_id), _print_revoked)
 
 
 # -- audit ---------------------------------------------------------------------------------
@@ -386,9 +364,7 @@ def audit(ctx: click.Context, team: str | None, since: str | None, until: str | 
     if not entries:
         console.print("no audit entries")
         return
-    table = Table(show_edge=False)
-    for col in ("time", "key", "team", "method", "route", "target", "status"):
-        table.add_column(col)
+    table = clikit.table("time", "key", "team", "method", "route", "target", "status")
     for e in entries:
         style = "red" if e["status"] >= 400 else ""
         table.add_row(when(e["ts"]), e["key_id"] or "-", e["team"] or "-", e["method"], e["route"] or e["path"],

@@ -100,14 +100,12 @@ def metrics(ctx: click.Context, job_id: str, names: tuple[str, ...], as_json: bo
 def events(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """A job's timeline: state changes, queue decisions, deploys, restarts and halts, with reasons and actors."""
     as_json = use_json(ctx, as_json)
-    timeline = clikit.client(ctx).events(job_id)
-    if as_json:
-        emit_json(timeline)
-        return
-    table = Table(show_edge=False)
-    for col in ("time", "event", "state", "reason", "actor"):
-        table.add_column(col)
+    clikit.answer(as_json, clikit.client(ctx).events(job_id), _print_events)
+
+
+def _print_events(console: Console, timeline: list[dict]) -> None:
+    table = clikit.table("time", "event", "state", "reason", "actor")
     for ev in timeline:
         table.add_row(when(ev["time"]) if ev.get("time") else "", ev["kind"], ev["to"], Text(ev.get("reason") or ""),
                       ev.get("actor") or "")
-    out().print(table)
+    console.print(table)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Callable
 from typing import Any
 
 import click
 from rich.console import Console
+from rich.table import Table
 
 from trainforge import config, stack
 from trainforge.sdk import ApiError, Client, ClientError
@@ -28,8 +30,24 @@ def when(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def table(*columns: str) -> Table:
+    """A table for a person, without an outer border, with these columns."""
+    shown = Table(show_edge=False)
+    for col in columns:
+        shown.add_column(col)
+    return shown
+
+
 def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
+
+
+def answer(as_json: bool, data: Any, show: Callable[[Console, Any], None]) -> None:
+    """A command's result: one JSON document with --json, else `show(console, data)` for a person."""
+    if as_json:
+        emit_json(data)
+    else:
+        show(out(), data)
 
 
 class Group(click.Group):

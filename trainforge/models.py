@@ -1,6 +1,6 @@
 """Typed results: the REST shapes as pydantic models, for code that wants attributes instead of dicts.
 
-They mirror `services/api/schemas.py` field by field (tests/unit/test_sdk_models.py
+They mirror the API's `schemas.py` and `schemas_teams.py` field by field (tests/unit/test_sdk_models.py
 compares them with the served OpenAPI schema), are frozen, and ignore
 fields they do not know, so an older SDK keeps working against a newer API.
 `client.typed` (a `Typed`) offers the `Client` calls with these results:

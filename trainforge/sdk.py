@@ -21,7 +21,7 @@ import io
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,9 +38,11 @@ from trainforge.sdk_base import (  # noqa: F401 - the SDK's public names, re-exp
     WaitTimeout,
     When,
     _error_from,
+    state_names,
     time_filters,
 )
 from trainforge.sdk_logs import LogsMixin
+from trainforge.sdk_wait import WaitMixin
 
 if TYPE_CHECKING:
     from trainforge.results import Results
@@ -84,7 +86,7 @@ def _retryable(safe: bool) -> Callable[[BaseException], bool]:
     return check
 
 
-class Client(LogsMixin):
+class Client(LogsMixin, WaitMixin):
     """A session with the trainforge API as one API key (one team)."""
 
     def __init__(self, api_url: str, api_key: str, timeout: float = 30.0, *,
@@ -224,8 +226,7 @@ class Client(LogsMixin):
         """One page as the API sends it: {"jobs": [...], "next_cursor": the next page's cursor, None on the last}."""
         params: dict[str, Any] = {"limit": limit}
         if state:
-            # The API takes lowercase names (its schema enumerates them): "RUNNING" from a user is "running".
-            params["state"] = [s.strip().lower() for s in ([state] if isinstance(state, str) else state)]
+            params["state"] = state_names(state)
         if label:
             params["label"] = [label] if isinstance(label, str) else list(label)
         params.update(time_filters(since=since, until=until))
@@ -247,35 +248,6 @@ class Client(LogsMixin):
             cursor = page["next_cursor"]
             if not cursor:
                 return
-
-    def list_changed(self, since: float | None = None, *, state: str | list[str] | None = None,
-                     page_size: int = 1000, retry_seconds: float | None = None) -> tuple[list[dict], float]:
-        """(jobs, as_of): the team's jobs changed at or after `since` (unix seconds; None: every job), all
-        pages of them, and the time to pass as `since` next. `state`: only jobs now in it (one or a list),
-        e.g. the end states, for a follower that waits for jobs to end and need not read every step.
-
-        `as_of` is the first page's: the server took it before that page's read, so a change that committed
-        during or after the listing is in the next one. A job may come back in two listings, never be
-        missed. A change is a submit, a move to another state or new fields; a waiting job's new queue
-        reason or position is not one (`wait` polls the job itself for those)."""
-        params: dict[str, Any] = {"limit": page_size}
-        if since is not None:
-            params["changed_since"] = since
-        if state:
-            params["state"] = [s.strip().lower() for s in ([state] if isinstance(state, str) else state)]
-        jobs: list[dict] = []
-        as_of: float | None = None
-        cursor = None
-        while True:
-            page = self._request("GET", "/v1/jobs", params={**params, **({"cursor": cursor} if cursor else {})},
-                                 retry_seconds=retry_seconds)
-            jobs += page["jobs"]
-            if as_of is None:
-                # an API from before changed_since answers none: the same `since` again misses nothing
-                as_of = page.get("as_of") or since or 0.0
-            cursor = page.get("next_cursor")
-            if not cursor:
-                return jobs, as_of
 
     def cancel(self, job_id: str) -> dict:
         return self._request("POST", f"/v1/jobs/{job_id}/cancel")
@@ -361,72 +333,6 @@ class Client(LogsMixin):
         from trainforge.team_secrets import Secrets
 
         return Secrets(self)
-
-    def wait(self, job_id: str, timeout: float | None = None, on_change: Callable[[dict], None] | None = None,
-             poll_interval: float = 1.0) -> dict:
-        """Poll until the job ends or is halted and return it; on_change(job) on every change of state,
-        reason, queue position or learner states. Raises WaitTimeout after `timeout` seconds. An API
-        that is down or restarting is waited for (reconnect_seconds)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        seen = None
-        while True:
-            job = self.get(job_id, retry_seconds=self.reconnect_seconds)
-            now = (job["state"], job["reason"], job["queue_position"],
-                   tuple(ln["state"] for ln in job.get("learners", [])))
-            if now != seen:
-                seen = now
-                if on_change is not None:
-                    on_change(job)
-            if job["state"] in RESTING_STATES:
-                return job
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise WaitTimeout(f"job {job_id} is still {job['state']} after {timeout}s")
-                time.sleep(min(poll_interval, left))
-            else:
-                time.sleep(poll_interval)
-
-
-    def wait_all(self, job_ids: Iterable[str], timeout: float | None = None, poll_interval: float = 1.0,
-                 on_change: Callable[[dict], None] | None = None) -> list[dict]:
-        """Follow many jobs until each has ended or is halted (as `wait` does one) and return them in the
-        order of `job_ids`; on_change(job) for each job whose state a listing showed changed.
-
-        One listing of the team's jobs first, then only what changed since the previous listing
-        (`list_changed`), so each poll reads the few jobs that moved, not all of them again. A job the first
-        listing lacks is read by id (an unknown id raises the API's 404). Raises WaitTimeout after `timeout`
-        seconds; an API that is down or restarting is waited for (reconnect_seconds)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        wanted = list(dict.fromkeys(job_ids))
-        wanted_set = set(wanted)
-        latest: dict[str, dict] = {}
-        since: float | None = None
-        while True:
-            jobs, as_of = self.list_changed(since, retry_seconds=self.reconnect_seconds)
-            for job in jobs:
-                if job["id"] not in wanted_set:
-                    continue
-                if on_change is not None and latest.get(job["id"], {}).get("state") != job["state"]:
-                    on_change(job)
-                latest[job["id"]] = job
-            if since is None:
-                for job_id in wanted:
-                    if job_id not in latest:
-                        latest[job_id] = self.get(job_id, retry_seconds=self.reconnect_seconds)
-            since = as_of
-            waiting = [job_id for job_id in wanted if latest[job_id]["state"] not in RESTING_STATES]
-            if not waiting:
-                return [latest[job_id] for job_id in wanted]
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    states = sorted({latest[job_id]["state"] for job_id in waiting})
-                    raise WaitTimeout(f"{len(waiting)} of {len(wanted)} jobs still {', '.join(states)} after "
-                                      f"{timeout}s (e.g. {waiting[0]})")
-                time.sleep(min(poll_interval, left))
-            else:
-                time.sleep(poll_interval)
 
 
 def key_body(name: str, role: str, expires_at: dt.datetime | str | None) -> dict:

@@ -1,4 +1,5 @@
-"""The SDK's errors and the job states it waits on: shared by `sdk.py` and its parts (`sdk_logs.py`).
+"""The SDK's errors and the job states it waits on: shared by `sdk.py` and its parts (`sdk_logs.py`,
+`sdk_wait.py`).
 
 Import them from `trainforge.sdk` (or `trainforge`), which re-exports them.
 """
@@ -58,6 +59,11 @@ def _error_from(resp: httpx.Response) -> ApiError:
     except (ValueError, KeyError, TypeError, AttributeError):
         text = resp.text.strip().replace("\n", " ")[:200]
         return ApiError(resp.status_code, "http_error", f"HTTP {resp.status_code}: {text or resp.reason_phrase}")
+
+
+def state_names(state: str | list[str]) -> list[str]:
+    """Job states as the API takes them: lowercase names (its schema enumerates them), so "RUNNING" is "running"."""
+    return [s.strip().lower() for s in ([state] if isinstance(state, str) else state)]
 
 
 def time_filters(**times: When) -> dict[str, str | float]:

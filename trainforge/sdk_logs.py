@@ -122,5 +122,3 @@ class LogsMixin:
                 # Lines a learner shipped just before the end may still be on their way.
                 drained = True
             time.sleep(poll_interval)
-
-    # -- waiting --------------------------------------------------------------

@@ -13,7 +13,8 @@ import datetime as dt
 import time
 
 from trainforge_services.api.identity import IdentityStore, Role, Tenant
-from trainforge_services.api.schemas import KeyIn, QuotaIn
+from trainforge_services.api.schemas_quota import QuotaIn
+from trainforge_services.api.schemas_teams import KeyIn
 from trainforge_services.api.trainer_client import TrainerApi
 from trainforge_services.common.errors import Conflict, InvalidArgument, PermissionDenied
 

@@ -15,8 +15,8 @@ spec as `x-required-role` (and refuses to build a /v1 route that takes none).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -34,57 +34,33 @@ from trainforge_services.common.destinations import WebhookPolicy
 from trainforge_services.common.errors import PermissionDenied, Unauthenticated
 from trainforge_services.common.settings import ApiSettings
 
-# The collaborators' getters are `async def` although they only read app.state: FastAPI runs a plain `def`
-# dependency in the thread pool, a hop per getter per request (the largest cost of a cached GET).
 _bearer = HTTPBearer(auto_error=False, scheme_name="Bearer",
                      description="An API key (`tf_<id>_<secret>`) or a token from POST /v1/auth/token: "
                                  "`Authorization: Bearer <key or token>`")
 
 
-async def _settings(request: Request) -> ApiSettings:
-    return request.app.state.settings
+# A collaborator's getter is `async def` although it only reads app.state: FastAPI runs a plain `def`
+# dependency in the thread pool, a hop per getter per request (the largest cost of a cached GET).
+def _state(name: str) -> Callable[[Request], Awaitable[Any]]:
+    """A dependency that answers `request.app.state.<name>`, the collaborator the app factory put there."""
+
+    async def get(request: Request) -> Any:
+        return getattr(request.app.state, name)
+
+    get.__name__ = get.__qualname__ = f"_{name}"
+    return get
 
 
-async def _trainer(request: Request) -> TrainerApi:
-    return request.app.state.trainer
+_limiter = _state("limiter")
 
-
-async def _identity(request: Request) -> IdentityStore:
-    return request.app.state.identity
-
-
-async def _logs(request: Request) -> LogStore:
-    return request.app.state.logs
-
-
-async def _objects(request: Request) -> ObjectStore:
-    return request.app.state.objects
-
-
-async def _tokens(request: Request) -> TokenCodec:
-    return request.app.state.tokens
-
-
-async def _limiter(request: Request) -> RateLimiter:
-    return request.app.state.limiter
-
-
-async def _audit(request: Request) -> AuditLog:
-    return request.app.state.audit
-
-
-async def _webhook_policy(request: Request) -> WebhookPolicy:
-    return request.app.state.webhook_policy
-
-
-SettingsDep = Annotated[ApiSettings, Depends(_settings)]
-TrainerDep = Annotated[TrainerApi, Depends(_trainer)]
-IdentityDep = Annotated[IdentityStore, Depends(_identity)]
-LogsDep = Annotated[LogStore, Depends(_logs)]
-ObjectsDep = Annotated[ObjectStore, Depends(_objects)]
-TokensDep = Annotated[TokenCodec, Depends(_tokens)]
-AuditDep = Annotated[AuditLog, Depends(_audit)]
-WebhookPolicyDep = Annotated[WebhookPolicy, Depends(_webhook_policy)]
+SettingsDep = Annotated[ApiSettings, Depends(_state("settings"))]
+TrainerDep = Annotated[TrainerApi, Depends(_state("trainer"))]
+IdentityDep = Annotated[IdentityStore, Depends(_state("identity"))]
+LogsDep = Annotated[LogStore, Depends(_state("logs"))]
+ObjectsDep = Annotated[ObjectStore, Depends(_state("objects"))]
+TokensDep = Annotated[TokenCodec, Depends(_state("tokens"))]
+AuditDep = Annotated[AuditLog, Depends(_state("audit"))]
+WebhookPolicyDep = Annotated[WebhookPolicy, Depends(_state("webhook_policy"))]
 
 
 def authenticate(credential: str, identity: IdentityStore, tokens: TokenCodec) -> Tenant:

@@ -4,17 +4,15 @@ A manifest is validated once, at submit, and every problem is reported with
 the dotted path of its field (`resources.memory: ...`). After that the
 validated model travels as JSON (`Manifest.model_dump_json()`), so every
 service reads the same normalised values (memory in bytes, durations in
-seconds).
+seconds: `quantities.py` reads them). `manifest_text.py` reads the text.
 """
 
 from __future__ import annotations
 
 import enum
-import json
 import re
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -26,20 +24,11 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.functional_validators import BeforeValidator
 
-from trainforge_services.common import reqlines
+from trainforge_services.common import manifest_text, reqlines
 from trainforge_services.common.errors import InvalidArgument, RefusedReference
+from trainforge_services.common.quantities import Duration, Memory
 
-_FAST_LOADER = getattr(yaml, "CSafeLoader", None)  # libyaml's parser, when PyYAML was built with it
-
-_UNITS = {
-    "": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-    "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40,
-}
-_QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]i?)?[bB]?\s*$")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_MAX_MEMORY = 16 * 2**40
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 # A team secret's name (services/common/secrets.py): what `env: {VAR: {secret: <name>}}` may refer to.
@@ -48,44 +37,6 @@ SECRET_NAME_RULE = "1-63 lowercase letters, digits, '-' or '_', starting with a 
 _GPU_TYPE = re.compile(r"^[a-z0-9-]{1,32}$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _MAX_LABELS = 32
-
-
-def parse_memory(value: Any) -> int:
-    """'4Gi' -> 4294967296; a bare number is bytes."""
-    if isinstance(value, bool):
-        raise ValueError("must be a size such as 512Mi or 4Gi")
-    if isinstance(value, int | float):
-        n = int(value)
-    else:
-        m = _QUANTITY.match(str(value))
-        if not m:
-            raise ValueError(f"{value!r} is not a size; use e.g. 512Mi, 4Gi or a number of bytes")
-        n = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
-    if n <= 0:
-        raise ValueError("must be greater than 0")
-    if n > _MAX_MEMORY:
-        raise ValueError("must be at most 16Ti")
-    return n
-
-
-def parse_duration(value: Any) -> float:
-    """'10s' -> 10.0, '2m' -> 120.0; a bare number is seconds."""
-    if isinstance(value, bool):
-        raise ValueError("must be a duration such as 10s or 2m")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        m = _DURATION.match(str(value))
-        if not m:
-            raise ValueError(f"{value!r} is not a duration; use e.g. 500ms, 10s, 2m or 1h")
-        seconds = float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2) or "s"]
-    if seconds < 0:
-        raise ValueError("must not be negative")
-    return seconds
-
-
-Memory = Annotated[int, BeforeValidator(parse_memory)]
-Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
 class Framework(enum.StrEnum):
@@ -192,7 +143,7 @@ class LearnerRange(_Strict):
 
 
 # The union's branches are tagged so a bad value is reported at `learners` or `learners.min`/`.max`
-# (`_field_errors` drops the tag from the path).
+# (`field_errors` drops the tag from the path).
 _LEARNER_TAGS = ("count", "range")
 
 
@@ -315,7 +266,7 @@ class Manifest(_Strict):
     @model_validator(mode="after")
     def _elastic_torch(self) -> Manifest:
         if self.elastic and self.framework != Framework.TORCH:
-            # ValueError has no field here: name it the way _field_errors would
+            # ValueError has no field here: name it the way field_errors would
             raise ValueError("learners: {min, max} (elastic) needs framework torch: each learner is a torchrun node")
         return self
 
@@ -331,7 +282,9 @@ class Manifest(_Strict):
         return _PLACEHOLDER.sub(lambda m: str(self.params[m.group(1)]), self.command)
 
 
-def _field_errors(exc: ValidationError) -> list[dict]:
+def field_errors(exc: ValidationError) -> list[dict]:
+    """Each pydantic error as {field: dotted path, message} (also for the other recipe parsers,
+    services/common/contracts/experiments.py)."""
     out = []
     for err in exc.errors(include_url=False):
         parts = list(err["loc"])
@@ -345,58 +298,19 @@ def _field_errors(exc: ValidationError) -> list[dict]:
     return out
 
 
-# public name for the other recipe parsers (services/common/contracts/experiments.py)
-def field_errors(exc: ValidationError) -> list[dict]:
-    """Each pydantic error as {field: dotted path, message}."""
-    return _field_errors(exc)
-
-
-def _not_json(name: str) -> Any:
-    raise ValueError(name)  # NaN/Infinity are not JSON; YAML reads them as strings, so YAML decides
-
-
-def _load(text: str | bytes) -> Any:
-    """The data of YAML or JSON text, as `yaml.safe_load` reads it.
-
-    Every manifest the platform passes on (API -> Trainer -> LCM, the stored
-    job) is `model_dump_json` text, and PyYAML's pure-Python parser took ~5 ms
-    of CPU per manifest (json.loads: 0.06 ms): valid JSON text is read as JSON
-    (a JSON document means the same in YAML, the reason NaN/Infinity are left
-    to YAML). Other text goes to libyaml's parser where PyYAML has it (same
-    constructor and resolver: the same data); a document it refuses is read
-    again by the pure-Python parser, whose error message names the line and
-    column, so an error reads as before.
-    """
-    if text.lstrip()[:1] in ("{", b"{"):
-        try:
-            return json.loads(text, parse_constant=_not_json)
-        except ValueError:
-            pass  # a YAML flow mapping, or broken: YAML says which
-    if _FAST_LOADER is not None:
-        try:
-            return yaml.load(text, Loader=_FAST_LOADER)  # noqa: S506 - CSafeLoader is the safe loader
-        except yaml.YAMLError:
-            pass
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise InvalidArgument(f"manifest is not valid YAML or JSON: {e}",
-                              details=[{"field": "manifest", "message": str(e)}]) from None
-
-
 def parse_manifest(source: str | bytes | dict) -> Manifest:
     """Parse YAML/JSON text or a dict into a Manifest.
 
     Raises InvalidArgument listing every problem, each naming its field.
     """
-    data: Any = source if isinstance(source, dict) else _load(source)
+    data: Any = source if isinstance(source, dict) else manifest_text.load(source)
     if not isinstance(data, dict):
         raise InvalidArgument("manifest must be a mapping of fields",
                               details=[{"field": "manifest", "message": "must be a mapping of fields"}])
     try:
         return Manifest.model_validate(data)
     except ValidationError as e:
-        details = _field_errors(e)
+        details = field_errors(e)
         summary = "; ".join(f"{d['field']}: {d['message']}" for d in details)
         refused = [err["ctx"]["error"].refusal.audit() for err in e.errors(include_url=False)
                    if isinstance((err.get("ctx") or {}).get("error"), reqlines.RefusedLine)]

@@ -3,7 +3,8 @@
 import pytest
 
 from trainforge_services.common.errors import InvalidArgument
-from trainforge_services.common.manifest import Priority, parse_duration, parse_manifest, parse_memory
+from trainforge_services.common.manifest import Priority, parse_manifest
+from trainforge_services.common.quantities import parse_duration, parse_memory
 from trainforge_services.trainer.admission import demand
 
 

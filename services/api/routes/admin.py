@@ -15,23 +15,20 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from trainforge_services.api import access, paging, usage
 from trainforge_services.api.audit import note_target
 from trainforge_services.api.deps import AuditDep, IdentityDep, PlatformAdminDep, TrainerDep
-from trainforge_services.api.schemas import (
+from trainforge_services.api.schemas import error_responses
+from trainforge_services.api.schemas_quota import Cluster, QuotaIn, TeamUsage, UsageList
+from trainforge_services.api.schemas_teams import (
     ApiKey,
     AuditPage,
-    Cluster,
     IssuedKey,
     KeyIn,
     KeyList,
     Publication,
     PublicationIn,
     PublicationList,
-    QuotaIn,
     Team,
     TeamIn,
     TeamList,
-    TeamUsage,
-    UsageList,
-    error_responses,
 )
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"],

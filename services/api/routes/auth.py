@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from trainforge_services.api.deps import IdentityDep, TenantDep, TokensDep
-from trainforge_services.api.schemas import Token, Whoami, error_responses
+from trainforge_services.api.schemas import error_responses
+from trainforge_services.api.schemas_teams import Token, Whoami
 from trainforge_services.common.errors import PermissionDenied
 
 router = APIRouter(prefix="/v1/auth", tags=["auth"], responses=error_responses(401, 429))

@@ -13,15 +13,9 @@ from fastapi import APIRouter, Path, Request
 from trainforge_services.api import access
 from trainforge_services.api.audit import note_target
 from trainforge_services.api.deps import IdentityDep, TeamAdminDep, TenantDep, TrainerDep
-from trainforge_services.api.schemas import (
-    ApiKey,
-    IssuedKey,
-    KeyIn,
-    KeyList,
-    PublicationList,
-    TeamUsage,
-    error_responses,
-)
+from trainforge_services.api.schemas import error_responses
+from trainforge_services.api.schemas_quota import TeamUsage
+from trainforge_services.api.schemas_teams import ApiKey, IssuedKey, KeyIn, KeyList, PublicationList
 
 router = APIRouter(prefix="/v1/team", tags=["team"], responses=error_responses(400, 401, 422, 429))
 
