@@ -134,3 +134,6 @@ PATIENT = Policy("patient", initial=1.0, maximum=30.0)
 # Trainer's webhook POSTs): a receiver may be down for a while, and its tries should spread over that while
 # rather than be spent in the first minute. The first delay is the Trainer's `webhook_backoff` setting.
 DELIVERY = Policy("delivery", initial=1.0, maximum=300.0)
+# The job monitor's waits on the Trainer and etcd (a state report that nothing may overtake, its claim on the job):
+# from its `report_retry_seconds` setting up to 8 times it, so a Trainer that is back hears the state within seconds.
+REPORT = Policy("report", initial=1.0, maximum=8.0)

@@ -42,7 +42,8 @@ from trainforge_services.common.contracts.storekeys import (
     split_checkpoint_uri,
     uri_for_prefix,
 )
-from trainforge_services.common.errors import NotFound, TrainforgeError
+from trainforge_services.common.errors import NotFound, TrainforgeError, message_of
+from trainforge_services.common.loop import Loop
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +123,10 @@ class CheckpointSync:
         self._coord = coordinator
         self.job_id, self.rank, self.attempt, self.world_size = job_id, rank, attempt, world_size
         self.directory, self._scratch = directory, scratch
-        self._interval, self._keep = interval, keep
+        self._keep = keep
         self._root = checkpoint_root(job_id)
-        self._lock = threading.Lock()  # one upload at a time: the thread's and the final one
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # one upload at a time: the loop's and the final one
+        self._loop = Loop("checkpoint-sync", self._look, interval=interval)
         self.uploaded_step: int | None = None
         self.uploaded_uri = ""
 
@@ -135,22 +135,17 @@ class CheckpointSync:
         self.uploaded_step, self.uploaded_uri = step, uri
 
     def start(self) -> CheckpointSync:
-        self._thread = threading.Thread(target=self._run, name="checkpoint-sync", daemon=True)
-        self._thread.start()
+        self._loop.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(60)
+        self._loop.stop(60)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self.sync()
-            except Exception as e:  # noqa: BLE001 - a failed upload is retried at the next look
-                log.warning("checkpoint upload failed (retried): %s",
-                            e.message if isinstance(e, TrainforgeError) else e)
+    def _look(self) -> None:
+        try:
+            self.sync()
+        except Exception as e:  # noqa: BLE001 - a failed upload is retried at the next look
+            log.warning("checkpoint upload failed (retried): %s", message_of(e))
 
     def sync(self) -> int | None:
         """Upload the local checkpoint if it is newer than the last upload; the step now stored (or None)."""

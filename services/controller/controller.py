@@ -140,7 +140,7 @@ class Controller:
         # The first look at the halt key is made here, so a controller started for an attempt that is
         # already being halted (an LCM redoing a deploy, say) never starts its learner.
         if self._halt.check():
-            threading.Thread(target=self._halt.watch, args=(self._done,), name="halt-watch", daemon=True).start()
+            self._halt.watch(self._done)
         sink = self._sink
         if sink is None:
             sink = LogStore(self.settings.logstore_url, self.settings.logstore_index)

@@ -28,18 +28,24 @@ from collections.abc import Callable
 
 from trainforge_services.common.adapters.etcd import Coordinator, StopEvent
 from trainforge_services.common.contracts.etcd import GateOpen
+from trainforge_services.common.retry import STEADY, Stopped
 
 log = logging.getLogger(__name__)
 
 # what a held learner's PREPARING status says (the job monitor makes it the job's reason)
 HELD = "held: prepared; its learner starts when the experiment frees a slot (prestart)"
-# How often a failed watch of the gate key is started again, and the pause before each new start.
+# How often a failed watch of the gate key is started again, and the first pause before a new start (the STEADY
+# policy's shape from there).
 WATCH_RETRIES = 3
 WATCH_RETRY_PAUSE = 0.5
 
 
 class GateWatchFailed(Exception):
     """The gate key could not be watched (after WATCH_RETRIES new starts); the message says why."""
+
+
+class _WatchEnded(Exception):
+    """One watch of the gate key ended before the gate opened; the message says why."""
 
 
 def wait_for_gate(coord: Coordinator, job_id: str, stopped: Callable[[], bool], *, poll: float = 0.2,
@@ -75,20 +81,25 @@ def wait_for_gate(coord: Coordinator, job_id: str, stopped: Callable[[], bool], 
             return f"{type(e).__name__}: {e}"
         return "" if stop_watch.is_set() else "the watch ended"
 
+    def watch_or_raise() -> None:
+        if why := watch_once():
+            raise _WatchEnded(why)
+
+    def again(_error: BaseException, attempt: int, _delay: float) -> None:
+        log.info("watching the gate key %s again (%d of %d)", key, attempt, retries)
+
     def watch() -> None:
         try:
-            for attempt in range(retries + 1):
-                why = watch_once()
-                if not why:
-                    return
-                if attempt < retries:
-                    if stop_watch.wait(retry_pause * (attempt + 1)):
-                        return  # the wait is over
-                    log.info("watching the gate key %s again (%d of %d)", key, attempt + 1, retries)
-            failed.append(f"watching the job's gate failed {retries + 1} times (last: {why})")
+            STEADY.starting(retry_pause).within(attempts=retries + 1).call(
+                watch_or_raise, retry_on=_WatchEnded, stop_event=stop_watch, on_retry=again)
+        except Stopped:
+            pass  # the wait is over
+        except _WatchEnded as e:
+            failed.append(f"watching the job's gate failed {retries + 1} times (last: {e})")
         finally:
             done.set()
 
+    # not a Loop: one blocking watch of the key (started again when it fails) for the waiter below
     thread = threading.Thread(target=watch, name="gate-watch", daemon=True)
     thread.start()
     try:

@@ -107,6 +107,7 @@ def main(argv: list[str]) -> int:
     # a stop that comes before then stays pending, for the look below.
     signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
     os.set_inheritable(fd, False)  # the lifeline is the guard's, not the learner's
+    # not a Loop: blocks reading the lifeline until the controller's end closes it
     threading.Thread(target=_kill_group_when_closed, args=(fd,), daemon=True).start()
     if passed:
         pass_hold(hold)

@@ -1,6 +1,6 @@
 """Halting a learner (docs/CONTRACTS.md, "Halt, resume, restart"): the halt key, and what a halt leaves behind.
 
-A thread polls the job's `halt` key; a halt for this attempt publishes
+A loop polls the job's `halt` key; a halt for this attempt publishes
 LEARNER_HALTING and asks the controller to stop the learner like any stop
 request. However the learner then exits, `conclude` uploads and verifies its
 newest checkpoint, writes the `halted` key and returns the LEARNER_HALTED
@@ -21,6 +21,7 @@ from trainforge_services.common.adapters.objectstore import ObjectStore
 from trainforge_services.common.contracts.etcd import Halted, HaltRequest
 from trainforge_services.common.contracts.specs import LearnerSpec
 from trainforge_services.common.errors import InvalidArgument, TrainforgeError
+from trainforge_services.common.loop import Loop
 from trainforge_services.common.retry import retry_call
 from trainforge_services.common.states import LearnerState
 
@@ -43,7 +44,8 @@ class Halting:
         self._object_store = object_store
         self._publish = publish
         self._request_stop = request_stop
-        self._poll = poll
+        self._watching = Loop("halt-watch", self._look, interval=poll)
+        self._learner_done: threading.Event | None = None
         self._halt = threading.Event()
         self._lock = threading.Lock()  # a halt and the learner's exit: whichever comes first decides
         self._learner_exited = False
@@ -66,9 +68,15 @@ class Halting:
             return self._halt.is_set()
 
     def watch(self, done: threading.Event) -> None:
-        """Poll the job's halt key (cheap, and indifferent to etcd restarts) until the learner has exited."""
-        while not done.wait(self._poll) and self.check():
-            pass
+        """Poll the job's halt key (cheap, and indifferent to etcd restarts) until `done` says the learner has
+        exited; returns at once."""
+        self._learner_done = done
+        self._watching.start()
+
+    def _look(self) -> None:
+        done = self._learner_done
+        if (done is not None and done.is_set()) or not self.check():
+            self._watching.stop()
 
     def check(self) -> bool:
         """Look at the halt key once and obey a halt for this attempt; False once there is nothing left to watch."""

@@ -11,11 +11,11 @@ worth stopping a learner for.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 
 from trainforge_services.common.adapters.etcd import Coordinator, Lease
 from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.loop import Loop
 
 log = logging.getLogger(__name__)
 
@@ -26,19 +26,17 @@ class LagReporter:
     def __init__(self, coordinator: Coordinator, key: str, attempt: int, lease: Callable[[], Lease | None],
                  counts: Callable[[], tuple[int, int]], interval: float = INTERVAL_SECONDS):
         self._coord, self._key, self._attempt = coordinator, key, attempt
-        self._lease, self._counts, self._interval = lease, counts, interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="logship-lag", daemon=True)
+        self._lease, self._counts = lease, counts
+        self._loop = Loop("logship-lag", self.report, interval=interval)
         self._last: tuple[int, int] | None = None
         self._warned = False
 
     def start(self) -> LagReporter:
-        self._thread.start()
+        self._loop.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
+        self._loop.stop(10)
 
     def report(self) -> bool:
         """Put the counts when they changed and a lease is held; True when put."""
@@ -56,7 +54,3 @@ class LagReporter:
             return False
         self._last = counts
         return True
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.report()

@@ -21,7 +21,6 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import psutil
 from trainforge_frameworks.torch.launch import ddp_env, elastic_command, elastic_env, elastic_restarts
 from trainforge_services.common import niceness
 from trainforge_services.common.contracts.specs import LearnerSpec
+from trainforge_services.common.loop import Loop
 
 from .linebuf import with_hook
 from .logship import LogArchive
@@ -359,28 +359,27 @@ class MemoryWatchdog:
                  on_exceeded: Callable[[str], None] | None = None):
         self.learner, self.limit, self.interval = learner, limit, interval
         self._on_exceeded = on_exceeded
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="memory-watchdog", daemon=True)
+        self._loop = Loop("memory-watchdog", self._look, interval=interval)
         self.message = ""
         self.peak = 0
 
     def start(self) -> MemoryWatchdog:
-        self._thread.start()
+        self._loop.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(self.interval + 5)
+        self._loop.stop(self.interval + 5)
 
-    def _run(self) -> None:
-        while not self._stop.is_set() and self.learner.poll() is None:
-            rss = self.learner.tree_rss()
-            self.peak = max(self.peak, rss)
-            if rss > self.limit:
-                self.message = f"memory limit exceeded: {human_bytes(rss)} > {human_bytes(self.limit)}"
-                log.warning("%s; killing the learner", self.message)
-                self.learner.signal_group(signal.SIGKILL)
-                if self._on_exceeded is not None:
-                    self._on_exceeded(self.message)
-                return
-            self._stop.wait(self.interval)
+    def _look(self) -> None:
+        if self.learner.poll() is not None:
+            self._loop.stop()  # the learner is gone: nothing left to measure
+            return
+        rss = self.learner.tree_rss()
+        self.peak = max(self.peak, rss)
+        if rss > self.limit:
+            self.message = f"memory limit exceeded: {human_bytes(rss)} > {human_bytes(self.limit)}"
+            log.warning("%s; killing the learner", self.message)
+            self.learner.signal_group(signal.SIGKILL)
+            self._loop.stop()
+            if self._on_exceeded is not None:
+                self._on_exceeded(self.message)

@@ -31,7 +31,7 @@ from trainforge_services.common.adapters.logstore import LogLine
 from trainforge_services.common.adapters.objectstore import ObjectStore
 from trainforge_services.common.contracts import storekeys
 from trainforge_services.common.contracts.specs import LearnerSpec
-from trainforge_services.common.retry import Backoff
+from trainforge_services.common.retry import STEADY, Policy
 
 from .priority import background_priority, output_thread, output_thread_done
 
@@ -182,24 +182,26 @@ class LogShipper:
     """Tails a `LogArchive` file and ships it to a `LogSink` in ordered batches.
 
     A batch is sent when it holds `max_lines` lines or its oldest line has
-    waited `max_seconds`. A failed send is retried, same batch, with
-    exponential backoff between `backoff_initial` and `backoff_max`.
+    waited `max_seconds`. A failed send is retried, same batch, with the
+    backoff of its `retry` policy.
     `close(timeout)` ships everything up to the end of the file, then stops.
     """
 
     def __init__(self, path: Path, sink: LogSink, *, max_lines: int = 500, max_seconds: float = 0.5,
-                 backoff_initial: float = 0.2, backoff_max: float = 5.0, poll: float = 0.5,
+                 retry: Policy = STEADY, poll: float = 0.5,
                  clock: Callable[[], float] = time.monotonic):
         if max_lines < 1 or max_seconds <= 0:
             raise ValueError("max_lines must be >= 1 and max_seconds > 0")
         self.path = Path(path)
         self._sink = sink
         self._max_lines, self._max_seconds = max_lines, max_seconds
-        self._backoff = Backoff(backoff_initial, backoff_max)
+        self._backoff = retry.backoff()
         self._poll, self._clock = poll, clock
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._deadline = float("inf")
+        # not a Loop: one tail of one file, holding the open file and the unsent batch for its whole life,
+        # draining to a deadline on close, on an output thread placed and niced as such (priority.py)
         self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
         self._drained = False
         # Set to the archive's flush when it buffers lines: called whenever the end of the file is reached.

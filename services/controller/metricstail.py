@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from trainforge_services.common.adapters.logstore import LogStore, metrics_index
 from trainforge_services.common.adapters.objectstore import ObjectStore
 from trainforge_services.common.contracts import storekeys
 from trainforge_services.common.contracts.specs import LearnerSpec
+from trainforge_services.common.loop import Loop
 
 from .logship import LogArchive, LogShipper
 
@@ -56,29 +56,26 @@ def clean_record(raw: bytes) -> str | None:
 
 class MetricsTail:
     def __init__(self, path: Path, archive: LogArchive, interval: float = 0.5):
-        self.path, self._archive, self._interval = Path(path), archive, interval
+        self.path, self._archive = Path(path), archive
         self._offset = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="metrics-tail", daemon=True)
+        self._loop = Loop("metrics-tail", self._read, interval=interval)
         self.records = 0
         self.rejected = 0
 
     def start(self) -> MetricsTail:
-        self._thread.start()
+        self._loop.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
         """Read what the learner wrote last, then stop."""
-        self._stop.set()
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(self._interval):
+        if self._loop.stop(timeout):
+            try:
                 self.read_new()
-            self.read_new()
-        except Exception:  # noqa: BLE001 - metrics must never take the controller down
-            log.exception("the metrics tail stopped")
+            except Exception:  # noqa: BLE001 - metrics must never take the controller down
+                log.exception("reading the last metrics failed")
+
+    def _read(self) -> None:
+        self.read_new()
 
     def read_new(self) -> int:
         """Archive the complete records written since the last call; returns how many."""

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 
 from trainforge_services.common.contracts.etcd import LearnerStatus
-from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.errors import message_of
 from trainforge_services.common.states import LearnerState
 
 from .logship import LogArchive
@@ -56,8 +56,7 @@ def system_line(archive: LogArchive, message: str) -> None:
 
 
 def text(e: BaseException) -> str:
-    if isinstance(e, TrainforgeError):
-        return e.message
+    """`message_of(e)`, but an OSError by its reason and file, without the errno."""
     if isinstance(e, OSError) and e.strerror:
         return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
-    return str(e)
+    return message_of(e)

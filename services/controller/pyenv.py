@@ -299,6 +299,7 @@ class EnvCache:
                                     start_new_session=True)
         except OSError as e:
             raise EnvBuildFailed(f"requirements: {what} failed: cannot run {argv[0]}: {e.strerror or e}") from None
+        # not a Loop: a blocking read of the installer's output until it closes
         reader = threading.Thread(target=self._read, args=(proc.stdout, tail, progress), daemon=True)
         reader.start()
         deadline = time.monotonic() + self.timeout

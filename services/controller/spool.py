@@ -118,6 +118,7 @@ class SpooledStream:
         self._warned = False
         self._split_bytes = 0  # spool bytes the splitter has read and numbered: join's sign of progress
         self._full = chunk_bytes
+        # not Loops: a byte pump blocked on the learner's pipe, and a splitter that follows it as data comes
         self._reader = threading.Thread(target=self._copy, name=f"learner-{stream}", daemon=True)
         self._splitter = threading.Thread(target=self._split, name=f"learner-{stream}-lines", daemon=True)
 

@@ -18,18 +18,16 @@ from collections.abc import Callable
 from trainforge_services.common.adapters.etcd import Coordinator, Lease
 from trainforge_services.common.contracts.etcd import MonitorClaim
 from trainforge_services.common.errors import Unavailable
-from trainforge_services.common.retry import Backoff
+from trainforge_services.common.loop import Loop
+from trainforge_services.common.retry import Policy
 
 log = logging.getLogger(__name__)
 
-# Retry waits grow from the monitor's retry_seconds up to this many times it while etcd or the Trainer stays away.
-BACKOFF_CAP = 8
-
 
 class JobClaim:
-    """The `monitor` key of one job attempt: `acquire()`, `keep()` on a thread, `release()`."""
+    """The `monitor` key of one job attempt: `acquire()`, `keep()` (a loop), `release()`."""
 
-    def __init__(self, coordinator: Coordinator, job_id: str, attempt: int, *, lease_ttl: int, retry: float,
+    def __init__(self, coordinator: Coordinator, job_id: str, attempt: int, *, lease_ttl: int, retry: Policy,
                  stop: threading.Event, clock: Callable[[], float]):
         self._coord, self.job_id, self.attempt = coordinator, job_id, attempt
         self._key = coordinator.keys.monitor(job_id)
@@ -37,6 +35,7 @@ class JobClaim:
         self._lease: Lease | None = None
         self._lease_lock = threading.Lock()
         self.lost = threading.Event()  # another monitor holds the job now
+        self._keeper = Loop("monitor-lease", self._refresh, interval=max(lease_ttl / 3, 0.2))
 
     def record(self) -> MonitorClaim:
         return MonitorClaim(pid=os.getpid(), host=socket.gethostname(), attempt=self.attempt)
@@ -59,7 +58,7 @@ class JobClaim:
         """
         key = self._key
         deadline = self._clock() + 3 * self._lease_ttl
-        backoff = Backoff(self._retry, self._retry * BACKOFF_CAP)
+        backoff = self._retry.backoff()
         warned = False
         while not self._stop.is_set():
             try:
@@ -100,29 +99,31 @@ class JobClaim:
         return False
 
     def keep(self) -> None:
-        """Refresh the lease until the monitor stops (a thread); a lost claim sets `lost`."""
-        period = max(self._lease_ttl / 3, 0.2)
-        while not self._stop.wait(period):
-            with self._lease_lock:
-                lease = self._lease
-            if lease is None:
-                continue
-            try:
-                alive = lease.refresh()
-            except Unavailable as e:
-                log.debug("job %s: lease refresh failed: %s", self.job_id, e.message)
-                continue
-            if alive:
-                continue
-            log.warning("job %s: the monitor's lease expired; claiming the job again", self.job_id)
-            try:
-                if not self._try_claim():
-                    self.lost.set()
-                    return
-            except Unavailable as e:
-                log.debug("job %s: re-claim failed: %s", self.job_id, e.message)
+        """Refresh the lease every TTL/3 until `release()`; a lost claim sets `lost`."""
+        self._keeper.start()
+
+    def _refresh(self) -> None:
+        with self._lease_lock:
+            lease = self._lease
+        if lease is None or self._stop.is_set():
+            return
+        try:
+            alive = lease.refresh()
+        except Unavailable as e:
+            log.debug("job %s: lease refresh failed: %s", self.job_id, e.message)
+            return
+        if alive:
+            return
+        log.warning("job %s: the monitor's lease expired; claiming the job again", self.job_id)
+        try:
+            if not self._try_claim():
+                self.lost.set()
+                self._keeper.stop()
+        except Unavailable as e:
+            log.debug("job %s: re-claim failed: %s", self.job_id, e.message)
 
     def release(self) -> None:
+        self._keeper.stop(5)
         with self._lease_lock:
             lease, self._lease = self._lease, None
         if lease is not None:

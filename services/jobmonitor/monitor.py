@@ -42,10 +42,10 @@ from trainforge_services.common.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
-    TrainforgeError,
     Unauthenticated,
+    message_of,
 )
-from trainforge_services.common.retry import Backoff
+from trainforge_services.common.retry import REPORT
 from trainforge_services.common.states import JobState, LearnerState
 from trainforge_services.jobmonitor.aggregate import (
     Verdict,
@@ -54,7 +54,7 @@ from trainforge_services.jobmonitor.aggregate import (
     of_attempt,
     preparing_reason,
 )
-from trainforge_services.jobmonitor.claim import BACKOFF_CAP, JobClaim
+from trainforge_services.jobmonitor.claim import JobClaim
 from trainforge_services.jobmonitor.elastic import aggregate_elastic
 
 log = logging.getLogger(__name__)
@@ -102,14 +102,14 @@ class JobMonitor:
         self.spec = spec
         self._coord = coordinator
         self._reporter = reporter
-        self._retry = retry_seconds
-        self._report_backoff = self._backoff()
+        self._retry = REPORT.starting(retry_seconds)
+        self._report_backoff = self._retry.backoff()
         self._clock = clock
         self._keys = coordinator.keys
         # a stop wakes the watch thread at once (it is joined on the way out, and KillJob waits for this exit)
         self._stop = StopEvent()
         self._events: queue.Queue[Event] = queue.Queue()
-        self._claim = JobClaim(coordinator, spec.job_id, spec.attempt, lease_ttl=lease_ttl, retry=retry_seconds,
+        self._claim = JobClaim(coordinator, spec.job_id, spec.attempt, lease_ttl=lease_ttl, retry=self._retry,
                                stop=self._stop, clock=clock)
         # what the monitor knows of the learners
         self._current: dict[int, LearnerStatus] = {}
@@ -144,10 +144,10 @@ class JobMonitor:
         if not self._claim.acquire():
             return 0
         log.info("job %s attempt %d: monitoring %d learner(s)", job, self.spec.attempt, self.spec.learners)
-        threads = [threading.Thread(target=self._claim.keep, name="monitor-lease", daemon=True),
-                   threading.Thread(target=self._watch, name="monitor-watch", daemon=True)]
-        for t in threads:
-            t.start()
+        self._claim.keep()
+        # not a Loop: a blocking watch of the learners' keys, reopened when it fails
+        watch = threading.Thread(target=self._watch, name="monitor-watch", daemon=True)
+        watch.start()
         started = self._clock()
         try:
             while not self._stop.is_set():
@@ -166,8 +166,7 @@ class JobMonitor:
             return 0
         finally:
             self._stop.set()
-            for t in threads:
-                t.join(5)
+            watch.join(5)
             self._claim.release()
 
     @property
@@ -180,16 +179,11 @@ class JobMonitor:
         """States the Trainer has taken, in order (for diagnostics and tests)."""
         return list(self._delivered)
 
-    # -- retries -----------------------------------------------------------------
-
-    def _backoff(self) -> Backoff:
-        return Backoff(self._retry, self._retry * BACKOFF_CAP)
-
     # -- watching the learners ---------------------------------------------------
 
     def _watch(self) -> None:
         prefix = self._keys.learners(self.spec.job_id)
-        backoff = self._backoff()
+        backoff = self._retry.backoff()
         while not self._stop.is_set():
             try:
                 for event in self._coord.watch_prefix(prefix, stop=self._stop):
@@ -335,9 +329,8 @@ class JobMonitor:
         except _PERMANENT as e:
             log.warning("job %s: the Trainer refused the preparing progress: %s", self.spec.job_id, e.message)
         except Exception as e:  # noqa: BLE001 - retried like a state, unless newer progress replaces it
-            message = e.message if isinstance(e, TrainforgeError) else repr(e)
             self._next_try = self._clock() + self._report_backoff.next()
-            log.info("job %s: reporting the preparing progress failed (%s)", self.spec.job_id, message)
+            log.info("job %s: reporting the preparing progress failed (%s)", self.spec.job_id, message_of(e))
             return
         self._report_backoff.reset()
         if self._progress is request:
@@ -370,10 +363,9 @@ class JobMonitor:
                 log.error("job %s: the Trainer refused %s: %s; not retrying", self.spec.job_id, state.name,
                           e.message)
             except Exception as e:  # noqa: BLE001 - any other failure: retry later
-                message = e.message if isinstance(e, TrainforgeError) else repr(e)
                 delay = self._report_backoff.next()
                 log.warning("job %s: reporting %s failed (%s); retrying in %gs", self.spec.job_id,
-                            state.name, message, delay)
+                            state.name, message_of(e), delay)
                 self._next_try = self._clock() + delay
                 return
             else:

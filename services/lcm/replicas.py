@@ -42,7 +42,7 @@ from typing import TypeVar
 
 from trainforge_services.common.adapters.etcd import Coordinator, FenceRefused
 from trainforge_services.common.election import FOLLOWING, Election
-from trainforge_services.common.errors import TrainforgeError, Unavailable
+from trainforge_services.common.errors import Unavailable, message_of
 from trainforge_services.lcm.backends.base import Capacity, Handle, JobDeployment, JobView, TeamQuota
 from trainforge_services.lcm.lifecycle import LifecycleManager, RunningJob
 
@@ -79,8 +79,7 @@ class LeaderLifecycle:
             # every etcd write of this lifecycle is fenced on this term; reconciles before serving a call
             lifecycle = self._build(self._coord.fenced(self.election.key, term, self.election.resign))
         except Exception as e:  # noqa: BLE001 - a leader that cannot lead must let another one try
-            message = e.message if isinstance(e, TrainforgeError) else repr(e)
-            log.warning("lcm: could not take over as term %d: %s; resigning", term, message)
+            log.warning("lcm: could not take over as term %d: %s; resigning", term, message_of(e))
             self.election.resign()
             return
         with self._lock:

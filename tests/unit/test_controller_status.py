@@ -8,6 +8,7 @@ import time
 from tests.servers import wait_for
 from trainforge_services.common.contracts.etcd import LearnerStatus
 from trainforge_services.common.errors import Unavailable
+from trainforge_services.common.retry import QUICK
 from trainforge_services.common.states import LearnerState
 from trainforge_services.controller.status import StatusPublisher
 
@@ -99,7 +100,7 @@ def test_writes_under_a_lease_and_finishes_without_one():
 def test_publish_never_blocks_while_etcd_is_down_and_the_latest_doc_wins():
     etcd = FakeEtcd()
     etcd.down.set()
-    pub = StatusPublisher(etcd, "k", ttl=3, retry_max=0.05).start()
+    pub = StatusPublisher(etcd, "k", ttl=3, retry=QUICK.starting(0.0025)).start()
     started = time.monotonic()
     for state in (LearnerState.LEARNER_PREPARING, LearnerState.LEARNER_RUNNING):
         pub.publish(doc(state))
@@ -127,7 +128,7 @@ def test_an_expired_lease_is_replaced_and_the_status_rewritten():
 def test_finish_gives_up_at_its_deadline():
     etcd = FakeEtcd()
     etcd.down.set()
-    pub = StatusPublisher(etcd, "k", ttl=3, retry_max=0.05).start()
+    pub = StatusPublisher(etcd, "k", ttl=3, retry=QUICK.starting(0.0025)).start()
     started = time.monotonic()
     assert pub.finish(doc(LearnerState.LEARNER_FAILED), timeout=0.3) is False
     assert time.monotonic() - started < 3

@@ -11,6 +11,7 @@ import pytest
 from tests.servers import wait_for
 from trainforge_services.common.adapters.logstore import LogLine
 from trainforge_services.common.errors import Unavailable
+from trainforge_services.common.retry import QUICK
 from trainforge_services.controller.logship import LogArchive, LogShipper, utc_timestamp
 
 
@@ -59,7 +60,7 @@ class BlockingSink(RecordingSink):
 
 def make(directory, sink, **kw):
     path = directory / "learner-0-1.log.jsonl"
-    opts = {"max_lines": 10, "max_seconds": 0.05, "backoff_initial": 0.005, "backoff_max": 0.05, "poll": 0.05}
+    opts = {"max_lines": 10, "max_seconds": 0.05, "retry": QUICK.starting(0.0025), "poll": 0.05}
     shipper = LogShipper(path, sink, **(opts | kw))
     archive = LogArchive(path, job="j", team="t", learner=0, attempt=1, on_append=shipper.notify)
     return archive, shipper.start()

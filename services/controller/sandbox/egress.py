@@ -123,6 +123,7 @@ def listen_in(netns_path: Path, addresses: list[tuple[str, int]]) -> list[socket
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             failed.append(e)
 
+    # not a Loop: a one-shot thread that joins the job's namespace and ends with it
     t = threading.Thread(target=work, name="egress-netns", daemon=True)
     t.start()
     t.join()
@@ -183,6 +184,7 @@ class Egress:
         except OSError as e:
             raise EgressError(f"egress {self.policy}: {e.strerror or e}") from e
         for sock, (addr, port, host) in zip(self._listeners, self.routes, strict=True):
+            # not a Loop: blocks in accept() until the listener is closed
             threading.Thread(target=self._accept, args=(sock, host, port), daemon=True,
                              name=f"egress {addr}:{port}").start()
             log.info("egress: %s:%d in the job's network namespace relays to %s:%d", addr, port, host, port)
@@ -193,6 +195,7 @@ class Egress:
                 inside, _ = listener.accept()
             except OSError:
                 return
+            # not a Loop: one connection's relay, a byte pump each way until either side closes
             threading.Thread(target=self._relay, args=(inside, host, port), daemon=True).start()
 
     def _relay(self, inside: socket.socket, host: str, port: int) -> None:
@@ -208,6 +211,7 @@ class Egress:
                 outside.close()
                 return
             self._conns |= {inside, outside}
+        # not a Loop: a byte pump (outside to inside) while this thread pumps the other way
         back = threading.Thread(target=_pump, args=(outside, inside), daemon=True)
         back.start()
         _pump(inside, outside)

@@ -69,6 +69,7 @@ def _in_thread(work: Callable[[], None], name: str) -> None:
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             failed.append(e)
 
+    # not a Loop: a one-shot thread that must end with the namespace it joined
     t = threading.Thread(target=run, name=name, daemon=True)
     t.start()
     t.join()
