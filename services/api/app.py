@@ -266,7 +266,7 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
         # 0: no sweeper (an API built for a test may have no identity store to read policies from)
         sweeper = (retention.start_sweeper(settings, trainer, objects, logs, audit, identity.db)
                    if settings.retention_interval else None)
-        if own_logs:
+        if own_logs:  # not a Loop: a one-shot call at start, off the request path
             threading.Thread(target=_create_log_index, args=(logs,), name="log-index", daemon=True).start()
         yield
         if sweeper is not None:

@@ -24,7 +24,7 @@ from trainforge_services.common.adapters.logstore import LogStore
 from trainforge_services.common.adapters.objectstore import ObjectStore, store_from_settings
 from trainforge_services.common.contracts import storekeys
 from trainforge_services.common.errors import TrainforgeError
-from trainforge_services.common.retry import retry_call
+from trainforge_services.common.retry import STEADY
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,7 @@ def reindex_job(objects: ObjectStore, logs: LogStore, job_id: str, *, batch: int
 
 def _ship(logs: LogStore, docs: list[tuple[str, bytes]], deadline: float) -> None:
     if docs:
-        retry_call(lambda: logs.write_raw(docs), retry_on=TrainforgeError, deadline=deadline, initial=0.2,
-                   maximum=5.0)
+        STEADY.within(deadline=deadline).call(lambda: logs.write_raw(docs), retry_on=TrainforgeError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,16 +7,14 @@ outputs). A kind without days is kept for ever. `sweep` looks at every team
 with a policy, finds its ended jobs older than each limit, deletes what is
 left of that kind and writes one audit entry per job and kind (actor
 `retention`, method `RETENTION`), so the audit log says what went and why.
-The API process runs `Sweeper` every `retention_interval` seconds;
+The API process runs a sweep every `retention_interval` seconds (`start_sweeper`);
 `POST /v1/admin/retention/sweep` runs it at once.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,7 +24,8 @@ from trainforge_services.common.adapters.logstore import LogStore
 from trainforge_services.common.adapters.mongo import Database, mapped_as
 from trainforge_services.common.adapters.objectstore import ObjectStore
 from trainforge_services.common.contracts import storekeys
-from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.errors import TrainforgeError, message_of
+from trainforge_services.common.loop import Loop
 from trainforge_services.common.states import JobState
 
 log = logging.getLogger(__name__)
@@ -105,35 +104,10 @@ def sweep(trainer: TrainerApi, objects: ObjectStore, logs: LogStore, metrics: Lo
     return done
 
 
-class Sweeper:
-    """Runs `run_once` every `interval` seconds in a daemon thread; errors are logged, the next pass retries."""
-
-    def __init__(self, run_once: Callable[[], object], interval: float):
-        self._run_once, self._interval = run_once, interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="retention", daemon=True)
-
-    def start(self) -> Sweeper:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self._run_once()
-            except (TrainforgeError, OSError) as e:
-                log.warning("retention sweep failed (next pass retries): %s", e)
-            except Exception:  # noqa: BLE001 - the sweeper must outlive a bug in one pass
-                log.exception("retention sweep failed")
-
-
 def start_sweeper(settings, trainer: TrainerApi, objects: ObjectStore, logs: LogStore, audit: AuditLog,  # noqa: ANN001
-                  db: Database) -> Sweeper | None:
-    """The API's periodic sweep (settings.retention_interval seconds; 0: none)."""
+                  db: Database) -> Loop | None:
+    """The API's periodic sweep (settings.retention_interval seconds; 0: none), the first one interval after start;
+    a failed pass is logged and the next one retries."""
     interval = getattr(settings, "retention_interval", 0)
     if not interval:
         return None
@@ -143,7 +117,13 @@ def start_sweeper(settings, trainer: TrainerApi, objects: ObjectStore, logs: Log
         metrics = logs.metrics_store()
         try:
             sweep(trainer, objects, logs, metrics, audit, store)
+        except (TrainforgeError, OSError) as e:
+            log.warning("retention sweep failed (next pass retries): %s", message_of(e))
         finally:
             metrics.close()
 
-    return Sweeper(once, interval).start()
+    # `when` holds back the pass a loop makes at its start (half an interval: a timed wait may end a hair early)
+    first = time.monotonic() + interval / 2
+    loop = Loop("retention", once, interval=interval, when=lambda: time.monotonic() >= first)
+    loop.start()
+    return loop

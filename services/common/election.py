@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from trainforge_services.common.adapters.etcd import Coordinator, Lease
 from trainforge_services.common.errors import Unavailable
+from trainforge_services.common.loop import Loop
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ FOLLOWING = "replica is following"
 
 
 class Election:
-    """`start()` campaigns on a thread; `term` is the current term while leading, else None."""
+    """`start()` campaigns on a background loop; `term` is the current term while leading, else None."""
 
     def __init__(self, coordinator: Coordinator, service: str, *, ttl: int, identity: str,
                  on_elected: Callable[[int], None], on_deposed: Callable[[], None]):
@@ -49,8 +50,8 @@ class Election:
         self._refreshed = 0.0
         self.term: int | None = None
         self._resign = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # a leader refreshes every ttl / 3 (the interval), a follower polls every ttl / 4 (the step says so)
+        self._loop = Loop(f"{service}-election", self._step, interval=ttl / 3)
         self._callbacks = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{service}-leadership")
 
     @property
@@ -58,15 +59,12 @@ class Election:
         return self.term is not None
 
     def start(self) -> Election:
-        self._thread = threading.Thread(target=self._run, name=f"{self.service}-election", daemon=True)
-        self._thread.start()
+        self._loop.start()
         return self
 
     def stop(self, resign: bool = True) -> None:
         """Stop campaigning; `resign` revokes the lease so a follower takes over at once."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        self._loop.stop(timeout=10)
         if self.term is not None:
             self._depose("stopping")
         if resign and self._lease is not None:
@@ -78,25 +76,24 @@ class Election:
         """Give up leading (e.g. a takeover that could not finish) and campaign again."""
         self._resign.set()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if self._resign.is_set():
-                self._resign.clear()
-                lease, self._lease = self._lease, None
-                if lease is not None:
-                    lease.revoke()
-                self._depose("resigned")
-            try:
-                if self._lease is None:
-                    self._campaign()
-                else:
-                    self._keep()
-            except Unavailable as e:
-                log.debug("%s election: %s", self.service, e.message)
-                if self._lease is not None and time.monotonic() - self._refreshed > self._ttl:
-                    self._lease = None
-                    self._depose(f"no lease refresh for {self._ttl}s ({e.message})")
-            self._stop.wait(self._ttl / 3 if self._lease is not None else self._ttl / 4)
+    def _step(self) -> float:
+        if self._resign.is_set():
+            self._resign.clear()
+            lease, self._lease = self._lease, None
+            if lease is not None:
+                lease.revoke()
+            self._depose("resigned")
+        try:
+            if self._lease is None:
+                self._campaign()
+            else:
+                self._keep()
+        except Unavailable as e:
+            log.debug("%s election: %s", self.service, e.message)
+            if self._lease is not None and time.monotonic() - self._refreshed > self._ttl:
+                self._lease = None
+                self._depose(f"no lease refresh for {self._ttl}s ({e.message})")
+        return self._ttl / 3 if self._lease is not None else self._ttl / 4
 
     def _campaign(self) -> None:
         if self._coord.get(self.key)[0] is not None:

@@ -22,7 +22,7 @@ from trainforge_services.common.contracts.etcd import Halted, HaltRequest
 from trainforge_services.common.contracts.specs import LearnerSpec
 from trainforge_services.common.errors import InvalidArgument, TrainforgeError
 from trainforge_services.common.loop import Loop
-from trainforge_services.common.retry import retry_call
+from trainforge_services.common.retry import QUICK
 from trainforge_services.common.states import LearnerState
 
 from .checkpoints import CheckpointSync, choose_step, copy_uri
@@ -128,8 +128,8 @@ class Halting:
         """The `halted` key, retried through a short etcd outage (the final status is retried the same way)."""
         key = self._coord.keys.learner_halted(self.spec.job_id, self.spec.rank)
         try:
-            retry_call(lambda: self._coord.put(key, value.value()), retry_on=TrainforgeError,
-                       deadline=FINAL_STATUS_SECONDS, initial=0.1, maximum=2.0)
+            QUICK.within(deadline=FINAL_STATUS_SECONDS).call(lambda: self._coord.put(key, value.value()),
+                                                             retry_on=TrainforgeError)
         except TrainforgeError as e:
             log.warning("could not write the halted key: %s", e.message)
 

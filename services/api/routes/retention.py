@@ -82,5 +82,5 @@ def start_reindex(_: PlatformAdminDep, objects: ObjectsDep, logs: LogsDep, body:
             except Exception as e:  # noqa: BLE001 - one job's failure must not stop the others
                 log.warning("reindexing %s failed: %s", job, e, extra={"job": job})
 
-    threading.Thread(target=run, name="reindex", daemon=True).start()
+    threading.Thread(target=run, name="reindex", daemon=True).start()  # not a Loop: a one-shot background job
     return {"jobs": jobs, "started": True}

@@ -26,7 +26,7 @@ from pyetcd.utils import prefix_range_end
 
 from trainforge_services.common.errors import Unavailable
 from trainforge_services.common.keys import Keys
-from trainforge_services.common.retry import Backoff, retry_call
+from trainforge_services.common.retry import QUICK
 
 log = logging.getLogger(__name__)
 
@@ -217,14 +217,18 @@ class Coordinator:
         """
         stop = stop or threading.Event()
         next_rev = start_revision
-        # Waits stay within `poll`, so a restarted etcd is found again within a poll.
-        backoff = Backoff(min(0.05, poll), poll)
+        # QUICK's waits, but never past `poll`, so a restarted etcd is found again within a poll.
+        backoff = QUICK.backoff()
+
+        def pause() -> None:
+            stop.wait(min(backoff.next(), poll))
+
         while not stop.is_set():
             if next_rev is None:
                 try:
                     snapshot, rev = self.list(prefix)
                 except Unavailable:
-                    stop.wait(backoff.next())
+                    pause()
                     continue
                 backoff.reset()
                 yield Event("resync", revision=rev, snapshot=snapshot)
@@ -238,7 +242,7 @@ class Coordinator:
             except Exception as e:  # noqa: BLE001 - etcd down: retry after a pause
                 log.debug("watch on %s failed to open: %s", prefix, e)
                 self._reset_watcher()
-                stop.wait(backoff.next())
+                pause()
                 continue
             wake = functools.partial(q.put, _WAKE)
             if isinstance(stop, StopEvent):
@@ -257,7 +261,7 @@ class Coordinator:
                     if isinstance(item, Exception):
                         log.debug("watch on %s broke: %s; resuming from %s", prefix, item, next_rev)
                         self._reset_watcher()
-                        stop.wait(backoff.next())
+                        pause()
                         break
                     backoff.reset()
                     for ev in item.events:
@@ -347,4 +351,4 @@ def wait_healthy(coord: Coordinator, timeout: float) -> None:
         if not coord.healthy():
             raise Unavailable("etcd did not become healthy in time")
 
-    retry_call(check, retry_on=Unavailable, deadline=timeout, initial=0.1, maximum=1.0)
+    QUICK.within(deadline=timeout).call(check, retry_on=Unavailable)

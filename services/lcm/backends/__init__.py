@@ -1,25 +1,18 @@
 """Backends are chosen by settings, here and nowhere else.
 
 Only this function names the backend modules, so a backend whose client
-library is missing cannot break an LCM configured for another one.
+library is missing cannot break an LCM configured for another one. The
+interface every backend implements (Backend, AttemptPlan, Handle, ...) lives
+in base.py alone.
 """
 
 from __future__ import annotations
 
 from trainforge_services.common.errors import InvalidArgument
 from trainforge_services.common.settings import LcmSettings
-from trainforge_services.lcm.backends.base import (
-    AttemptPlan,
-    Backend,
-    Capacity,
-    Handle,
-    JobView,
-    Observed,
-    Role,
-    Site,
-)
+from trainforge_services.lcm.backends.base import Backend
 
-__all__ = ["AttemptPlan", "Backend", "Capacity", "Handle", "JobView", "Observed", "Role", "Site", "make_backend"]
+__all__ = ["make_backend"]
 
 
 def make_backend(settings: LcmSettings) -> Backend:

@@ -53,6 +53,7 @@ from trainforge_services.common import rpc
 from trainforge_services.common.adapters.etcd import Coordinator
 from trainforge_services.common.contracts.etcd import HaltRequest, LearnerStatus
 from trainforge_services.common.errors import Unavailable
+from trainforge_services.common.loop import Loop
 from trainforge_services.common.settings import LcmSettings
 from trainforge_services.common.states import JobState, LearnerState
 from trainforge_services.lcm.backends.base import (
@@ -70,6 +71,8 @@ log = logging.getLogger(__name__)
 
 ACTOR = "simulated"
 RETRY = 0.5
+# How often the step timer looks at an empty schedule (a scheduled step wakes it at once)
+IDLE_SECONDS = 60.0
 WORKERS = 8
 SECONDS_ENV = "SIM_SECONDS"
 RECORD = "simulated.json"
@@ -110,10 +113,8 @@ class SimulatedBackend(Backend):
         self._seen: set[tuple[str, int]] = set()
         self._due: list[tuple[float, int, str, int]] = []  # (when, seq, job, attempt): the attempt's next step
         self._seq = itertools.count()
-        self._wake = threading.Condition(self._lock)
-        self._stopping = False
         self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="sim-step")
-        self._timer = threading.Thread(target=self._loop, name="sim-timer", daemon=True)
+        self._timer = Loop("sim-timer", self._submit_due, interval=IDLE_SECONDS)
         self._timer.start()
 
     # -- Backend -----------------------------------------------------------------
@@ -184,10 +185,7 @@ class SimulatedBackend(Backend):
                         max_learners=s.sim_max_learners)
 
     def close(self) -> None:
-        with self._lock:
-            self._stopping = True
-            self._wake.notify_all()
-        self._timer.join(5)
+        self._timer.stop(5)
         self._pool.shutdown(wait=True)
         self._channel.close()
         if self._own_coord:
@@ -241,17 +239,16 @@ class SimulatedBackend(Backend):
     def _schedule(self, delay: float, job_id: str, attempt: int) -> None:
         """The attempt's next step in `delay` seconds; the caller holds the lock."""
         heapq.heappush(self._due, (time.monotonic() + delay, next(self._seq), job_id, attempt))
-        self._wake.notify()
+        self._timer.wake()
 
-    def _loop(self) -> None:
+    def _submit_due(self) -> float | None:
+        """Hand the steps that are due to the pool; the seconds until the next one (None: none is waiting)."""
         with self._lock:
-            while not self._stopping:
-                now = time.monotonic()
-                if self._due and self._due[0][0] <= now:
-                    _, _, job_id, attempt = heapq.heappop(self._due)
-                    self._pool.submit(self._step, job_id, attempt)
-                    continue
-                self._wake.wait(self._due[0][0] - now if self._due else None)
+            now = time.monotonic()
+            while self._due and self._due[0][0] <= now:
+                _, _, job_id, attempt = heapq.heappop(self._due)
+                self._pool.submit(self._step, job_id, attempt)
+            return self._due[0][0] - now if self._due else None
 
     def _current(self, job_id: str, attempt: int) -> _Attempt | None:
         with self._lock:

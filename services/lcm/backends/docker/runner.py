@@ -32,7 +32,7 @@ from pathlib import Path
 # Started by path with the platform's interpreter, which imports the platform's packages from its installation.
 from trainforge_services.common.adapters.docker_engine import ContainerRequest, Engine
 from trainforge_services.common.errors import TrainforgeError, Unavailable
-from trainforge_services.common.retry import Backoff
+from trainforge_services.common.retry import PATIENT
 from trainforge_services.lcm.backends.docker.containers import ContainerPlan, build_skeletons
 
 EXIT_CANNOT_START = 125  # docker run's own code for "the container could not be started"
@@ -117,7 +117,7 @@ class Runner:
 
     def wait(self) -> int:
         """The container's exit code; an engine that stops answering is waited for (the learner may run on)."""
-        backoff = Backoff(initial=1.0, maximum=15.0)
+        backoff = PATIENT.backoff()
         lost_since = None
         pause = threading.Event()  # never set: a wait that a signal does not cut short
         while True:
@@ -145,6 +145,7 @@ class Runner:
             self.reason(f"the container could not be started: preparing {self.plan.workdir} (and the "
                         f"skeleton of /root) for the job's uid failed: {e}")
             return EXIT_CANNOT_START
+        # not Loops: byte pumps, each blocked on the engine's log stream until the container's output ends
         pumps = [threading.Thread(target=_pump, args=(self.engine.logs(self.cid, stdout=out, stderr=not out), dst),
                                   daemon=True)
                  for out, dst in ((True, sys.stdout.buffer), (False, sys.stderr.buffer))]

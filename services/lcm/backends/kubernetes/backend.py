@@ -30,7 +30,7 @@ from pathlib import Path
 
 from trainforge_services.common.adapters.kube import Kube
 from trainforge_services.common.errors import Conflict, InvalidArgument, TrainforgeError
-from trainforge_services.common.retry import retry_call
+from trainforge_services.common.retry import QUICK
 from trainforge_services.common.settings import LcmSettings
 from trainforge_services.lcm.backends.base import (
     AttemptPlan,
@@ -49,6 +49,8 @@ from trainforge_services.lcm.backends.kubernetes.status import pod_state, quanti
 log = logging.getLogger(__name__)
 
 _ATTEMPT_KINDS = ("Pod", "Service", "Secret", "NetworkPolicy", "ConfigMap")
+# How long a pod replacing a deleted one waits for the old one's name to be free.
+REPLACE_SECONDS = 30.0
 
 
 class KubernetesBackend(Backend):
@@ -168,9 +170,7 @@ class KubernetesBackend(Backend):
             raise InvalidArgument(f"job {plan.job_id} attempt {plan.attempt} has no root ConfigMap to own its "
                                   "monitor", details=[{"field": "job_id", "message": "attempt not launched"}])
         self._kube.delete("Pod", ns, name, grace=0)
-        pod = pods.monitor_pod(plan, self.opts, pods.owner_reference(root))
-        # the old pod's name is free once the API server finished deleting it
-        retry_call(lambda: self._kube.create(pod), retry_on=Conflict, initial=0.1, maximum=1.0, deadline=30.0)
+        self._create_in_place(pods.monitor_pod(plan, self.opts, pods.owner_reference(root)))
         return Handle(Role.MONITOR, name)
 
     def launch_learners(self, plan: AttemptPlan, ranks: list[int]) -> list[Handle]:
@@ -186,10 +186,14 @@ class KubernetesBackend(Backend):
             pod = pods.learner_pod(plan, self.opts, plan.learners[rank], pods.owner_reference(root))
             name = pod["metadata"]["name"]
             self._kube.delete("Pod", ns, name, grace=0)
-            retry_call(lambda pod=pod: self._kube.create(pod), retry_on=Conflict, initial=0.1, maximum=1.0,
-                       deadline=30.0)
+            self._create_in_place(pod)
             handles.append(Handle(Role.CONTROLLER, name, rank))
         return handles
+
+    def _create_in_place(self, pod: dict) -> None:
+        """Create `pod` under the name of one just deleted: the name is free once the API server finished deleting
+        the old pod."""
+        QUICK.within(deadline=REPLACE_SECONDS).call(lambda: self._kube.create(pod), retry_on=Conflict)
 
     def recover(self) -> list[AttemptPlan]:
         """Plans rebuilt from the roots of this stack's attempts (adoption by label after losing the records)."""
