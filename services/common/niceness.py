@@ -29,7 +29,7 @@ It is off by default: on a machine shared with other work at nice 0 (other
 users' processes, a test run) lowered jobs wait for all of it, and a burst
 of 1,000 trivial jobs took 3.5-5x longer with it at load 12-40, while its
 gain in submits/s on a quiet machine was within the noise of single runs
-(docs/BENCHMARKS.md, "The job processes' CPU priority").
+(docs/FASTPATH.md, "What bounds it").
 
 Nothing here raises a priority, and a failure to lower one is not an error:
 the process runs as it would have, and `lower` says what it could not do.

@@ -163,7 +163,7 @@ class LcmSettings(StoreSettings):
                               "server that has their imports done (false: a fresh interpreter each)")
     job_nice: int = Field(0, ge=0, le=19, description="the local backend's job monitors, controllers and learners "
                           "run at this nice (and their sessions' autogroups), below the control plane's 0 "
-                          "(0, the default: the same priority; docs/FASTPATH.md says what 10 did and did not do)")
+                          "(0, the default: the same priority; docs/FASTPATH.md, What bounds it, says why)")
     # -- the simulated backend (scale tests only: services/lcm/backends/simulated.py) --
     sim_seconds: float = Field(5.0, ge=0, description="how long each simulated job runs before it completes")
     sim_max_learners: int = Field(1000, ge=1, description="learners the simulated backend runs at once")

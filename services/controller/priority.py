@@ -18,8 +18,8 @@ queue on the learner's CPU. A job that asked for as many CPUs as there are
 learner to its CPUs too, which suits a host running one job: every
 controller on a host picks the same last CPUs, so with several jobs their
 learners would share them; `off` places nothing. Measured on a 2-vCPU host
-only, where the gain is within the noise (docs/BENCHMARKS.md, "Learner
-slowdown (2026-11-27)").
+only, where the gain is within the noise (docs/BENCHMARKS.md, "Log
+flood").
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ yet, and the spool is deleted once drained.
 
 Why a pipe and not a file the controller tails: a write(2) into a pipe costs
 the learner less than one into a memfd, a tmpfs file or a disk file
-(docs/BENCHMARKS.md, "Learner output sinks (2026-11-27)").
+(docs/BENCHMARKS.md, "Log flood").
 """
 
 from __future__ import annotations
