@@ -108,7 +108,7 @@ class JobStore(JobReads):
     `JobReads`'s (services/trainer/store_reads.py)."""
 
     def __init__(self, db: Database, collection: str = COLLECTION):
-        self._jobs = db[collection]
+        super().__init__(db[collection])
 
     @mapped
     def ensure_indexes(self) -> None:

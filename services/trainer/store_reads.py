@@ -25,9 +25,10 @@ mapped = mapped_as("job store")
 
 
 class JobReads:
-    """Queries on `_jobs`, the jobs collection (set by `JobStore`)."""
+    """Queries on the jobs collection; `JobStore` adds the writes."""
 
-    _jobs: Collection
+    def __init__(self, jobs: Collection):
+        self._jobs = jobs
 
     @mapped
     def find_by_key(self, team: str, idempotency_key: str) -> JobRecord | None:
