@@ -1,8 +1,10 @@
 """The lifecycle on the local backend after crashes: adoption, monitor restarts, dead controllers, cut-short kills."""
 from __future__ import annotations
 
+import gc
 import os
 import signal
+import sys
 
 import psutil
 import pytest
@@ -10,6 +12,8 @@ import pytest
 from tests.integration.lcm_local.conftest import deployment, gone, monitor_pid, names, pids_of
 from tests.servers import wait_for
 from trainforge_services.lcm.backends.base import Role
+from trainforge_services.lcm.backends.local.backend import LocalBackend
+from trainforge_services.lcm.lifecycle import LifecycleManager
 
 
 def test_a_new_backend_adopts_live_deployments_and_keeps_ended_ones_until_killed(lifecycles, fake, tmp_path, unique):
@@ -164,3 +168,26 @@ def test_a_kill_an_lcm_crash_cut_short_is_never_revived(lifecycles, fake, tmp_pa
     assert not (tmp_path / "state" / "lcm" / "jobs" / f"{job}.json").exists()
     assert len(fake.runs()) == 2, "a monitor of a job being killed was started again"
     assert second.kill(job) == 0
+
+
+def test_a_closed_backend_leaves_its_processes_running_and_still_collects_them_when_they_end(
+        lcm_settings, coordinator, fake, unique):
+    settings = lcm_settings()  # the fake interpreter is not the LCM's: every process is spawned, a child of ours
+    lcm = LifecycleManager.from_settings(settings, LocalBackend(settings, kill_grace=5), coordinator,
+                                         start_timeout=30, supervise_interval=600)
+    pids = pids_of(lcm.deploy(deployment(f"left-{unique}", learners=1)))
+    fake.wait_runs(2)
+    lcm.close()
+    del lcm
+    dropped: list = []
+    hook, sys.unraisablehook = sys.unraisablehook, dropped.append
+    try:
+        gc.collect()  # a Popen dropped while its process runs would warn here
+    finally:
+        sys.unraisablehook = hook
+    assert not [u for u in dropped if isinstance(u.exc_value, ResourceWarning)], dropped
+    assert all(psutil.pid_exists(p) and not gone(p) for p in pids)  # left running by design
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    # collected, not left as zombies of this process
+    wait_for(lambda: not any(psutil.pid_exists(p) for p in pids), 10, "the ended processes to be collected")

@@ -210,6 +210,20 @@ class LocalBackend(Backend):
                         max_learners=s.local_max_learners)
 
     def close(self) -> None:
+        """Release the fork server; monitors and controllers spawned from here outlive the backend by design.
+
+        Those still running stay this process's children: a thread waits for them, so that one that ends while
+        this process lives is collected rather than left a zombie (and its `Popen` is never dropped running)."""
         self._reap()
+        with self._lock:
+            left, self._children = list(self._children.values()), {}
+        if left:
+            # not a Loop: a one-shot wait on the processes left running
+            threading.Thread(target=_wait_all, args=(left,), name="local-backend-reaper", daemon=True).start()
         if self._forks:
             self._forks.close()
+
+
+def _wait_all(children: list[subprocess.Popen]) -> None:
+    for popen in children:
+        popen.wait()
