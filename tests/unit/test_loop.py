@@ -76,12 +76,16 @@ def test_a_step_that_returns_seconds_runs_again_that_soon():
 def test_a_loop_skips_its_step_while_when_says_no():
     leading = threading.Event()
     runs: list[int] = []
-    loop = Loop("t-when", lambda: runs.append(1), interval=0.01, when=leading.is_set)
+    asked: list[int] = []
+
+    def when() -> bool:
+        asked.append(1)
+        return leading.is_set()
+
+    loop = Loop("t-when", lambda: runs.append(1), interval=0.01, when=when)
     loop.start()
-    time_follower = time.monotonic()
-    while time.monotonic() - time_follower < 0.1:
-        assert not runs
-        time.sleep(0.01)
+    wait_for(lambda: len(asked) >= 5)  # asked five times while a follower: no run
+    assert not runs
     leading.set()
     wait_for(lambda: len(runs) >= 1)
     assert loop.stop(timeout=5.0)
@@ -114,15 +118,14 @@ def test_stop_waits_for_the_running_step_and_no_step_runs_after():
     loop = Loop("t-stop", step, interval=0.01)
     loop.start()
     assert inside.wait(5.0)
-    stopper = threading.Thread(target=loop.stop)
+    ended: list[bool] = []
+    stopper = threading.Thread(target=lambda: ended.append(loop.stop(timeout=5.0)))
     stopper.start()
     release.set()
     stopper.join(5.0)
-    assert not stopper.is_alive()
-    count = len(runs)
-    loop.wake()
-    time.sleep(0.05)  # a wake after stop: give a (wrong) run the chance to happen
-    assert len(runs) == count == 1
+    assert ended == [True]  # stop returned once the running step did, and the loop's thread has ended
+    loop.wake()  # nothing is left to run it
+    assert runs == [1]
 
 
 def test_bad_settings_are_refused_naming_the_loop():
