@@ -122,8 +122,6 @@ def start_sweeper(settings, trainer: TrainerApi, objects: ObjectStore, logs: Log
         finally:
             metrics.close()
 
-    # `when` holds back the pass a loop makes at its start (half an interval: a timed wait may end a hair early)
-    first = time.monotonic() + interval / 2
-    loop = Loop("retention", once, interval=interval, when=lambda: time.monotonic() >= first)
-    loop.start()
+    loop = Loop("retention", once, interval=interval)
+    loop.start(at_once=False)  # the first sweep one interval after the API starts
     return loop

@@ -4,7 +4,8 @@ Every service keeps some work off its callers' threads: delivering webhooks, flu
 running admission passes, supervising attempts. `Loop` is the one way they do it:
 
     loop = Loop("trainer-webhooks", self._deliver_due, interval=1.0)
-    loop.start()      # the thread runs step() at once, then on each wake() or after `interval` seconds
+    loop.start()      # the thread runs step() at once (at_once=False: after one interval), then on each
+                      # wake() or after `interval` seconds
     loop.wake()       # run the step again soon (at most once for any number of wakes before it runs)
     loop.stop()       # no further step; waits (bounded) for the running one to return
 
@@ -50,10 +51,12 @@ class Loop:
     def started(self) -> bool:
         return self._thread is not None
 
-    def start(self) -> None:
+    def start(self, *, at_once: bool = True) -> None:
+        """Start the thread; its first step runs at once, or with `at_once=False` after one interval (or a wake)."""
         if self._thread is not None:
             raise RuntimeError(f"loop {self.name} is already started")
-        self._wanted.set()
+        if at_once:
+            self._wanted.set()
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 

@@ -139,3 +139,18 @@ def test_message_of_prefers_the_domain_message_then_the_text_then_the_type():
     assert message_of(Unavailable("etcd is away")) == "etcd is away"
     assert message_of(ValueError("bad")) == "bad"
     assert message_of(TimeoutError()) == "TimeoutError"
+
+
+def test_a_loop_started_not_at_once_first_runs_after_one_interval_or_a_wake():
+    runs: list[float] = []
+    loop = Loop("t-later", lambda: runs.append(time.monotonic()), interval=0.1)
+    started = time.monotonic()
+    loop.start(at_once=False)
+    wait_for(lambda: len(runs) >= 1)
+    assert runs[0] - started >= 0.09
+    assert loop.stop(timeout=5.0)
+    woken = Loop("t-woken", lambda: runs.append(time.monotonic()), interval=60.0)
+    woken.start(at_once=False)
+    woken.wake()
+    wait_for(lambda: len(runs) >= 2)
+    assert woken.stop(timeout=5.0)

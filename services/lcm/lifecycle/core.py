@@ -76,10 +76,9 @@ class LifecycleManager:
         self._supervision = Supervision(backend, coordinator, self._records, self._job_lock)
         self._growth = Growth(backend, coordinator, self._records, self._job_lock, self.room)
         self.reconcile()
-        self._waited_first_interval = False
-        self._supervisor = Loop("lcm-supervisor", self._supervise, interval=supervise_interval,
-                                when=self._supervision_due)
-        self._supervisor.start()
+        self._supervisor = Loop("lcm-supervisor", self._supervise, interval=supervise_interval)
+        # the first pass comes one interval after the start: `reconcile` has just looked at every attempt
+        self._supervisor.start(at_once=False)
 
     @classmethod
     def from_settings(cls, settings: LcmSettings, backend: Backend, coordinator: Coordinator | None = None,
@@ -373,11 +372,6 @@ class LifecycleManager:
         return out
 
     # -- supervision ------------------------------------------------------------------
-
-    def _supervision_due(self) -> bool:
-        # the first pass comes one interval after the start: `reconcile` has just looked at every attempt
-        due, self._waited_first_interval = self._waited_first_interval, True
-        return due
 
     def _supervise(self) -> None:
         try:
