@@ -134,6 +134,9 @@ class TrainerSettings(StoreSettings):
                                    "later waits double, up to 300 times it")
     secrets_key: str = Field("", description="Fernet key encrypting team secrets at rest; required outside dev "
                                           "mode (dev mode: generated into <state_dir>/secrets.key)")
+    credentials_key: str = Field("", description="key each job's own credentials are derived from (common/jobcreds.py); "
+                                 "required outside dev mode (dev mode: generated into <state_dir>/credentials.key); "
+                                 "the LCM and the Trainer must hold the same one")
     metrics_port: int = Field(-1, ge=-1, le=65535, description="port of the Prometheus /metrics endpoint "
                               "(-1: none, 0: any free port)")
     preempt_min_runtime: float = Field(60.0, ge=0, le=86400, description="seconds a job runs before the scheduler "
@@ -164,6 +167,9 @@ class LcmSettings(StoreSettings):
     job_nice: int = Field(0, ge=0, le=19, description="the local backend's job monitors, controllers and learners "
                           "run at this nice (and their sessions' autogroups), below the control plane's 0 "
                           "(0, the default: the same priority; docs/FASTPATH.md, What bounds it, says why)")
+    credentials_key: str = Field("", description="key each job's own credentials are derived from (common/jobcreds.py); "
+                                 "required outside dev mode (dev mode: generated into <state_dir>/credentials.key); "
+                                 "the LCM and the Trainer must hold the same one")
     # -- the simulated backend (scale tests only: services/lcm/backends/simulated.py) --
     sim_seconds: float = Field(5.0, ge=0, description="how long each simulated job runs before it completes")
     sim_max_learners: int = Field(1000, ge=1, description="learners the simulated backend runs at once")

@@ -114,6 +114,27 @@ class TeamQuota(BaseModel):
         return None if v is None else str(egress.parse(v, "the team's egress policy"))
 
 
+class Grant(BaseModel):
+    """The job's own credentials, in place of the platform's, for its controllers and its monitor.
+
+    Minted by the lifecycle's issuers (`lifecycle/credentials.py`) for each attempt it hands a backend: env
+    vars each role gets on top of the platform's settings, and the platform's env vars neither may inherit
+    (`withheld`). Never persisted: `AttemptPlan.grant` is left out of every dump.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    controller: dict[str, str] = Field(default_factory=dict)
+    monitor: dict[str, str] = Field(default_factory=dict)
+    withheld: tuple[str, ...] = ()
+
+    def env_for(self, role: Role, platform: dict[str, str]) -> dict[str, str]:
+        """`platform` (the env a backend would give the role) less what is withheld, plus the role's own."""
+        env = {k: v for k, v in platform.items() if k not in self.withheld}
+        env.update(self.monitor if role is Role.MONITOR else self.controller)
+        return env
+
+
 class JobDeployment(BaseModel):
     """One attempt of one job, as the Trainer asked for it (validated once, by the lifecycle)."""
 
@@ -154,6 +175,9 @@ class AttemptPlan(JobDeployment):
     gpu_ids: tuple[tuple[int, ...], ...]
     learners: tuple[LearnerSpec, ...]
     monitor: MonitorSpec
+    # the attempt's own credentials (`Grant`): attached by the lifecycle whenever it hands the plan to the
+    # backend, never stored with the attempt's record
+    grant: Grant = Field(default_factory=Grant, exclude=True, repr=False)
 
     @property
     def world_size(self) -> int:

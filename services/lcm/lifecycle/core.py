@@ -42,6 +42,7 @@ from trainforge_services.lcm.backends.base import (
     JobView,
     TeamQuota,
 )
+from trainforge_services.lcm.lifecycle.credentials import Credentials
 from trainforge_services.lcm.lifecycle.elastic import Growth, Room, open_slots, quota_room
 from trainforge_services.lcm.lifecycle.marks import KilledMarks
 from trainforge_services.lcm.lifecycle.plan import build_plan, check_attempt
@@ -61,8 +62,10 @@ class LifecycleManager:
 
     def __init__(self, backend: Backend, coordinator: Coordinator, state_dir: str | Path, *, lease_ttl: int = 10,
                  start_timeout: float = START_TIMEOUT, supervise_interval: float = SUPERVISE_INTERVAL,
-                 killed_ttl: int = KILLED_TTL, own_coordinator: bool = False):
+                 killed_ttl: int = KILLED_TTL, own_coordinator: bool = False,
+                 credentials: Credentials | None = None):
         self.backend = backend
+        self._credentials = credentials or Credentials()
         self._coord = coordinator
         self._keys = coordinator.keys
         self._own_coordinator = own_coordinator
@@ -73,8 +76,9 @@ class LifecycleManager:
         self._lock = threading.Lock()
         self._job_locks: dict[str, threading.Lock] = {}
         self._launching: set[str] = set()
-        self._supervision = Supervision(backend, coordinator, self._records, self._job_lock)
-        self._growth = Growth(backend, coordinator, self._records, self._job_lock, self.room)
+        attach = self._credentials.attach
+        self._supervision = Supervision(backend, coordinator, self._records, self._job_lock, attach)
+        self._growth = Growth(backend, coordinator, self._records, self._job_lock, self.room, attach)
         self.reconcile()
         self._supervisor = Loop("lcm-supervisor", self._supervise, interval=supervise_interval)
         # the first pass comes one interval after the start: `reconcile` has just looked at every attempt
@@ -249,7 +253,7 @@ class LifecycleManager:
         try:
             self._coord.put(self._keys.attempt(plan.job_id), AttemptInfo(
                 attempt=plan.attempt, learners=plan.world_size, checkpoint_uri=plan.checkpoint_uri).value())
-            handles = self.backend.launch(plan)
+            handles = self.backend.launch(self._credentials.attach(plan))
         except FenceRefused:
             self._records.forget(plan.job_id)
             raise
@@ -299,6 +303,8 @@ class LifecycleManager:
         killed = self.backend.stop(job_id)
         self._marks.clear(job_id, max(named, record.attempt if record else 0), mark=mark)
         self._records.forget(job_id)
+        # last, once nothing of the job runs: a failure fails the KillJob, which is asked again
+        self._credentials.revoke(job_id)
         return killed
 
     def mark_killing(self, job_id: str) -> None:

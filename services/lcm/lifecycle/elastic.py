@@ -91,8 +91,10 @@ class Growth:
     """Fills the open slots of running elastic attempts as room allows (one pass: `run_once`)."""
 
     def __init__(self, backend: Backend, coordinator: Coordinator, records: RecordStore[AttemptRecord],
-                 job_lock: Callable[[str], threading.Lock], room: Callable[[AttemptRecord], Room]):
+                 job_lock: Callable[[str], threading.Lock], room: Callable[[AttemptRecord], Room],
+                 attach: Callable[[AttemptPlan], AttemptPlan]):
         self._backend = backend
+        self._attach = attach  # the plan with its credentials (lifecycle/credentials.py)
         self._coord = coordinator
         self._records = records
         self._job_lock = job_lock
@@ -176,7 +178,7 @@ class Growth:
         self._records.put(record.model_copy(update={"plan": grown, "reported_dead": reported}))
         log.info("job %s attempt %d: starting learner(s) %s (%d running, at most %d)", record.job_id,
                  record.attempt, ", ".join(map(str, add)), running, plan.manifest.max_learners)
-        self._backend.launch_learners(grown, add)
+        self._backend.launch_learners(self._attach(grown), add)
 
     def _due(self, record: AttemptRecord, slots: list[int]) -> list[int]:
         """The slots to start now: new ones, and lost ones whose refill delay is over (the others are marked

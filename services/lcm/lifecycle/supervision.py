@@ -25,7 +25,7 @@ from trainforge_services.common.adapters.etcd import Coordinator
 from trainforge_services.common.contracts.etcd import LearnerStatus
 from trainforge_services.common.errors import TrainforgeError
 from trainforge_services.common.states import LearnerState
-from trainforge_services.lcm.backends.base import Backend, JobView, Role
+from trainforge_services.lcm.backends.base import AttemptPlan, Backend, JobView, Role
 from trainforge_services.lcm.lifecycle.records import AttemptRecord
 from trainforge_services.lcm.store import RecordStore
 
@@ -48,8 +48,9 @@ def unfinished(record: AttemptRecord, view: JobView) -> bool:
 
 class Supervision:
     def __init__(self, backend: Backend, coordinator: Coordinator, records: RecordStore[AttemptRecord],
-                 job_lock: Callable[[str], threading.Lock]):
+                 job_lock: Callable[[str], threading.Lock], attach: Callable[[AttemptPlan], AttemptPlan]):
         self._backend = backend
+        self._attach = attach  # the plan with its credentials (lifecycle/credentials.py)
         self._coord = coordinator
         self._records = records
         self._job_lock = job_lock
@@ -85,7 +86,7 @@ class Supervision:
         self._coord.confirm()
         log.warning("job %s attempt %d: its monitor died before the attempt ended; starting it again",
                     record.job_id, record.attempt)
-        self._backend.restart_monitor(record.plan)
+        self._backend.restart_monitor(self._attach(record.plan))
         return True
 
     def _report_lost_controllers(self, record: AttemptRecord, view: JobView) -> None:

@@ -38,6 +38,7 @@ from trainforge_services.lcm.backends.base import (
     AttemptPlan,
     Backend,
     Capacity,
+    Grant,
     Handle,
     JobView,
     Observed,
@@ -94,11 +95,12 @@ class LocalBackend(Backend):
     def _spec_path(attempt_dir: Path, role: Role, rank: int | None) -> Path:
         return attempt_dir / ("monitor.json" if role is Role.MONITOR else f"learner-{rank}.json")
 
-    def _spawn(self, record: ProcessRecord, role: Role, rank: int | None) -> ProcessRecord:
+    def _spawn(self, record: ProcessRecord, role: Role, rank: int | None, grant: Grant) -> ProcessRecord:
         attempt_dir = record.attempt_dir
         name = process_name(role, rank)
         argv = [self._python, "-m", _MODULES[role], "--spec", str(self._spec_path(attempt_dir, role, rank))]
-        log_path, env = attempt_dir / f"{name}.log", processes.child_env(self._settings)
+        # the platform's settings less what the job may not hold, plus the job's own credentials
+        log_path, env = attempt_dir / f"{name}.log", grant.env_for(role, processes.child_env(self._settings))
         forked = self._forks.spawn(argv, attempt_dir, log_path, env) if self._forks else None
         if forked:
             pid, started = forked
@@ -133,9 +135,9 @@ class LocalBackend(Backend):
             write_atomically(self._spec_path(attempt_dir, Role.CONTROLLER, spec.rank), spec.to_json(), mode=0o600)
         record = ProcessRecord(job_id=plan.job_id, attempt=plan.attempt, attempt_dir=attempt_dir)
         self._records.put(record)
-        record = self._spawn(record, Role.MONITOR, None)
+        record = self._spawn(record, Role.MONITOR, None, plan.grant)
         for spec in plan.learners:
-            record = self._spawn(record, Role.CONTROLLER, spec.rank)
+            record = self._spawn(record, Role.CONTROLLER, spec.rank, plan.grant)
         return [e.handle for e in record.processes]
 
     def launch_learners(self, plan: AttemptPlan, ranks: list[int]) -> list[Handle]:
@@ -147,7 +149,7 @@ class LocalBackend(Backend):
             spec = plan.learners[rank]
             spec.workdir.mkdir(parents=True, exist_ok=True)
             write_atomically(self._spec_path(plan.attempt_dir, Role.CONTROLLER, rank), spec.to_json(), mode=0o600)
-            record = self._spawn(record.without_controller(rank), Role.CONTROLLER, rank)
+            record = self._spawn(record.without_controller(rank), Role.CONTROLLER, rank, plan.grant)
             handles.append(record.processes[-1].handle)
         return handles
 
@@ -155,7 +157,7 @@ class LocalBackend(Backend):
         record = self._records.get(plan.job_id)
         if record is None or record.attempt != plan.attempt:
             record = ProcessRecord(job_id=plan.job_id, attempt=plan.attempt, attempt_dir=plan.attempt_dir)
-        record = self._spawn(record.without(Role.MONITOR), Role.MONITOR, None)
+        record = self._spawn(record.without(Role.MONITOR), Role.MONITOR, None, plan.grant)
         return record.processes[-1].handle
 
     def observe(self, plan: AttemptPlan) -> JobView:
