@@ -24,6 +24,15 @@ def etcd_server():
 
 
 @pytest.fixture(scope="session")
+def etcd_auth_server():
+    """An etcd with authentication on (`extra["root_password"]`); `etcd_server` has it off, for speed and for the
+    tests that reach etcd without a user."""
+    s = servers.start_etcd(auth=True)
+    yield s
+    s.cleanup()
+
+
+@pytest.fixture(scope="session")
 def mongo_server():
     s = servers.start_mongo()
     yield s

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -127,14 +128,28 @@ def _spawn(name: str, port: int, data_dir: Path, argv: list[str], what: str) -> 
     return server
 
 
-def start_etcd() -> Server:
+def start_etcd(auth: bool = False) -> Server:
+    """etcd; with `auth`, with authentication on: its root user's password is `extra["root_password"]`.
+
+    Passwords are hashed at bcrypt's lowest cost (4): each user made and each login costs well under a ms."""
     d = _tmp("etcd")
     cp, pp = free_port(), free_port()
     argv = [str(ETCD_BIN), "--data-dir", str(d / "data"), "--name", "tf",
             "--listen-client-urls", f"http://127.0.0.1:{cp}", "--advertise-client-urls", f"http://127.0.0.1:{cp}",
             "--listen-peer-urls", f"http://127.0.0.1:{pp}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{pp}",
-            "--initial-cluster", f"tf=http://127.0.0.1:{pp}", "--log-level", "error"]
-    return _spawn("etcd", cp, d, argv, "etcd")
+            "--initial-cluster", f"tf=http://127.0.0.1:{pp}", "--log-level", "error", "--bcrypt-cost", "4"]
+    server = _spawn("etcd", cp, d, argv, "etcd")
+    if auth:
+        from trainforge_services.common.adapters import etcdauth
+        from trainforge_services.common.adapters.etcd import Coordinator
+
+        server.extra["root_password"] = secrets.token_urlsafe(16)
+        coord = Coordinator(server.address)
+        try:
+            etcdauth.setup(coord.admin(), server.extra["root_password"], (), enabled=False)
+        finally:
+            coord.close()
+    return server
 
 
 def start_mongo() -> Server:

@@ -45,6 +45,9 @@ class StoreSettings(_Base):
     dev_mode: bool = Field(False, description="allow insecure defaults (embedded stack only)")
     etcd_endpoints: str = Field("127.0.0.1:2379", description="host:port[,host:port...] of etcd")
     etcd_prefix: str = Field("/trainforge", description="key prefix of everything trainforge writes to etcd")
+    etcd_user: str = Field("", description="etcd user this process logs in as (empty: etcd without authentication); "
+                           "a job's controllers and monitor get their job's own (common/adapters/etcdauth.py)")
+    etcd_password: str = Field("", repr=False, description="password of etcd_user")
     mongo_url: str = Field("mongodb://127.0.0.1:27017", description="MongoDB connection string")
     mongo_db: str = Field("trainforge", description="MongoDB database name")
     logstore_url: str = Field("http://127.0.0.1:9200", description="Elasticsearch/OpenSearch URL")

@@ -99,7 +99,7 @@ class Controller:
         self.spec, self.settings, self.python = spec, settings, python
         self._owned: list = []  # clients this controller made, closed when it is done
         if coordinator is None:
-            coordinator = Coordinator(settings.etcd_endpoints, settings.etcd_prefix)
+            coordinator = Coordinator.of(settings)
             self._owned.append(coordinator)
         self._coord = coordinator
         self._store = store

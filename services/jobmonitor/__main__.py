@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for problem in niceness.lower(settings.job_nice):  # before any thread starts: threads inherit it
         log.warning("running at the control plane's priority: %s", problem)
-    coordinator = Coordinator(settings.etcd_endpoints, settings.etcd_prefix)
+    coordinator = Coordinator.of(settings)
     reporter = GrpcReporter(settings.trainer_address)
     monitor = JobMonitor(spec, coordinator, reporter, retry_seconds=settings.report_retry_seconds,
                          lease_ttl=settings.lease_ttl)

@@ -42,7 +42,7 @@ def build_replica(settings: LcmSettings) -> LeaderLifecycle:
     """With TF_ELECT: a lifecycle built only while this replica is elected, writing to etcd through its
     fenced connection (services/lcm/replicas.py)."""
     return LeaderLifecycle(lambda fenced: build_lifecycle(settings, fenced),
-                           Coordinator(settings.etcd_endpoints, settings.etcd_prefix), backend=settings.backend,
+                           Coordinator.of(settings), backend=settings.backend,
                            ttl=settings.leader_ttl, address=settings.listen_address or settings.lcm_address)
 
 

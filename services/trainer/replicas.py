@@ -31,6 +31,7 @@ import socket
 from trainforge_services.common.adapters.etcd import Coordinator
 from trainforge_services.common.election import Election
 from trainforge_services.common.errors import message_of
+from trainforge_services.common.settings import StoreSettings
 from trainforge_services.trainer.dispatcher import Dispatcher
 from trainforge_services.trainer.experiments.driver import ExperimentDriver
 from trainforge_services.trainer.fence import Fence, FenceGate
@@ -91,6 +92,6 @@ class Leadership:
         log.info("trainer: following; the elected replica dispatches")
 
 
-def leadership(etcd_endpoints: str, prefix: str, fence: Fence, *, ttl: int, address: str) -> Leadership:
-    """A Trainer's campaign in etcd at `etcd_endpoints` under `prefix`, fencing through `fence`."""
-    return Leadership(Coordinator(etcd_endpoints, prefix), fence, FenceGate(fence), ttl=ttl, address=address)
+def leadership(settings: StoreSettings, fence: Fence, *, ttl: int, address: str) -> Leadership:
+    """A Trainer's campaign in the etcd `settings` name, fencing through `fence`."""
+    return Leadership(Coordinator.of(settings), fence, FenceGate(fence), ttl=ttl, address=address)

@@ -205,7 +205,7 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
     experiments_wake = threading.Event()
     trial_changed = TrialChanged(experiments_wake)
     listen = settings.listen_address or settings.trainer_address
-    lead = (leadership(settings.etcd_endpoints, settings.etcd_prefix, Fence(db, "dispatcher"),
+    lead = (leadership(settings, Fence(db, "dispatcher"),
                        ttl=settings.leader_ttl, address=listen) if settings.elect else None)
     core = wire(store, lcm, rules=(*DEFAULT_RULES, Announce(notifier.enqueue), trial_changed), quotas=quotas,
                 interval=settings.dispatch_interval, gate=lead.gate if lead is not None else None,

@@ -1,7 +1,8 @@
 """etcd behind a small interface: JSON values, leases, transactions, watches.
 
-The only module that imports the etcd client (`pyetcd`, from
-etcd-sdk-python). Values are JSON objects. `watch_prefix` hides the two
+The only modules that import the etcd client (`pyetcd`, from
+etcd-sdk-python) are this one and etcdauth.py (a connection's login, users
+and roles). Values are JSON objects. `watch_prefix` hides the two
 things that make etcd watches hard to use: a watch that breaks (etcd
 restarted) is re-opened from the last revision seen, and a watch whose
 revision was compacted away re-lists the prefix and carries on, telling the
@@ -19,11 +20,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 import pyetcd
 import pyetcd.exceptions as etcd_exc
 from pyetcd.utils import prefix_range_end
 
+from trainforge_services.common.adapters import etcdauth
 from trainforge_services.common.errors import Unavailable
 from trainforge_services.common.keys import Keys
 from trainforge_services.common.retry import QUICK
@@ -90,23 +91,24 @@ class FenceRefused(Unavailable):
 
 
 class Lease:
-    def __init__(self, raw: Any, ttl: int):
+    def __init__(self, raw: Any, ttl: int, call: Callable[..., Any]):
         self._raw = raw
         self.id: int = raw.id
         self.ttl = ttl
+        self._call = call  # its connection's `_call`: logged in, errors made clear
 
     def refresh(self) -> bool:
         """Keep the lease alive; False when it has already expired."""
         try:
-            responses = self._raw.refresh()
-        except (etcd_exc.Etcd3Exception, grpc.RpcError, ValueError) as e:
+            responses = self._call(self._raw.refresh)
+        except Unavailable as e:
             raise Unavailable(f"etcd lease refresh failed: {e}") from None
         return bool(responses) and responses[0].TTL > 0
 
     def revoke(self) -> None:
         try:
-            self._raw.revoke()
-        except (etcd_exc.Etcd3Exception, grpc.RpcError):
+            self._call(self._raw.revoke)
+        except Exception:  # noqa: BLE001 - it lapses on its own
             log.warning("could not revoke lease %x", self.id)
 
 
@@ -121,29 +123,46 @@ def _decode(raw: bytes | None) -> dict | None:
 
 
 class Coordinator:
-    """A connection to etcd scoped to trainforge's key prefix."""
+    """A connection to etcd scoped to trainforge's key prefix, logged in as `user` when given one."""
 
-    def __init__(self, endpoints: str, prefix: str = "/trainforge", timeout: float = 5.0):
+    def __init__(self, endpoints: str, prefix: str = "/trainforge", timeout: float = 5.0, *, user: str = "",
+                 password: str = ""):
         host, _, port = endpoints.split(",")[0].strip().rpartition(":")
         self._host, self._port, self._timeout = host or "127.0.0.1", int(port), timeout
         self.keys = Keys(prefix.rstrip("/"))
+        self.session = etcdauth.Session(user, password, f"{self._host}:{self._port}")
         self._client = pyetcd.client(host=self._host, port=self._port, timeout=timeout)
         # The client marks an endpoint dead for 5 minutes after one error; an
         # etcd restart must be noticed within a second instead.
         for endpoint in self._client.endpoints.values():
             endpoint.time_retry = 0.5
 
+    @classmethod
+    def of(cls, settings: Any) -> Coordinator:
+        """The connection `settings` (StoreSettings) name: endpoints, prefix, and user and password if any."""
+        return cls(settings.etcd_endpoints, settings.etcd_prefix, user=settings.etcd_user,
+                   password=settings.etcd_password)
+
     def close(self) -> None:
         self._client.close()
 
     # -- plain reads and writes -------------------------------------------------
 
-    def _call(self, fn, *args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (etcd_exc.ConnectionFailedError, etcd_exc.ConnectionTimeoutError, etcd_exc.InternalServerError,
-                etcd_exc.NoServerAvailableError, grpc.RpcError, ValueError) as e:
-            raise Unavailable(f"etcd at {self._host}:{self._port} unavailable: {e}") from None
+    def _call(self, fn, *args, _key: str = "", **kwargs):
+        """fn(*args, **kwargs) logged in, its failures made clear (`etcdauth.call`); `_key` names what it touches."""
+        return etcdauth.call(self.session, self._client, functools.partial(fn, *args, **kwargs), _key)
+
+    def login(self) -> bool:
+        """Log in now (Unauthenticated when etcd refuses the user); whether etcd has authentication on."""
+        self._call(lambda: None)
+        return self.session.token != "-" if self.session.user else False
+
+    def admin(self) -> etcdauth.Admin:
+        """Users and roles, through this connection (its user needs etcd's root role)."""
+        def call(method: str, request: Any) -> Any:  # the stub itself: its token read once logged in
+            return self._call(lambda: getattr(self._client.authstub, method)(request, self._timeout,
+                                                                             metadata=self._client.metadata))
+        return etcdauth.Admin(call)
 
     def healthy(self) -> bool:
         try:
@@ -160,39 +179,40 @@ class Coordinator:
     def confirm(self) -> None:
         """Nothing for an unfenced connection; a fenced one raises `FenceRefused` once its fence fell."""
 
-    def _write(self, op, compare: list | None = None) -> bool:  # noqa: ANN001 - a pyetcd transaction op
+    def _write(self, op, compare: list | None = None, key: str = "") -> bool:  # noqa: ANN001 - a pyetcd op
         """One write (or a list of them, made together), under `compare` when given: whether it was made."""
         ops = op if isinstance(op, list) else [op]
-        ok, _ = self._call(self._client.transaction, compare=compare or [], success=ops, failure=[])
+        ok, _ = self._call(self._client.transaction, compare=compare or [], success=ops, failure=[], _key=key)
         return bool(ok)
 
     def put(self, key: str, value: dict, lease: Lease | None = None) -> None:
-        self._write(self._client.transactions.put(key, json.dumps(value), lease=lease.id if lease else None))
+        self._write(self._client.transactions.put(key, json.dumps(value), lease=lease.id if lease else None), key=key)
 
     def get(self, key: str) -> tuple[dict | None, int]:
         """(value, mod_revision); (None, 0) when absent."""
-        raw, meta = self._call(self._client.get, key)
+        raw, meta = self._call(self._client.get, key, _key=key)
         return _decode(raw), (meta.mod_revision if meta else 0)
 
     def list(self, prefix: str) -> tuple[dict[str, dict], int]:
         """All keys under prefix and the store revision they were read at."""
-        resp = self._call(self._client.get_prefix_response, prefix)
+        resp = self._call(self._client.get_prefix_response, prefix, _key=prefix)
         out = {kv.key.decode(): _decode(kv.value) or {} for kv in resp.kvs}
         return out, resp.header.revision
 
     def create(self, key: str, value: dict, lease: Lease | None = None) -> bool:
         """Put only if the key does not exist; True when this call created it."""
         t = self._client.transactions
-        return self._write(t.put(key, json.dumps(value), lease=lease.id if lease else None), [t.create(key) == 0])
+        return self._write(t.put(key, json.dumps(value), lease=lease.id if lease else None), [t.create(key) == 0],
+                           key)
 
     def replace(self, key: str, expected_mod_revision: int, value: dict, lease: Lease | None = None) -> bool:
         """Compare-and-swap on the key's mod revision (0: must not exist)."""
         t = self._client.transactions
         return self._write(t.put(key, json.dumps(value), lease=lease.id if lease else None),
-                           [t.mod(key) == expected_mod_revision])
+                           [t.mod(key) == expected_mod_revision], key)
 
     def delete(self, key: str) -> None:
-        self._write(self._client.transactions.delete(key))
+        self._write(self._client.transactions.delete(key), key=key)
 
     def delete_prefix(self, prefix: str, *, put: tuple[str, dict] | None = None, lease: Lease | None = None) -> None:
         """Delete every key under `prefix`; with `put` (a key outside it and its value, under `lease` when given),
@@ -201,10 +221,10 @@ class Coordinator:
         ops = [t.delete(prefix, range_end=prefix_range_end(prefix.encode()))]
         if put is not None:
             ops.append(t.put(put[0], json.dumps(put[1]), lease=lease.id if lease else None))
-        self._write(ops)
+        self._write(ops, key=prefix)
 
     def grant_lease(self, ttl: int) -> Lease:
-        return Lease(self._call(self._client.lease, ttl), ttl)
+        return Lease(self._call(self._client.lease, ttl), ttl, self._call)
 
     # -- watches ----------------------------------------------------------------
 
@@ -233,6 +253,12 @@ class Coordinator:
                 backoff.reset()
                 yield Event("resync", revision=rev, snapshot=snapshot)
                 next_rev = rev + 1
+            if self.session.user:
+                try:
+                    self._logged_in_watcher(prefix)
+                except Unavailable:
+                    pause()
+                    continue
             q: queue.Queue = queue.Queue()
             try:
                 watch_id = self._client.add_watch_prefix_callback(prefix, q.put, start_revision=next_rev)
@@ -278,6 +304,15 @@ class Coordinator:
                     self._client.cancel_watch(watch_id)
                 except Exception:  # noqa: BLE001 - the watch may already be gone
                     pass
+
+    def _logged_in_watcher(self, prefix: str) -> None:
+        """Before a watch opens: a read of `prefix` (etcd refuses a watch it may not read only by a
+        silent cancel, so PermissionDenied comes from here), and a watch stream carrying the current token."""
+        self._call(self._client.get_prefix_response, prefix, keys_only=True, limit=1, _key=prefix)
+        session = self.session
+        if session.watch_generation != session.generation:
+            session.watch_generation = session.generation
+            self._reset_watcher()
 
     def _reset_watcher(self) -> None:
         # The client's watcher thread dies with its stream; a fresh one is made lazily.

@@ -103,7 +103,7 @@ class SimulatedBackend(Backend):
     def __init__(self, settings: LcmSettings, *, coordinator: Coordinator | None = None):
         self._settings = settings
         self._work = Path(settings.state_dir).resolve() / "work"
-        self._coord = coordinator or Coordinator(settings.etcd_endpoints, settings.etcd_prefix)
+        self._coord = coordinator or Coordinator.of(settings)
         self._own_coord = coordinator is None
         self._channel = rpc.channel(settings.trainer_address)
         self._trainer = trainer_pb2_grpc.TrainerStub(self._channel)

@@ -44,6 +44,7 @@ from trainforge_services.lcm.backends.base import (
 )
 from trainforge_services.lcm.lifecycle.credentials import Credentials
 from trainforge_services.lcm.lifecycle.elastic import Growth, Room, open_slots, quota_room
+from trainforge_services.lcm.lifecycle.etcd_users import job_credentials
 from trainforge_services.lcm.lifecycle.marks import KilledMarks
 from trainforge_services.lcm.lifecycle.plan import build_plan, check_attempt
 from trainforge_services.lcm.lifecycle.records import AttemptRecord, attempt_records
@@ -62,8 +63,7 @@ class LifecycleManager:
 
     def __init__(self, backend: Backend, coordinator: Coordinator, state_dir: str | Path, *, lease_ttl: int = 10,
                  start_timeout: float = START_TIMEOUT, supervise_interval: float = SUPERVISE_INTERVAL,
-                 killed_ttl: int = KILLED_TTL, own_coordinator: bool = False,
-                 credentials: Credentials | None = None):
+                 killed_ttl: int = KILLED_TTL, own_coordinator: bool = False, credentials: Credentials | None = None):
         self.backend = backend
         self._credentials = credentials or Credentials()
         self._coord = coordinator
@@ -87,9 +87,9 @@ class LifecycleManager:
     @classmethod
     def from_settings(cls, settings: LcmSettings, backend: Backend, coordinator: Coordinator | None = None,
                       **kw) -> LifecycleManager:
-        """A lifecycle manager on `backend`; it closes the coordinator only when it made it."""
-        own = coordinator is None
-        coord = coordinator or Coordinator(settings.etcd_endpoints, settings.etcd_prefix)
+        """A lifecycle manager on `backend` minting what `job_credentials` says; it closes only its own coordinator."""
+        own, coord = coordinator is None, coordinator or Coordinator.of(settings)
+        kw.setdefault("credentials", job_credentials(settings, coord))
         return cls(backend, coord, settings.state_dir, lease_ttl=settings.lease_ttl,
                    killed_ttl=settings.killed_ttl, own_coordinator=own, **kw)
 
