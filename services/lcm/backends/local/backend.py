@@ -58,6 +58,8 @@ _MODULES = {Role.MONITOR: "trainforge_services.jobmonitor", Role.CONTROLLER: "tr
 # object store): the fork server imports it once, so its children do not
 _WARM = ("trainforge_services.common.adapters.logstore",)
 _WARM_S3 = "trainforge_services.common.adapters.objectstore.s3"
+# the LCM's own credentials, which no job process inherits (a grant withholds them from each of them too)
+_SERVICE_ONLY = ("TF_ETCD_USER", "TF_ETCD_PASSWORD", "TF_CREDENTIALS_KEY", "TF_SECRETS_KEY", "TF_JWT_SECRET")
 
 
 class LocalBackend(Backend):
@@ -77,8 +79,9 @@ class LocalBackend(Backend):
         if forkclient.enabled(settings.fork_server, settings.python):
             warm = (*_WARM, _WARM_S3) if settings.objectstore_url.startswith("s3:") else _WARM
             try:
-                self._forks = forkclient.ForkServer(self._python, state, processes.child_env(settings),
-                                                    list(_MODULES.values()), warm)
+                # it holds none of the LCM's own credentials: each fork takes the env of its request (its grant's)
+                env = {k: v for k, v in processes.child_env(settings).items() if k not in _SERVICE_ONLY}
+                self._forks = forkclient.ForkServer(self._python, state, env, list(_MODULES.values()), warm)
             except OSError as e:
                 log.warning("no fork server (%s): controllers and monitors are spawned", e)
 
