@@ -354,20 +354,20 @@ class FencedCoordinator(Coordinator):
         if raw is None or meta is None or meta.create_revision != self.term:
             self._refuse()
 
-    def _write(self, op, compare: list | None = None) -> bool:  # noqa: ANN001 - a pyetcd transaction op
+    def _write(self, op, compare: list | None = None, key: str = "") -> bool:  # noqa: ANN001 - a pyetcd op
         if self._refused:
             self._refuse()
         t = self._client.transactions
         ours = t.create(self.fence_key) == self.term
         ops = op if isinstance(op, list) else [op]
         if compare is None:
-            ok, _ = self._call(self._client.transaction, compare=[ours], success=ops, failure=[])
+            ok, _ = self._call(self._client.transaction, compare=[ours], success=ops, failure=[], _key=key)
             if not ok:
                 self._refuse()
             return True
         # the write's own condition nested under the fence: the outer comparison fails only when the fence fell
         inner = t.txn(compare=compare, success=ops, failure=[])
-        ok, responses = self._call(self._client.transaction, compare=[ours], success=[inner], failure=[])
+        ok, responses = self._call(self._client.transaction, compare=[ours], success=[inner], failure=[], _key=key)
         if not ok:
             self._refuse()
         return bool(responses[0].response_txn.succeeded)
