@@ -32,7 +32,7 @@ from trainforge.sdk import ApiError, Client
 from trainforge_services.common import proctree
 from trainforge_services.common.adapters.etcd import Coordinator
 from trainforge_services.common.states import JobState, can_transition
-from trainforge_services.devstack import launcher, procs
+from trainforge_services.devstack import etcdusers, launcher, procs
 
 TERMINAL = ("completed", "failed", "cancelled")
 # The API answers these while it, the Trainer or the LCM is being restarted.
@@ -108,7 +108,8 @@ class ChaosStack:
         return self.meta["stack_id"]
 
     def coordinator(self) -> Coordinator:
-        return Coordinator(f"127.0.0.1:{self.meta['ports']['etcd']}", "/trainforge")
+        user, password = etcdusers.login(self.state, "/trainforge", "lcm")  # the LCM's: every key
+        return Coordinator(f"127.0.0.1:{self.meta['ports']['etcd']}", "/trainforge", user=user, password=password)
 
     def log(self, name: str) -> str:
         return (self.state / "logs" / f"{name}.log").read_text(errors="replace")

@@ -24,6 +24,7 @@ import httpx
 
 from trainforge_services.common.errors import TrainforgeError
 from trainforge_services.common.settings import ApiSettings, LcmSettings, StoreSettings, TrainerSettings
+from trainforge_services.devstack import etcdusers
 
 HOST = "127.0.0.1"
 TEAM = "local"
@@ -96,6 +97,10 @@ class Plan:
         if self.replicas > 1:
             values["elect"] = True
         return values
+
+    def etcd_login(self, service: str) -> dict:
+        """The etcd_user and etcd_password settings of `service` ("trainer", "lcm"; devstack/etcdusers.py)."""
+        return etcdusers.settings(self.state, StoreSettings(**self.store_settings()).etcd_prefix, service)
 
     def api_settings(self, replica: int = 1) -> ApiSettings:
         return ApiSettings(**self.store_settings(), api_host=HOST, api_port=self.ports[replica_port("api", replica)],
@@ -193,7 +198,7 @@ def _etcd_argv(plan: Plan) -> list[str]:
     return [_etcd_binary(), "--data-dir", str(plan.state / "etcd"), "--name", "trainforge",
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"trainforge={peer}", "--log-level", "warn"]
+            "--initial-cluster", f"trainforge={peer}", "--log-level", "warn", "--bcrypt-cost", "4"]
 
 
 def _mongo_argv(plan: Plan) -> list[str]:
@@ -233,13 +238,15 @@ COMPONENTS: tuple[Component, ...] = (
     # The Trainer and the LCM serve /metrics on a port of their own (TF_METRICS_PORT), recorded beside the others.
     Component("trainer", _service_argv("trainforge_services.trainer"), _port_health("trainer"), ("trainer", "trainer_metrics"),
               lambda plan: plan.hostport("trainer"),
-              settings=lambda plan: TrainerSettings(**plan.store_settings(), metrics_port=plan.ports["trainer_metrics"],
+              settings=lambda plan: TrainerSettings(**plan.store_settings(), **plan.etcd_login("trainer"),
+                                                    metrics_port=plan.ports["trainer_metrics"],
                                                     listen_address=plan.hostport("trainer"),
                                                     api_address=plan.every("api")),
               metrics=lambda plan: plan.url("trainer_metrics") + "/metrics"),
     Component("lcm", _service_argv("trainforge_services.lcm"), _port_health("lcm"), ("lcm", "lcm_metrics"),
               lambda plan: plan.hostport("lcm"),
-              settings=lambda plan: LcmSettings(**plan.store_settings(), metrics_port=plan.ports["lcm_metrics"],
+              settings=lambda plan: LcmSettings(**plan.store_settings(), **plan.etcd_login("lcm"),
+                                                metrics_port=plan.ports["lcm_metrics"],
                                                 listen_address=plan.hostport("lcm")),
               metrics=lambda plan: plan.url("lcm_metrics") + "/metrics"),
     Component("api", _service_argv("trainforge_services.api"), _http_health("api", "/healthz"), ("api",),
@@ -257,9 +264,10 @@ def _replica(service: str, i: int) -> Component:
                          metrics=lambda plan: plan.url(port) + "/metrics")
     def settings(plan: Plan) -> StoreSettings:
         if service == "trainer":
-            return TrainerSettings(**plan.store_settings(), metrics_port=plan.ports[metrics],
+            return TrainerSettings(**plan.store_settings(), **plan.etcd_login("trainer"), metrics_port=plan.ports[metrics],
                                    listen_address=plan.hostport(port), api_address=plan.every("api"))
-        return LcmSettings(**plan.store_settings(), metrics_port=plan.ports[metrics], listen_address=plan.hostport(port))
+        return LcmSettings(**plan.store_settings(), **plan.etcd_login("lcm"), metrics_port=plan.ports[metrics],
+                           listen_address=plan.hostport(port))
 
     return Component(f"{service}-{i}", _service_argv(f"trainforge_services.{service}"), _port_health(port), (port, metrics),
                      lambda plan: plan.hostport(port), settings=settings,

@@ -28,8 +28,9 @@ from pydantic import ValidationError
 
 from trainforge_services.api.identity_cli import IssuedKey, bootstrap_key
 from trainforge_services.common import isolation, proctree
-from trainforge_services.common.settings import ApiSettings
-from trainforge_services.devstack import procs
+from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.settings import ApiSettings, StoreSettings
+from trainforge_services.devstack import etcdusers, procs
 from trainforge_services.devstack.backendobjects import remove_backend_objects, remove_job_isolation
 from trainforge_services.devstack.components import (
     BY_NAME,
@@ -206,6 +207,8 @@ def up(state_dir: str | Path, *, report: Report = _ignore, timeout: float = 150.
                     status = c.status(plan, pid, Status.RUNNING, "already running")
                 statuses.append(status)
                 report(status)
+                if c.name == "etcd":  # its users before any service logs in
+                    _etcd_users(plan)
         except (StackError, ValidationError) as e:
             raise StackError(f"{e} (`trainforge down` stops what did start)") from None
         api_url = BY_NAME["api"].address(plan)
@@ -214,6 +217,13 @@ def up(state_dir: str | Path, *, report: Report = _ignore, timeout: float = 150.
                          isolation.describe(os.environ.get("TF_ISOLATION", "auto"),
                                             os.environ.get("TF_REQUIRE_ISOLATION", "").lower() in ("1", "true"),
                                             os.environ.get("TF_EGRESS", "none")))
+
+
+def _etcd_users(plan: Plan) -> None:
+    try:
+        etcdusers.ensure(plan.state, plan.hostport("etcd"), StoreSettings(**plan.store_settings()).etcd_prefix)
+    except TrainforgeError as e:
+        raise StackError(f"etcd: could not set up its users: {e} (log: {procs.log_file(plan.state, 'etcd')})") from None
 
 
 def _key_works(api_url: str, key: str) -> bool:

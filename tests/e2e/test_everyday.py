@@ -106,7 +106,7 @@ def test_a_secret_reaches_the_learner_and_leaks_nowhere(stack, tmp_path):
     job_id = json.loads(cli("submit", str(manifest), "--json").stdout)["id"]
     plan = recorded_plan(state)
     settings = plan.api_settings()
-    coord = Coordinator(settings.etcd_endpoints, settings.etcd_prefix)
+    coord = Coordinator.of(settings.model_copy(update=plan.etcd_login("lcm")))  # the LCM's login: every key
     etcd_seen: list[str] = []
 
     def running_and_etcd():
