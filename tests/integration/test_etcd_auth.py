@@ -176,3 +176,30 @@ def test_services_get_their_own_users_and_a_lapsed_token_is_renewed(root, connec
 def test_job_passwords_are_derived_from_the_credentials_key(root):
     key = secrets.token_urlsafe(32).encode()
     assert EtcdIssuer(root, key).password("j1") == jobcreds.derive(key, "etcd", "j1")
+
+
+def test_the_setup_command_turns_auth_on_once_and_again_harmlessly(capsys):
+    from tests import servers
+    from trainforge_services.lcm import etcd_setup
+
+    etcd = servers.start_etcd()
+    try:
+        env = {"TF_ETCD_ENDPOINTS": etcd.address, "TF_ETCD_PREFIX": "/tf", "TF_ETCD_ROOT_PASSWORD": "root-pw-1",
+               "TF_ETCD_TRAINER_USER": "tf-trainer", "TF_ETCD_TRAINER_PASSWORD": "trainer-pw",
+               "TF_ETCD_LCM_USER": "tf-lcm", "TF_ETCD_LCM_PASSWORD": "lcm-pw"}
+        assert etcd_setup.main({**env, "TF_ETCD_LCM_PASSWORD": ""}) == 2
+        assert "TF_ETCD_LCM_PASSWORD" in capsys.readouterr().err
+        assert etcd_setup.main(env) == 0
+        plain = Coordinator(etcd.address, "/tf")
+        with pytest.raises(Unauthenticated):
+            plain.get("/tf/jobs/j1/halt")
+        plain.close()
+        assert etcd_setup.main({**env, "TF_ETCD_LCM_PASSWORD": "lcm-pw-2"}) == 0  # again: a new password
+        lcm = Coordinator(etcd.address, "/tf", user="tf-lcm", password="lcm-pw-2")
+        assert lcm.login() and lcm.get("/tf/jobs/j1/halt") == (None, 0)
+        lcm.close()
+        assert etcd_setup.main({**env, "TF_ETCD_ROOT_PASSWORD": "wrong"}) == 1
+        err = capsys.readouterr().err
+        assert "'root'" in err and "wrong" not in err.replace("wrong password", "")
+    finally:
+        etcd.cleanup()
