@@ -45,6 +45,9 @@ def test_helm_lint_strict_is_clean(kube_version):
 
 @pytest.mark.parametrize("sets", [(), ("probes.mode=exec", "networkPolicy.enabled=false", "api.replicas=1"),
                                   ("mongo.existingSecret=mongo-url", "logstore.existingSecret=es-url",
+                                   "imagePullSecrets={regcred}"),
+                                  ("etcd.auth.enabled=true",),
+                                  ("etcd.auth.enabled=true", "etcd.auth.existingSecret=etcd-pw",
                                    "imagePullSecrets={regcred}")])
 def test_every_rendered_object_passes_the_strict_schema(sets):
     docs = rendered(*sets)
@@ -73,6 +76,33 @@ def test_the_chart_sets_probes_resources_security_and_secret_references():
     exec_probe = {(d["kind"], d["metadata"]["name"]): d for d in rendered("probes.mode=exec")}
     probe = exec_probe[("Deployment", "tf-trainer")]["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]
     assert "grpc_health" in probe["exec"]["command"][-1] and "50051" in probe["exec"]["command"][-1]
+
+
+def test_etcd_auth_gives_each_service_its_login_from_a_secret_and_a_setup_job():
+    assert not [d for d in rendered() if d["kind"] in ("Secret", "Job")]  # off: nothing of it
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in rendered("etcd.auth.enabled=true")}
+    secret = docs[("Secret", "tf-etcd-auth")]
+    assert set(secret["data"]) == {"root-password", "trainer-password", "lcm-password", "credentials-key"}
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    for service in ("trainer", "lcm"):
+        container = docs[("Deployment", f"tf-{service}")]["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["TF_ETCD_USER"]["value"] == f"trainforge-{service}"
+        assert env["TF_ETCD_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "tf-etcd-auth",
+                                                                        "key": f"{service}-password"}
+        assert env["TF_CREDENTIALS_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "credentials-key"
+    api = docs[("Deployment", "tf-api")]["spec"]["template"]["spec"]["containers"][0]
+    assert not {"TF_ETCD_USER", "TF_ETCD_PASSWORD"} & {e["name"] for e in api["env"]}
+    job = docs[("Job", "tf-etcd-setup")]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    setup = job["spec"]["template"]["spec"]["containers"][0]
+    assert setup["command"][-1] == "trainforge_services.lcm.etcd_setup"
+    assert {e["name"] for e in setup["env"]} >= {"TF_ETCD_ROOT_PASSWORD", "TF_ETCD_LCM_PASSWORD"}
+    theirs = rendered("etcd.auth.enabled=true", "etcd.auth.existingSecret=etcd-pw")
+    assert not [d for d in theirs if d["kind"] == "Secret"]
+    lcm = next(d for d in theirs if (d["kind"], d["metadata"]["name"]) == ("Deployment", "tf-lcm"))
+    lcm = lcm["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e for e in lcm["env"]}["TF_ETCD_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "etcd-pw"
 
 
 def test_the_lcm_role_is_least_privilege():

@@ -39,6 +39,21 @@ app.kubernetes.io/component: {{ .component }}
   valueFrom: {secretKeyRef: {name: {{ .Values.objectstore.existingSecret }}, key: {{ .Values.objectstore.secretKeyKey }}}}
 {{- end -}}
 
+{{/* etcd's passwords: the Secret values name, or the one the chart makes (templates/etcd-auth.yaml). */}}
+{{- define "tf.etcdSecret" -}}{{ .Values.etcd.auth.existingSecret | default (printf "%s-etcd-auth" (include "tf.name" .)) }}{{- end -}}
+
+{{/* The etcd login of `service` ("trainer", "lcm") and the key job credentials are derived from, when etcd has
+     authentication on. */}}
+{{- define "tf.etcdLogin" -}}
+{{- if .root.Values.etcd.auth.enabled }}
+- {name: TF_ETCD_USER, value: {{ index .root.Values.etcd.auth (printf "%sUser" .service) | quote }}}
+- name: TF_ETCD_PASSWORD
+  valueFrom: {secretKeyRef: {name: {{ include "tf.etcdSecret" .root }}, key: {{ .service }}-password}}
+- name: TF_CREDENTIALS_KEY
+  valueFrom: {secretKeyRef: {name: {{ include "tf.etcdSecret" .root }}, key: credentials-key}}
+{{- end }}
+{{- end -}}
+
 {{- define "tf.podSecurity" -}}
 runAsNonRoot: true
 runAsUser: {{ .Values.runAsUser }}
