@@ -11,6 +11,7 @@ caller through a `resync` event so no state change is missed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -253,12 +254,11 @@ class Coordinator:
                 backoff.reset()
                 yield Event("resync", revision=rev, snapshot=snapshot)
                 next_rev = rev + 1
-            if self.session.user:
-                try:
-                    self._logged_in_watcher(prefix)
-                except Unavailable:
-                    pause()
-                    continue
+            try:  # logged in, with a watch stream that carries the current token (`_probe`)
+                generation = self._probe(prefix, reset=True)
+            except Unavailable:
+                pause()
+                continue
             q: queue.Queue = queue.Queue()
             try:
                 watch_id = self._client.add_watch_prefix_callback(prefix, q.put, start_revision=next_rev)
@@ -269,6 +269,11 @@ class Coordinator:
                 log.debug("watch on %s failed to open: %s", prefix, e)
                 self._reset_watcher()
                 pause()
+                continue
+            if self.session.user and self._probe(prefix, quiet=True) != generation:
+                # the token lapsed as the watch opened, which etcd answers with a silent cancel: open it again
+                with contextlib.suppress(Exception):
+                    self._client.cancel_watch(watch_id)
                 continue
             wake = functools.partial(q.put, _WAKE)
             if isinstance(stop, StopEvent):
@@ -305,14 +310,20 @@ class Coordinator:
                 except Exception:  # noqa: BLE001 - the watch may already be gone
                     pass
 
-    def _logged_in_watcher(self, prefix: str) -> None:
-        """Before a watch opens: a read of `prefix` (etcd refuses a watch it may not read only by a
-        silent cancel, so PermissionDenied comes from here), and a watch stream carrying the current token."""
-        self._call(self._client.get_prefix_response, prefix, keys_only=True, limit=1, _key=prefix)
-        session = self.session
-        if session.watch_generation != session.generation:
-            session.watch_generation = session.generation
+    def _probe(self, prefix: str, *, reset: bool = False, quiet: bool = False) -> int:
+        """With auth on, a read of `prefix` (etcd cancels a watch it may not read silently: PermissionDenied comes
+        from here; `quiet`: -1 if it fails); the token's generation. `reset`: a stream with an older token is reset."""
+        if self.session.user:
+            try:
+                self._call(self._client.get_prefix_response, prefix, keys_only=True, limit=1, _key=prefix)
+            except Unavailable:
+                if not quiet:
+                    raise
+                return -1
+        if reset and self.session.watch_generation != self.session.generation:
+            self.session.watch_generation = self.session.generation
             self._reset_watcher()
+        return self.session.generation
 
     def _reset_watcher(self) -> None:
         # The client's watcher thread dies with its stream; a fresh one is made lazily.
