@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import secrets
 import threading
@@ -26,16 +27,10 @@ def root(etcd_auth_server, unique):
 
 @pytest.fixture
 def connect(etcd_auth_server, root):
-    made: list[Coordinator] = []
-
-    def make(user: str, password: str) -> Coordinator:
-        c = Coordinator(etcd_auth_server.address, root.keys.prefix, user=user, password=password)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.close()
+    """connect(user, password): a connection under the test's prefix, closed after the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda user, password: stack.enter_context(contextlib.closing(
+            Coordinator(etcd_auth_server.address, root.keys.prefix, user=user, password=password)))
 
 
 @pytest.fixture
