@@ -14,13 +14,14 @@ import os
 import secrets
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.test_embedded_stack import cli_json, run_cli, wait_terminal
 from tests.e2e.test_halt_resume import EPOCHS, assert_bitwise_equal, example, log_text, model_of
-from tests.kube import start_node
+from tests.kube import api_client, start_node
 from tests.servers import wait_for
 from tests.tenancy import published_read, refused_probes, two_teams
 from trainforge_services.common.adapters.kube import Kube
@@ -102,6 +103,53 @@ def test_halt_then_resume_on_pods_ends_with_the_uninterrupted_model(kube_stack, 
     assert job["state"] == "completed", job
     assert f"resuming from step {halted['checkpoint_step']}" in log_text(env, job_id)
     assert_bitwise_equal(model_of(state, job_id), reference[1])
+
+
+def test_a_failing_learner_reaches_the_job_with_its_exit_code_and_last_lines_and_its_pod_ends(kube_cluster,
+                                                                                                kube_stack, tmp_path):
+    from kubernetes import client, watch
+
+    env, _, _ = kube_stack
+    work = tmp_path / "failing"
+    work.mkdir()
+    # the learner runs in its own container: it finds no credential of the platform's in its env
+    (work / "job.py").write_text(
+        "import os, sys\n"
+        "print('leaked:', sorted(k for k in os.environ if k.startswith(('TF_S3', 'TF_ETCD', 'TF_SECRET__'))))\n"
+        "print('about to fail', flush=True)\n"
+        "sys.exit(3)\n")
+    (work / "manifest.yaml").write_text("name: failing\ncode: .\ncommand: python job.py\n"
+                                        "resources: {cpus: 0.5, memory: 512Mi}\n")
+    job_id = cli_json(env, "submit", str(work / "manifest.yaml"))["id"]
+    # every state the learner pod passes through, even if the LCM removes it right after it ended
+    ended: dict = {}
+    api = api_client(kube_cluster)
+    w = watch.Watch()
+
+    def follow():
+        for event in w.stream(client.CoreV1Api(api).list_namespaced_pod, f"{PREFIX}local",
+                              label_selector=f"tf.job={job_id},tf.rank=0", timeout_seconds=180):
+            pod = event["object"]
+            if pod.status and pod.status.phase in ("Succeeded", "Failed") and "pod" not in ended:
+                ended["pod"] = pod
+                w.stop()
+
+    watcher = threading.Thread(target=follow, daemon=True)
+    watcher.start()
+    try:
+        job = wait_terminal(env, job_id, 180)
+        assert job["state"] == "failed", job
+        assert "learner exited with code 3" in job["reason"], job
+        assert "about to fail" in job["reason"] and "leaked: []" in job["reason"], job
+        watcher.join(60)
+    finally:
+        w.stop()
+        api.close()
+    # the pod ended by itself when the learner did: both containers exited, the learner's code fails the pod
+    pod = ended["pod"]
+    assert pod.status.phase == "Failed"
+    codes = {c.name: c.state.terminated.exit_code for c in pod.status.container_statuses}
+    assert codes == {"controller": 0, "learner": 3}, codes
 
 
 def test_an_unschedulable_learner_fails_the_job_with_the_schedulers_words(kube_stack, tmp_path):
