@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trainforge_services.lcm.backends.kubernetes import waiter
+from trainforge_frameworks import podwaiter as waiter
 from trainforge_services.lcm.backends.kubernetes.entry import HANDOFF_MODULE
 from trainforge_services.lcm.backends.kubernetes.pods import WAITER_MODULE
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_kube_builders import OPTS, plan_for
+from trainforge_frameworks import podwaiter as waiter
 from trainforge_services.common.errors import InvalidArgument
 from trainforge_services.common.keys import MONITOR_DONE
-from trainforge_services.lcm.backends.kubernetes import entry, pods, waiter
+from trainforge_services.lcm.backends.kubernetes import entry, pods
 from trainforge_services.lcm.backends.kubernetes.backend import plan_from_root
 from trainforge_services.lcm.backends.kubernetes.status import pod_state, quantity
 

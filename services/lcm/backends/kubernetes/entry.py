@@ -7,8 +7,8 @@ Secret fills) becomes a spec file (0600) in the pod's working directory.
 
 - learner (the learner pod's `controller` container): run
   `python -m trainforge_services.controller --spec <file>`. The spec's
-  launcher is the hand-off (`handoff.py`), which has
-  the learner container's waiter (`waiter.py`) run the command in the
+  launcher is the hand-off (services/controller/handoff.py), which has
+  the learner container's waiter (frameworks/podwaiter.py) run the command in the
   hand-off directory `TF_HANDOFF_DIR` (an emptyDir both containers mount); when the
   controller exits, its end marker there tells a waiter still waiting for
   its go to exit too. Files are made under umask 027 and the attempt
@@ -30,16 +30,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from trainforge_frameworks.podwaiter import CONTROLLER_END
 from trainforge_services.common.contracts.specs import LearnerSpec, MonitorSpec
 from trainforge_services.common.errors import InvalidArgument, TrainforgeError
 from trainforge_services.common.keys import MONITOR_DONE
-from trainforge_services.lcm.backends.kubernetes.waiter import CONTROLLER_END
 
 SPEC_ENV = "TF_SPEC"
 SECRET_PREFIX = "TF_SECRET__"
 ATTEMPT_DIR_ENV = "TF_ATTEMPT_DIR"
 HANDOFF_ENV = "TF_HANDOFF_DIR"
-HANDOFF_MODULE = "trainforge_services.lcm.backends.kubernetes.handoff"
+HANDOFF_MODULE = "trainforge_services.controller.handoff"
 EXIT_USAGE = 2
 # the monitor ended without delivering the attempt's last state (stopped, or another monitor holds the job)
 EXIT_UNFINISHED = 3

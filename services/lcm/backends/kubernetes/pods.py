@@ -12,7 +12,7 @@ Pure functions from an `AttemptPlan` to plain dicts (the API's JSON shapes).
 - The job monitor as its own pod `tf-<job>-a<attempt>-monitor`.
 - A learner pod has two containers (docs/KUBERNETES.md): `controller` runs
   the injected entrypoint (`entry.py`) under uid 1001 with the job's
-  credentials; `learner` runs the waiter (`waiter.py`) under uid 1000 with
+  credentials; `learner` runs the waiter (frameworks/podwaiter.py) under uid 1000 with
   none and no Secret. They share the workdir and the hand-off emptyDirs, not
   a PID namespace. The controller's share of the manifest's CPU and memory
   (100m and 256Mi, at most half) is taken out of the learner's.
@@ -66,7 +66,7 @@ from trainforge_services.lcm.backends.kubernetes.team import (
 )
 
 ENTRY_MODULE = "trainforge_services.lcm.backends.kubernetes.entry"
-WAITER_MODULE = "trainforge_services.lcm.backends.kubernetes.waiter"
+WAITER_MODULE = "trainforge_frameworks.podwaiter"
 PLAN_KEY = "plan.json"
 # the learner's uid and the pod's group; the controller's uid (in that group)
 RUN_AS = 1000

@@ -1,4 +1,4 @@
-"""`python -m trainforge_services.lcm.backends.kubernetes.waiter <hand-off dir>`: the learner container's entrypoint.
+"""`python -m trainforge_frameworks.podwaiter <hand-off dir>`: a kubernetes learner pod's learner container entrypoint.
 
 A learner pod has two containers (docs/KUBERNETES.md, "The controller: a
 container of its own"): `controller`, which holds the job's credentials, and
@@ -8,7 +8,7 @@ container, does it for the controller. They meet in the hand-off directory,
 an emptyDir both containers mount:
 
 - the waiter listens on the unix socket `waiter.sock` there. The controller's
-  hand-off (`handoff.py`, the launcher the controller runs in place of the
+  hand-off (services/controller/handoff.py, the launcher the controller runs in place of the
   bare command) connects once the learner may start - after the job's gate,
   when it has one - and sends one JSON line: the learner's argv, environment
   (the one the controller built for it, without any platform setting) and
@@ -33,7 +33,8 @@ anything (a halt or a failure before the learner started), so the pod ends
 either way. The waiter's own SIGTERM (the pod is deleted) goes to the
 learner's group too; the kubelet's grace period is the hard kill.
 
-Only the standard library is used, and nothing here imports the platform.
+Only the standard library is used, and nothing here imports the platform: it starts in tens of
+milliseconds, and the controller's hand-off imports only these names from it.
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ class Waiter:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m trainforge_services.lcm.backends.kubernetes.waiter <hand-off dir>", file=sys.stderr)
+        print("usage: python -m trainforge_frameworks.podwaiter <hand-off dir>", file=sys.stderr)
         return EXIT_USAGE
     return Waiter(Path(argv[1])).run()
 

@@ -2,14 +2,14 @@
 
 The controller keeps its whole contract (status under a lease, the halt
 protocol, checkpoints, log shipping, outputs) because, to it, this hand-off
-*is* the learner: the controller's entrypoint makes it the spec's launcher,
+*is* the learner: the controller's entrypoint (services/lcm/backends/kubernetes/entry.py) makes it the spec's launcher,
 so the controller starts it under its guard (held until the job's gate
 opens, when it has one) as `python -m ...handoff [--reason <path>] <hand-off
 dir> /bin/sh -c <command>` with the learner's environment. It
 
 - makes the working directory's tree writable for the pod's group (the
   learner runs under another uid in that group; links are not followed);
-- connects to the learner container's waiter (`waiter.py`) on the hand-off
+- connects to the learner container's waiter (frameworks/podwaiter.py) on the hand-off
   directory's socket, waiting for it to listen, and sends the command, the
   environment and the working directory: the go;
 - copies the learner's output, which the waiter writes to the hand-off
@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from trainforge_services.lcm.backends.kubernetes.waiter import END, POLL, SOCKET, STDERR, STDOUT
+from trainforge_frameworks.podwaiter import END, POLL, SOCKET, STDERR, STDOUT
 
 EXIT_LOST = 255
 
@@ -159,7 +159,7 @@ def main(argv: list[str]) -> int:
     if len(args) > 1 and args[0] == "--reason":
         reason, args = Path(args[1]), args[2:]
     if len(args) < 2:
-        print("usage: python -m trainforge_services.lcm.backends.kubernetes.handoff [--reason <file>] "
+        print("usage: python -m trainforge_services.controller.handoff [--reason <file>] "
               "<hand-off dir> <command...>", file=sys.stderr)
         return 2
     return Handoff(Path(args[0]), args[1:], reason).run()
