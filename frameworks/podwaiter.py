@@ -105,7 +105,8 @@ class Waiter:
         path = self.dir / SOCKET
         path.unlink(missing_ok=True)
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        server.bind(str(path))
+        os.chdir(self.dir)  # a socket's path is at most 107 bytes: bound by its name here
+        server.bind(SOCKET)
         os.chmod(path, 0o660)  # the controller runs under another uid, in the pod's group
         server.listen(1)
         server.settimeout(POLL)
@@ -202,7 +203,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m trainforge_frameworks.podwaiter <hand-off dir>", file=sys.stderr)
         return EXIT_USAGE
-    return Waiter(Path(argv[1])).run()
+    return Waiter(Path(argv[1]).absolute()).run()
 
 
 if __name__ == "__main__":

@@ -65,11 +65,11 @@ class Handoff:
 
     def connect(self) -> socket.socket | None:
         """A connection to the waiter, once it listens; None when a stop came first."""
-        path = str(self.dir / SOCKET)
+        os.chdir(self.dir)  # a socket's path is at most 107 bytes: connected to by its name here
         while self.pending is None:
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                conn.connect(path)
+                conn.connect(SOCKET)
                 return conn
             except (FileNotFoundError, ConnectionRefusedError):
                 conn.close()
@@ -99,11 +99,12 @@ class Handoff:
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._forward)
-        share_with_group(Path.cwd())
+        cwd = os.getcwd()
+        share_with_group(Path(cwd))
         conn = self.connect()
         if conn is None:
             return _die_of(self.pending)
-        request = {"argv": self.command, "env": dict(os.environ), "cwd": os.getcwd()}
+        request = {"argv": self.command, "env": dict(os.environ), "cwd": cwd}
         conn.sendall(json.dumps(request).encode() + b"\n")
         self.conn = conn
         if self.pending is not None:
@@ -162,7 +163,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m trainforge_services.controller.handoff [--reason <file>] "
               "<hand-off dir> <command...>", file=sys.stderr)
         return 2
-    return Handoff(Path(args[0]), args[1:], reason).run()
+    return Handoff(Path(args[0]).absolute(), args[1:], reason).run()
 
 
 if __name__ == "__main__":

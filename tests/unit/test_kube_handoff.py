@@ -32,7 +32,8 @@ def until(what: str, check, deadline: float = DEADLINE):
 @pytest.fixture
 def pod(tmp_path):
     """The hand-off directory and a working directory; the processes started are ended at the end."""
-    share, work = tmp_path / "handoff", tmp_path / "work"
+    # longer than a unix socket's path may be (107 bytes), as the test node's volume directories are
+    share, work = tmp_path / ("handoff-" + "x" * 100), tmp_path / "work"
     share.mkdir()
     work.mkdir()
     procs: list[subprocess.Popen] = []
