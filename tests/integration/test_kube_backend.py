@@ -20,9 +20,11 @@ import pytest
 from tests import toolcache
 from tests.servers import wait_for
 from trainforge_services.common.adapters.kube import Kube
+from trainforge_services.common.contracts.etcd import LearnerStatus
 from trainforge_services.common.errors import ResourceExhausted
 from trainforge_services.common.manifest import Manifest
 from trainforge_services.common.settings import LcmSettings
+from trainforge_services.common.states import LearnerState
 from trainforge_services.lcm.backends.kubernetes import naming
 from trainforge_services.lcm.backends.kubernetes.backend import KubernetesBackend
 from trainforge_services.lcm.backends.kubernetes.team import TeamQuota
@@ -244,6 +246,34 @@ def test_a_learner_pods_learner_container_holds_no_credential_as_stored_by_the_a
         wait_for(lambda: backend.kube.get("Secret", ns, "tf-j-creds-a1-creds") is None, 60, "the credentials gone")
     finally:
         lc.close()
+
+
+def test_a_learner_pod_ends_by_itself_when_its_learner_does_and_its_exit_code_and_last_lines_reach_etcd(
+        settings, coordinator, osmem_server, kube_node, monkeypatch, unique):
+    # no Trainer and no supervision: nothing deletes the attempt, so the pod's own end is what the API shows
+    monkeypatch.setenv("TF_STACK_ID", f"s{unique}")
+    (settings.state_dir / "objects").mkdir(parents=True)  # the pods' file:// store (the node leaves it as it is)
+    b = KubernetesBackend(settings.model_copy(update={"logstore_url": osmem_server.url}))
+    lc = LifecycleManager(b, coordinator, settings.state_dir, supervise_interval=3600)
+    manifest = Manifest(name="fails", learners=1, resources={"cpus": 0.5, "memory": "512Mi"},
+                        command="python -c \"import sys; print('about to fail', flush=True); sys.exit(3)\"")
+    try:
+        lc.deploy(JobDeployment(job_id="j-ends", team="alpha", attempt=1, manifest=manifest))
+        ns = naming.namespace(b.opts, "alpha")
+        pod = wait_for(lambda: (p := b.kube.get("Pod", ns, "tf-j-ends-a1-r0"))
+                       and p["status"].get("phase") in ("Succeeded", "Failed") and p, 120, "the learner pod to end")
+        assert pod["status"]["phase"] == "Failed" and not pod["metadata"].get("deletionTimestamp")
+        codes = {c["name"]: c["state"]["terminated"]["exitCode"] for c in pod["status"]["containerStatuses"]}
+        assert codes == {"controller": 0, "learner": 3}
+        raw, _ = coordinator.get(coordinator.keys.learner_status("j-ends", 0))
+        status = LearnerStatus.parse_or_none(raw)
+        assert status is not None and status.state == LearnerState.LEARNER_FAILED and status.exit_code == 3
+        assert status.message == "learner exited with code 3" and "about to fail" in status.tail
+    finally:
+        lc.close()
+        for ns in b.kube.list("Namespace", selector=f"{naming.STACK}=s{unique}"):
+            b.kube.delete("Namespace", None, ns["metadata"]["name"])
+        b.close()
 
 
 def test_deleting_the_root_lets_the_garbage_collector_remove_the_attempt(backend, lifecycle):
