@@ -71,6 +71,16 @@ def job_pods(kube: Kube, job_id: str) -> list[dict]:
     return kube.list("Pod", None, f"tf.job={job_id}")
 
 
+def run_job(env: dict, work: Path, script: str, resources: str) -> tuple[str, dict]:
+    """Submit `script` as a one-learner job named after `work` with `resources`; its id and its end."""
+    work.mkdir()
+    (work / "job.py").write_text(script)
+    (work / "manifest.yaml").write_text(f"name: {work.name}\ncode: .\ncommand: python job.py\n"
+                                        f"resources: {resources}\n")
+    job_id = cli_json(env, "submit", str(work / "manifest.yaml"))["id"]
+    return job_id, wait_terminal(env, job_id, 180)
+
+
 @pytest.fixture(scope="module")
 def reference(kube_stack, tmp_path_factory):
     """The example DDP job, uninterrupted, as pods: its final model."""
@@ -113,18 +123,11 @@ def test_halt_then_resume_on_pods_ends_with_the_uninterrupted_model(kube_stack, 
 
 def test_a_failing_learner_reaches_the_job_with_its_exit_code_and_last_lines(kube_stack, e2e_node, tmp_path):
     env, _, kube = kube_stack
-    work = tmp_path / "failing"
-    work.mkdir()
     # the learner runs in its own container: it finds no credential of the platform's in its env
-    (work / "job.py").write_text(
-        "import os, sys\n"
-        "print('leaked:', sorted(k for k in os.environ if k.startswith(('TF_S3', 'TF_ETCD', 'TF_SECRET__'))))\n"
-        "print('about to fail', flush=True)\n"
-        "sys.exit(3)\n")
-    (work / "manifest.yaml").write_text("name: failing\ncode: .\ncommand: python job.py\n"
-                                        "resources: {cpus: 0.5, memory: 512Mi}\n")
-    job_id = cli_json(env, "submit", str(work / "manifest.yaml"))["id"]
-    job = wait_terminal(env, job_id, 180)
+    job_id, job = run_job(env, tmp_path / "failing", "import os, sys\n"
+                          "print('leaked:', sorted(k for k in os.environ if k.startswith(('TF_S3', 'TF_ETCD', "
+                          "'TF_SECRET__'))))\nprint('about to fail', flush=True)\nsys.exit(3)\n",
+                          "{cpus: 0.5, memory: 512Mi}")
     assert job["state"] == "failed", job
     assert "learner exited with code 3" in job["reason"], job
     assert "about to fail" in job["reason"] and "leaked: []" in job["reason"], job
@@ -145,13 +148,8 @@ def test_a_failing_learner_reaches_the_job_with_its_exit_code_and_last_lines(kub
 def test_an_unschedulable_learner_fails_the_job_with_the_schedulers_words(kube_stack, tmp_path):
     env, _, kube = kube_stack
     # the test node has GPUs but no `nvidia.com/gpu.product=a100` label: the scheduler cannot place the pod
-    work = tmp_path / "typed"
-    work.mkdir()
-    (work / "job.py").write_text("print('never runs')\n")
-    (work / "manifest.yaml").write_text("name: typed\ncode: .\ncommand: python job.py\n"
-                                        "resources: {gpus: 1, gpu_type: a100, cpus: 0.5, memory: 256Mi}\n")
-    job_id = cli_json(env, "submit", str(work / "manifest.yaml"))["id"]
-    job = wait_terminal(env, job_id, 180)
+    job_id, job = run_job(env, tmp_path / "typed", "print('never runs')\n",
+                          "{gpus: 1, gpu_type: a100, cpus: 0.5, memory: 256Mi}")
     assert job["state"] == "failed", job
     assert "Unschedulable: 0/1 nodes are available" in job["reason"], job
     assert "(still pending after 15s)" in job["reason"], job
