@@ -20,9 +20,11 @@ import pytest
 from tests import toolcache
 from tests.servers import wait_for
 from trainforge_services.common.adapters.kube import Kube
+from trainforge_services.common.contracts.etcd import LearnerStatus
 from trainforge_services.common.errors import ResourceExhausted
 from trainforge_services.common.manifest import Manifest
 from trainforge_services.common.settings import LcmSettings
+from trainforge_services.common.states import LearnerState
 from trainforge_services.lcm.backends.kubernetes import naming
 from trainforge_services.lcm.backends.kubernetes.backend import KubernetesBackend
 from trainforge_services.lcm.backends.kubernetes.team import TeamQuota
@@ -179,6 +181,99 @@ def test_a_deployed_attempt_has_its_pods_service_and_env(backend, lifecycle):
     assert backend.kube.get("Secret", ns, "tf-j-ddp-a1-env")["data"]["KEY"] == "djRsdWU="  # base64 of v4lue
     view = lifecycle.view("j-ddp")
     assert view.alive and not view.monitor_done and len(view.processes) == 4
+
+
+class _JobCredential:
+    """An issuer as the lifecycle runs them: the job's own credential for its controllers and its monitor, in
+    place of the platform's object-store keys."""
+
+    name = "test"
+
+    def grant(self, plan):
+        from trainforge_services.lcm.backends.base import Grant
+
+        return Grant(controller={"TF_JOB_TOKEN": f"ctl-{plan.job_id}"}, monitor={"TF_JOB_TOKEN": f"mon-{plan.job_id}"},
+                     withheld=("TF_S3_ACCESS_KEY", "TF_S3_SECRET_KEY"))
+
+    def revoke(self, job_id: str) -> None:
+        pass
+
+
+def test_a_learner_pods_learner_container_holds_no_credential_as_stored_by_the_apiserver(backend, coordinator,
+                                                                                           settings, gpu_node):
+    from trainforge_services.lcm.lifecycle.credentials import Credentials
+
+    lc = LifecycleManager(backend, coordinator, settings.state_dir, supervise_interval=3600,
+                          credentials=Credentials([_JobCredential()]))
+    try:
+        lc.deploy(job("j-creds", learners=2))
+        ns = naming.namespace(backend.opts, "alpha")
+        stored = backend.kube.list("Pod", ns, naming.job_selector(backend.opts, "j-creds"))
+        secrets = {s["metadata"]["name"]: s for s in backend.kube.list("Secret", ns)}
+        learners = [p for p in stored if p["metadata"]["labels"][naming.ROLE] == "learner"]
+        assert len(learners) == 2
+        for pod in learners:
+            spec = pod["spec"]
+            assert spec["automountServiceAccountToken"] is False and not spec.get("shareProcessNamespace")
+            by_name = {c["name"]: c for c in spec["containers"]}
+            learner, controller = by_name[naming.LEARNER_CONTAINER], by_name[naming.CONTROLLER_CONTAINER]
+            # the learner: no Secret in env, envFrom or volumes, no credential value, no token
+            assert not learner.get("envFrom") and all("valueFrom" not in e for e in learner["env"])
+            mounted = {m["name"] for m in learner["volumeMounts"]}
+            volumes = {v["name"]: v for v in spec["volumes"]}
+            assert all(set(volumes[m]) == {"name", "emptyDir"} for m in mounted)
+            assert not any(m["mountPath"].startswith("/var/run/secrets") for m in learner["volumeMounts"])
+            text = str(learner)
+            for value in ("ctl-j-creds", "v4lue", "TF_S3_", "TF_JOB_TOKEN", "secretKeyRef"):
+                assert value not in text
+            assert not {e.get("value") for e in learner["env"]} & {"ak", "sk"}  # the LCM's object-store keys
+            assert learner["securityContext"].get("runAsUser", spec["securityContext"]["runAsUser"]) != \
+                controller["securityContext"]["runAsUser"]
+            # the controller: the job's own credential from the attempt's Secret; the platform's keys withheld
+            env = {e["name"]: e.get("value", e.get("valueFrom")) for e in controller["env"]}
+            assert env["TF_JOB_TOKEN"] == {"secretKeyRef": {"name": "tf-j-creds-a1-creds",
+                                                            "key": "controller.TF_JOB_TOKEN"}}
+            assert "TF_S3_SECRET_KEY" not in env and "TF_S3_ACCESS_KEY" not in env
+        creds = secrets["tf-j-creds-a1-creds"]
+        root = backend.kube.get("ConfigMap", ns, "tf-j-creds-a1")
+        assert creds["metadata"]["ownerReferences"][0]["uid"] == root["metadata"]["uid"]
+        assert sorted(creds["data"]) == ["controller.TF_JOB_TOKEN", "monitor.TF_JOB_TOKEN"]
+        monitor = next(p for p in stored if p["metadata"]["labels"][naming.ROLE] == "monitor")
+        menv = {e["name"]: e.get("valueFrom") for e in monitor["spec"]["containers"][0]["env"]}
+        assert menv["TF_JOB_TOKEN"] == {"secretKeyRef": {"name": "tf-j-creds-a1-creds", "key": "monitor.TF_JOB_TOKEN"}}
+        # deleted at stop with the rest of the attempt
+        lc.kill("j-creds")
+        wait_for(lambda: backend.kube.get("Secret", ns, "tf-j-creds-a1-creds") is None, 60, "the credentials gone")
+    finally:
+        lc.close()
+
+
+def test_a_learner_pod_ends_by_itself_when_its_learner_does_and_its_exit_code_and_last_lines_reach_etcd(
+        settings, coordinator, osmem_server, kube_node, monkeypatch, unique):
+    # no Trainer and no supervision: nothing deletes the attempt, so the pod's own end is what the API shows
+    monkeypatch.setenv("TF_STACK_ID", f"s{unique}")
+    (settings.state_dir / "objects").mkdir(parents=True)  # the pods' file:// store (the node leaves it as it is)
+    b = KubernetesBackend(settings.model_copy(update={"logstore_url": osmem_server.url}))
+    lc = LifecycleManager(b, coordinator, settings.state_dir, supervise_interval=3600)
+    manifest = Manifest(name="fails", learners=1, resources={"cpus": 0.5, "memory": "512Mi"},
+                        command="python -c \"import sys; print('about to fail', flush=True); sys.exit(3)\"")
+    try:
+        lc.deploy(JobDeployment(job_id="j-ends", team="alpha", attempt=1, manifest=manifest))
+        ns = naming.namespace(b.opts, "alpha")
+        pod = wait_for(lambda: (p := b.kube.get("Pod", ns, "tf-j-ends-a1-r0"))
+                       and p["status"].get("phase") in ("Succeeded", "Failed") and p, 120, "the learner pod to end")
+        assert pod["status"]["phase"] == "Failed" and not pod["metadata"].get("deletionTimestamp")
+        codes = {c["name"]: c["state"]["terminated"]["exitCode"] for c in pod["status"]["containerStatuses"]}
+        assert codes == {"controller": 0, "learner": 3}
+        raw, _ = coordinator.get(coordinator.keys.learner_status("j-ends", 0))
+        status = LearnerStatus.parse_or_none(raw)
+        assert status is not None and status.state == LearnerState.LEARNER_FAILED and status.exit_code == 3
+        assert status.message == "learner exited with code 3" and "about to fail" in status.tail
+    finally:
+        lc.close()
+        for ns in b.kube.list("Namespace", selector=f"{naming.STACK}=s{unique}"):
+            b.kube.delete("Namespace", None, ns["metadata"]["name"])
+        b.close()
 
 
 def test_deleting_the_root_lets_the_garbage_collector_remove_the_attempt(backend, lifecycle):

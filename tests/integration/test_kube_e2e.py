@@ -32,10 +32,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def kube_stack(kube_cluster):
-    # one test node for the module's jobs (tests/kube.py's kube_node is per test)
+def e2e_node(kube_cluster):
+    """One test node for the module's jobs (tests/kube.py's kube_node is per test)."""
     node_name = f"e2e-{secrets.token_hex(3)}"
     node = start_node(kube_cluster, node_name, gpus=4)
+    try:
+        yield node
+    finally:
+        node.stop()
+        with Kube(str(kube_cluster.kubeconfig)) as admin:
+            admin.delete("Node", None, node_name)
+        shutil.rmtree(node.workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def kube_stack(kube_cluster, e2e_node):
     # not under /tmp: the test node rewrites a mount path (the pods' /tmp emptyDir) wherever it starts a path
     # in a pod's env, and the object store's file:// path is in the pods' env
     state = ROOT / ".cache" / f"kube-e2e-{secrets.token_hex(3)}"
@@ -53,15 +64,21 @@ def kube_stack(kube_cluster):
     finally:
         run_cli(env, "down", timeout=120, check=False)
         kube.close()
-        node.stop()
-        with Kube(str(kube_cluster.kubeconfig)) as admin:
-            admin.delete("Node", None, node_name)
         shutil.rmtree(state, ignore_errors=True)
-        shutil.rmtree(node.workdir, ignore_errors=True)
 
 
 def job_pods(kube: Kube, job_id: str) -> list[dict]:
     return kube.list("Pod", None, f"tf.job={job_id}")
+
+
+def run_job(env: dict, work: Path, script: str, resources: str) -> tuple[str, dict]:
+    """Submit `script` as a one-learner job named after `work` with `resources`; its id and its end."""
+    work.mkdir()
+    (work / "job.py").write_text(script)
+    (work / "manifest.yaml").write_text(f"name: {work.name}\ncode: .\ncommand: python job.py\n"
+                                        f"resources: {resources}\n")
+    job_id = cli_json(env, "submit", str(work / "manifest.yaml"))["id"]
+    return job_id, wait_terminal(env, job_id, 180)
 
 
 @pytest.fixture(scope="module")
@@ -104,16 +121,35 @@ def test_halt_then_resume_on_pods_ends_with_the_uninterrupted_model(kube_stack, 
     assert_bitwise_equal(model_of(state, job_id), reference[1])
 
 
+def test_a_failing_learner_reaches_the_job_with_its_exit_code_and_last_lines(kube_stack, e2e_node, tmp_path):
+    env, _, kube = kube_stack
+    # the learner runs in its own container: it finds no credential of the platform's in its env
+    job_id, job = run_job(env, tmp_path / "failing", "import os, sys\n"
+                          "print('leaked:', sorted(k for k in os.environ if k.startswith(('TF_S3', 'TF_ETCD', "
+                          "'TF_SECRET__'))))\nprint('about to fail', flush=True)\nsys.exit(3)\n",
+                          "{cpus: 0.5, memory: 512Mi}")
+    assert job["state"] == "failed", job
+    assert "learner exited with code 3" in job["reason"], job
+    assert "about to fail" in job["reason"] and "leaked: []" in job["reason"], job
+    # the learner container ended by itself: the node's log (a pod being deleted has no status reported) has the
+    # pod's end, or the controller alone still finishing when the LCM deleted the finished attempt's pods
+    # (test_kube_backend.py shows the pod's own end where nothing deletes it)
+    pod = f"{PREFIX}local/pods/tf-{job_id}-a1-r0"
+
+    def about_pod() -> list[str]:
+        return [x.split(" kubenode ", 1)[1] for x in e2e_node.log.read_text().splitlines() if f"pod {pod}" in x]
+
+    wait_for(lambda: any("ended:" in x or "stopping container" in x for x in about_pod()), 60,
+             "the node to log the learner pod's end")
+    assert about_pod() in ([f"pod {pod} ended: Failed (controller exited 0, learner exited 3)"],
+                           [f"pod {pod}: stopping container controller"]), about_pod()
+
+
 def test_an_unschedulable_learner_fails_the_job_with_the_schedulers_words(kube_stack, tmp_path):
     env, _, kube = kube_stack
     # the test node has GPUs but no `nvidia.com/gpu.product=a100` label: the scheduler cannot place the pod
-    work = tmp_path / "typed"
-    work.mkdir()
-    (work / "job.py").write_text("print('never runs')\n")
-    (work / "manifest.yaml").write_text("name: typed\ncode: .\ncommand: python job.py\n"
-                                        "resources: {gpus: 1, gpu_type: a100, cpus: 0.5, memory: 256Mi}\n")
-    job_id = cli_json(env, "submit", str(work / "manifest.yaml"))["id"]
-    job = wait_terminal(env, job_id, 180)
+    job_id, job = run_job(env, tmp_path / "typed", "print('never runs')\n",
+                          "{gpus: 1, gpu_type: a100, cpus: 0.5, memory: 256Mi}")
     assert job["state"] == "failed", job
     assert "Unschedulable: 0/1 nodes are available" in job["reason"], job
     assert "(still pending after 15s)" in job["reason"], job

@@ -152,6 +152,34 @@ def test_testnode_fails_a_pod_with_its_exit_code(core, ns, kube_node):
     assert _log(kube_node, pod) == "boom\n"
 
 
+def test_testnode_runs_two_containers_that_meet_in_a_shared_empty_dir_each_with_its_exit_code(core, ns, kube_node):
+    # the learner pod's shape: one container with a Secret in its env, one without, meeting in an emptyDir
+    core.create_namespaced_secret(ns, {"metadata": {"name": "creds"}, "stringData": {"key": "s3cret"}})
+    mount = {"volumeMounts": [{"name": "share", "mountPath": "/share"}]}
+    writer = ("import os, pathlib; pathlib.Path('/share/go').write_text(os.environ['SECRET']); "
+              "print(sorted(k for k in os.environ if k == 'SECRET'))")
+    reader = ("import os, pathlib, sys, time\n"
+              "while not pathlib.Path('/share/go').exists(): time.sleep(0.05)\n"
+              "print(pathlib.Path('/share/go').read_text(), 'SECRET' in os.environ); sys.exit(3)\n")
+    spec = _pod("pair", [PY, "-c", writer.replace("/share", "$(SHARE)")],
+                container={"name": "controller", **mount, "env": [
+                    {"name": "SHARE", "value": "/share"},
+                    {"name": "SECRET", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "key"}}}]},
+                volumes=[{"name": "share", "emptyDir": {}}], shareProcessNamespace=False)
+    spec["spec"]["containers"].append({"name": "learner", "image": "trainforge/learner:test",
+                                       "command": [PY, "-c", reader.replace("/share", "$(SHARE)")],
+                                       "env": [{"name": "SHARE", "value": "/share"}], **mount})
+    core.create_namespaced_pod(ns, spec)
+    pod = _wait_pod(core, ns, "pair", lambda p: p.status.phase in ("Succeeded", "Failed"), "the pod to end")
+    assert pod.status.phase == "Failed"  # the pod's phase follows both: one exited 3
+    codes = {c.name: c.state.terminated.exit_code for c in pod.status.container_statuses}
+    assert codes == {"controller": 0, "learner": 3}
+    d = kube_node.workdir / "pods" / f"{ns}_pair_{pod.metadata.uid}"
+    assert (d / "controller.log").read_text() == "['SECRET']\n"
+    assert (d / "learner.log").read_text() == "s3cret False\n"  # it read the share, not the Secret
+    assert (d / "volumes" / "share" / "go").read_text() == "s3cret"
+
+
 def test_testnode_reports_a_missing_secret_as_create_container_config_error(core, ns, kube_node):
     env = [{"name": "S", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k"}}}]
     core.create_namespaced_pod(ns, _pod("nosecret", [PY, "-c", "pass"], container={"env": env}))

@@ -14,12 +14,15 @@ recorded in the status, never pulled; resource limits and security contexts
 are not enforced (a process runs as the node's user).
 
 `stop(grace)` is the kubelet's half of a deletion: SIGTERM to every
-container's process group, SIGKILL after the grace period.
+container's process group, SIGKILL after the grace period. The node's log
+has a line for each pod that ended by itself (phase, each container's exit
+code) and for each container a deletion stopped.
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import subprocess
 import threading
@@ -33,6 +36,7 @@ from trainforge_services.common import proctree
 from trainforge_services.common.retry import Backoff
 
 _POLL = 0.1
+log = logging.getLogger(__name__)
 
 
 def now() -> str:
@@ -79,6 +83,7 @@ class PodWorker(threading.Thread):
         self.initialized = not self.init
         self.message: dict = {}
         self._lock = threading.Lock()
+        self._logged = False  # its end is in the node's log
 
     # -- status -------------------------------------------------------------------------------------------
     def report(self) -> None:
@@ -212,13 +217,28 @@ class PodWorker(threading.Thread):
         ok = all(c.state["terminated"]["exitCode"] == 0 for c in self.main)
         self.final_phase = "Succeeded" if ok else "Failed"
         self.report()
+        self._log_end()
+
+    def _log_end(self) -> None:
+        """The node's log says which pods ended by themselves (a deleted pod's status is no longer reported)."""
+        with self._lock:
+            codes = [c.proc.poll() if c.proc is not None else None for c in self.main]
+            if self._logged or any(code is None for code in codes):
+                return
+            self._logged = True
+        codes = [128 - code if code < 0 else code for code in codes]
+        log.info("pod %s ended: %s (%s)", self.path.rsplit("/namespaces/", 1)[1],
+                 "Succeeded" if not any(codes) else "Failed",
+                 ", ".join(f"{c.name} exited {code}" for c, code in zip(self.main, codes, strict=True)))
 
     def stop(self, grace: float) -> proctree.Stopped:
         """The containers' process groups get SIGTERM, then SIGKILL after `grace` seconds."""
         self.stopping.set()
+        self._log_end()  # one that ended by itself just before its deletion
         procs, groups = [], []
         for c in self.init + self.main:
             if c.proc is not None and c.proc.poll() is None:
+                log.info("pod %s: stopping container %s", self.path.rsplit("/namespaces/", 1)[1], c.name)
                 groups.append(c.proc.pid)
                 try:
                     procs.append(psutil.Process(c.proc.pid))

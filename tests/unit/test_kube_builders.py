@@ -116,16 +116,23 @@ def test_every_pod_follows_the_restricted_profile():
         assert spec["securityContext"]["runAsNonRoot"] is True
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         assert spec["automountServiceAccountToken"] is False
-        ctx = spec["containers"][0]["securityContext"]
-        assert ctx == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                       "readOnlyRootFilesystem": True, "runAsNonRoot": True}
+        for container in spec["containers"]:
+            ctx = dict(container["securityContext"])
+            uid = ctx.pop("runAsUser", spec["securityContext"]["runAsUser"])
+            assert ctx == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                           "readOnlyRootFilesystem": True, "runAsNonRoot": True}
+            # the controller runs under a uid of its own; the learner under the pod's
+            assert uid == (pods.CONTROLLER_UID if container["name"] == naming.CONTROLLER_CONTAINER else pods.RUN_AS)
 
 
 def test_gpu_pods_get_limits_type_selector_tolerations_and_the_types_priority_class():
     plan = plan_for(learners=2, gpus=2, gpu_type="h100")
     pod = pods.learner_pod(plan, OPTS, plan.learners[1], OWNER)
-    res = pod["spec"]["containers"][0]["resources"]
-    assert res["limits"] == {"cpu": "1500m", "memory": str(512 * 2**20), "nvidia.com/gpu": "2"}
+    controller, learner = (c["resources"] for c in pod["spec"]["containers"])
+    # the pod asks for the manifest's resources; the controller's share comes out of the learner's
+    assert learner["limits"] == learner["requests"] == {"cpu": "1400m", "memory": str(256 * 2**20),
+                                                        "nvidia.com/gpu": "2"}
+    assert controller["limits"] == controller["requests"] == {"cpu": "100m", "memory": str(256 * 2**20)}
     assert pod["spec"]["nodeSelector"] == {"gpu.example/model": "h100-80g"}
     assert pod["spec"]["tolerations"] == [dict(t) for t in OPTS.gpu_tolerations]
     assert pod["spec"]["priorityClassName"] == "tf-gpu-h100"
@@ -193,3 +200,56 @@ def test_pods_are_told_the_platform_but_never_its_credentials(tmp_path):
     # the LCM's own file:// store, resolved (a pod's TF_STATE_DIR is its attempt directory)
     assert opts.platform_env["TF_OBJECTSTORE_URL"] == (tmp_path / "objects").resolve().as_uri()
     assert "TF_S3_SECRET_KEY" not in opts.platform_env and "TF_MONGO_URL" not in opts.platform_env
+
+
+def _learner_pod_with_grant(withheld: tuple[str, ...] = ()):
+    from trainforge_services.lcm.backends.base import Grant
+
+    grant = Grant(controller={"TF_ETCD_USER": "job-j-abc", "TF_ETCD_PASSWORD": "pw-ctl"},
+                  monitor={"TF_TRAINER_TOKEN": "tok-mon"}, withheld=withheld)
+    plan = plan_for(secret=True).model_copy(update={"grant": grant})
+    return plan, pods.attempt_objects(plan, OPTS, OWNER)
+
+
+def test_the_learner_container_holds_no_credential_and_mounts_no_secret():
+    plan, objs = _learner_pod_with_grant()
+    pod = next(o for o in objs if o["metadata"]["name"] == "tf-j-abc-a3-r0")
+    spec = pod["spec"]
+    assert spec["shareProcessNamespace"] is False and spec["automountServiceAccountToken"] is False
+    controller, learner = spec["containers"]
+    assert (controller["name"], learner["name"]) == (naming.CONTROLLER_CONTAINER, naming.LEARNER_CONTAINER)
+    assert learner["command"] == ["python3", "-m", pods.WAITER_MODULE, naming.HANDOFF_PATH]
+    assert {e["name"] for e in learner["env"]} == {"HOME"} and all("valueFrom" not in e for e in learner["env"])
+    assert not any("secret" in v or "projected" in v for v in spec["volumes"])
+    mounts = {m["name"]: m["mountPath"] for m in learner["volumeMounts"]}
+    assert mounts == {"work": OPTS.workdir, "handoff": naming.HANDOFF_PATH, "learner-tmp": "/tmp"}
+    text = json.dumps(learner)
+    for value in ("s3cr3t", "pw-ctl", "tok-mon", "TF_S3", "TF_SECRET", "secretKeyRef", "TF_SPEC"):
+        assert value not in text
+    # the controller meets it in the shared volumes, with its own /tmp
+    assert {m["name"] for m in controller["volumeMounts"]} == {"work", "handoff", "tmp"}
+    assert env_of(pod)[pods.HANDOFF_ENV] == naming.HANDOFF_PATH
+
+
+def test_the_grant_goes_into_the_attempts_credentials_secret_referenced_by_the_controller_and_monitor_only():
+    plan, objs = _learner_pod_with_grant(withheld=("TF_S3_ACCESS_KEY", "TF_S3_SECRET_KEY", "TF_TRAINER_ADDRESS"))
+    creds = next(o for o in objs if o["metadata"]["name"] == "tf-j-abc-a3-creds")
+    assert creds["metadata"]["ownerReferences"] == [OWNER] and creds["metadata"]["labels"][naming.JOB] == "j-abc"
+    data = {k: base64.b64decode(v).decode() for k, v in creds["data"].items()}
+    assert data == {"controller.TF_ETCD_USER": "job-j-abc", "controller.TF_ETCD_PASSWORD": "pw-ctl",
+                    "monitor.TF_TRAINER_TOKEN": "tok-mon"}
+    pod = next(o for o in objs if o["metadata"]["name"] == "tf-j-abc-a3-r0")
+    env = env_of(pod)
+    assert env["TF_ETCD_PASSWORD"] == {"secretKeyRef": {"name": "tf-j-abc-a3-creds", "key": "controller.TF_ETCD_PASSWORD"}}
+    # what the grant withholds is not given at all: the platform Secret's keys and the withheld settings
+    assert "TF_S3_SECRET_KEY" not in env and "TF_S3_ACCESS_KEY" not in env and "TF_TRAINER_ADDRESS" not in env
+    assert "TF_TRAINER_TOKEN" not in env
+    monitor = next(o for o in objs if o["metadata"]["labels"].get(naming.ROLE) == "monitor")
+    menv = env_of(monitor)
+    assert menv["TF_TRAINER_TOKEN"] == {"secretKeyRef": {"name": "tf-j-abc-a3-creds", "key": "monitor.TF_TRAINER_TOKEN"}}
+    assert "TF_ETCD_PASSWORD" not in menv and "TF_S3_SECRET_KEY" not in menv
+    assert "pw-ctl" not in json.dumps(objs[1:]) and "pw-ctl" not in json.dumps(pods.root_object(plan, OPTS))
+    for obj in objs:
+        validate(obj)
+    # without a grant of its own there is no credentials Secret
+    assert not any(o["metadata"]["name"].endswith("-creds") for o in pods.attempt_objects(plan_for(), OPTS, OWNER))

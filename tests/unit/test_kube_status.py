@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_kube_builders import OPTS, plan_for
+from trainforge_frameworks import podwaiter as waiter
 from trainforge_services.common.errors import InvalidArgument
 from trainforge_services.common.keys import MONITOR_DONE
 from trainforge_services.lcm.backends.kubernetes import entry, pods
@@ -108,16 +109,28 @@ def test_the_monitor_entrypoint_exits_0_only_when_the_monitor_delivered(tmp_path
 
 def test_the_learner_entrypoint_writes_the_spec_with_secrets_and_hands_over_to_the_controller(tmp_path):
     plan = plan_for(secret=True)
-    spec = pods.pod_spec_of(plan.learners[0]).model_copy(update={"workdir": tmp_path / "learner-0"})
-    env = {**os.environ, entry.SPEC_ENV: spec.to_json(),
+    spec = pods.pod_spec_of(plan.learners[0]).model_copy(update={"workdir": tmp_path / "a" / "learner-0"})
+    handoff = tmp_path / "handoff"
+    handoff.mkdir()
+    env = {**os.environ, entry.SPEC_ENV: spec.to_json(), entry.HANDOFF_ENV: str(handoff),
            f"{entry.SECRET_PREFIX}WANDB_KEY": "s3cr3t", "TF_ETCD_ENDPOINTS": "not a host:port:x"}
     proc = subprocess.run([sys.executable, "-m", pods.ENTRY_MODULE, "learner"], env=env, timeout=60,
                           capture_output=True, text=True)
     # the controller itself ran (it refuses the etcd setting, naming it) and found the spec it was given
     assert proc.returncode == 2 and "TF_ETCD_ENDPOINTS" in proc.stderr
-    written = tmp_path / "learner-0.json"
+    written = tmp_path / "a" / "learner-0.json"
     assert oct(written.stat().st_mode & 0o777) == "0o600"
-    assert json.loads(written.read_text())["secret_env"] == {"WANDB_KEY": "s3cr3t"}
+    assert oct((tmp_path / "a").stat().st_mode & 0o777) == "0o750"  # the learner's uid writes only its workdir
+    got = json.loads(written.read_text())
+    assert got["secret_env"] == {"WANDB_KEY": "s3cr3t"}
+    # the learner runs in the other container: the hand-off is the controller's launcher
+    assert got["launcher"][:3] == [sys.executable, "-m", entry.HANDOFF_MODULE] and got["launcher"][-1] == str(handoff)
+    # the controller ended: a waiter still waiting for its go ends too
+    assert (handoff / waiter.CONTROLLER_END).exists()
+    env.pop(entry.HANDOFF_ENV)
+    proc = subprocess.run([sys.executable, "-m", pods.ENTRY_MODULE, "learner"], env=env, timeout=60,
+                          capture_output=True, text=True)
+    assert proc.returncode == entry.EXIT_USAGE and "TF_HANDOFF_DIR is not set" in proc.stderr
 
 
 def test_the_entrypoint_refuses_an_unknown_role_and_a_bad_spec():

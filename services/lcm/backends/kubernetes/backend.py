@@ -8,9 +8,9 @@
   quota's own message; the lifecycle then stops what was created and the
   Trainer fails the deploy with those words.
 - `stop` deletes every root carrying the job's labels (the garbage collector
-  removes what each owns), then, as a fallback for anything an owner
-  reference missed, every pod, Service, Secret and NetworkPolicy with the
-  job's labels.
+  removes what each owns, the attempt's credentials Secret too), then, as a
+  fallback for anything an owner reference missed, every pod, Service,
+  Secret and NetworkPolicy with the job's labels.
 - `observe` lists the attempt's pods by label: a learner pod is a
   controller handle, the monitor pod the monitor handle; `status.pod_state`
   turns phases and container states into alive + the cluster's reason. The
@@ -169,9 +169,16 @@ class KubernetesBackend(Backend):
         if root is None:
             raise InvalidArgument(f"job {plan.job_id} attempt {plan.attempt} has no root ConfigMap to own its "
                                   "monitor", details=[{"field": "job_id", "message": "attempt not launched"}])
+        self._apply_credentials(plan, root)
         self._kube.delete("Pod", ns, name, grace=0)
         self._create_in_place(pods.monitor_pod(plan, self.opts, pods.owner_reference(root)))
         return Handle(Role.MONITOR, name)
+
+    def _apply_credentials(self, plan: AttemptPlan, root: dict) -> None:
+        """The attempt's credentials Secret as the plan's grant says (an LCM that restarted minted it again)."""
+        secret = pods.credentials_secret(plan, self.opts, pods.owner_reference(root))
+        if secret is not None:
+            self._kube.apply(secret)
 
     def launch_learners(self, plan: AttemptPlan, ranks: list[int]) -> list[Handle]:
         """Pods for `ranks` of a running attempt (an elastic job grows or fills a lost learner's slot): a slot's
@@ -181,6 +188,7 @@ class KubernetesBackend(Backend):
         if root is None:
             raise InvalidArgument(f"job {plan.job_id} attempt {plan.attempt} has no root ConfigMap to own its "
                                   "learners", details=[{"field": "job_id", "message": "attempt not launched"}])
+        self._apply_credentials(plan, root)
         handles = []
         for rank in ranks:
             pod = pods.learner_pod(plan, self.opts, plan.learners[rank], pods.owner_reference(root))

@@ -5,10 +5,16 @@ monitor read on every backend: the spec JSON from `TF_SPEC` (plus, for a
 learner, each team secret from its `TF_SECRET__<VAR>` variable, which a
 Secret fills) becomes a spec file (0600) in the pod's working directory.
 
-- learner: exec `python -m trainforge_services.controller --spec <file>`. The
-  controller then starts the learner's command as its own child, exactly as
-  on the local backend (docs/KUBERNETES.md: why not a sidecar). The spec's
-  and the secrets' variables are taken out of the environment first.
+- learner (the learner pod's `controller` container): run
+  `python -m trainforge_services.controller --spec <file>`. The spec's
+  launcher is the hand-off (services/controller/handoff.py), which has
+  the learner container's waiter (frameworks/podwaiter.py) run the command in the
+  hand-off directory `TF_HANDOFF_DIR` (an emptyDir both containers mount); when the
+  controller exits, its end marker there tells a waiter still waiting for
+  its go to exit too. Files are made under umask 027 and the attempt
+  directory is 0750: the learner's uid, in the pod's group, writes only in
+  its working directory (the hand-off shares that tree). The spec's and the
+  secrets' variables are taken out of the environment first.
 - monitor: run `python -m trainforge_services.jobmonitor --spec <attempt dir>/monitor.json`
   and exit 0 only when it left its `monitor.done` marker: the pod's phase
   Succeeded is how the LCM reads "the monitor delivered the last state".
@@ -24,13 +30,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from trainforge_frameworks.podwaiter import CONTROLLER_END
 from trainforge_services.common.contracts.specs import LearnerSpec, MonitorSpec
-from trainforge_services.common.errors import TrainforgeError
+from trainforge_services.common.errors import InvalidArgument, TrainforgeError
 from trainforge_services.common.keys import MONITOR_DONE
 
 SPEC_ENV = "TF_SPEC"
 SECRET_PREFIX = "TF_SECRET__"
 ATTEMPT_DIR_ENV = "TF_ATTEMPT_DIR"
+HANDOFF_ENV = "TF_HANDOFF_DIR"
+HANDOFF_MODULE = "trainforge_services.controller.handoff"
 EXIT_USAGE = 2
 # the monitor ended without delivering the attempt's last state (stopped, or another monitor holds the job)
 EXIT_UNFINISHED = 3
@@ -48,11 +57,32 @@ def learner(env: dict[str, str]) -> int:
     secrets = {var: env[f"{SECRET_PREFIX}{var}"] for var in spec.manifest.secret_env()
                if f"{SECRET_PREFIX}{var}" in env}
     spec = spec.model_copy(update={"secret_env": secrets})
+    handoff = env.get(HANDOFF_ENV, "")
+    if not handoff:
+        raise InvalidArgument(f"{HANDOFF_ENV} is not set: the learner pod's hand-off directory",
+                              details=[{"field": HANDOFF_ENV, "message": "missing"}])
+    # the guard starts the launcher with posix_spawn, which needs the interpreter's own path
+    spec = spec.model_copy(update={"launcher": [sys.executable, "-m", HANDOFF_MODULE, "--reason",
+                                                str(spec.exit_reason_path), handoff]})
+    os.umask(0o027)
+    spec.workdir.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(spec.workdir.parent, 0o750)
     path = spec.workdir.parent / f"learner-{spec.rank}.json"
     _write(path, spec.to_json())
     clean = {k: v for k, v in env.items() if k != SPEC_ENV and not k.startswith(SECRET_PREFIX)}
-    os.execve(sys.executable, [sys.executable, "-m", "trainforge_services.controller", "--spec", str(path)], clean)
-    return EXIT_USAGE  # not reached
+    try:
+        return _child([sys.executable, "-m", "trainforge_services.controller", "--spec", str(path)], clean)
+    finally:
+        Path(handoff, CONTROLLER_END).write_text("")
+
+
+def _child(argv: list[str], env: dict[str, str]) -> int:
+    """Run argv, passing on SIGTERM and SIGINT (a deleted pod's SIGTERM reaches pid 1 of the container)."""
+    proc = subprocess.Popen(argv, env=env)  # noqa: S603
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
+    rc = proc.wait()
+    return 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell says
 
 
 def monitor(env: dict[str, str]) -> int:
@@ -62,11 +92,7 @@ def monitor(env: dict[str, str]) -> int:
     _write(path, spec.to_json())
     (attempt_dir / MONITOR_DONE).unlink(missing_ok=True)
     clean = {k: v for k, v in env.items() if k != SPEC_ENV}
-    proc = subprocess.Popen([sys.executable, "-m", "trainforge_services.jobmonitor", "--spec", str(path)], env=clean)  # noqa: S603
-    # a deleted pod's SIGTERM reaches this process (pid 1 in its container): the monitor handles it
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
-    rc = proc.wait()
+    rc = _child([sys.executable, "-m", "trainforge_services.jobmonitor", "--spec", str(path)], clean)
     if (attempt_dir / MONITOR_DONE).exists():
         return 0
     return rc or EXIT_UNFINISHED

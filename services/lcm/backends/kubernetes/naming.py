@@ -28,8 +28,13 @@ ATTEMPT = "tf.attempt"
 RANK = "tf.rank"
 ROLE = "tf.role"
 GPU_RESOURCE = "nvidia.com/gpu"
-# the container every pod runs the injected entrypoint in
+# the container the monitor pod runs the injected entrypoint in
 CONTAINER = "main"
+# a learner pod's two containers: the controller (the injected entrypoint, the job's credentials) and the
+# learner (the waiter, no credential); and where both mount the emptyDir they meet in
+CONTROLLER_CONTAINER = "controller"
+LEARNER_CONTAINER = "learner"
+HANDOFF_PATH = "/var/lib/trainforge/handoff"
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 
 
@@ -112,6 +117,11 @@ def monitor_name(job_id: str, attempt: int) -> str:
 def secret_name(job_id: str, attempt: int) -> str:
     """The attempt's Secret with the team secrets its manifest names."""
     return f"tf-{job_id}-a{attempt}-env"
+
+
+def credentials_name(job_id: str, attempt: int) -> str:
+    """The attempt's Secret with the job's own credentials (the lifecycle's grant) for its controllers and monitor."""
+    return f"tf-{job_id}-a{attempt}-creds"
 
 
 def team_labels(opts: KubeOptions, team: str) -> dict[str, str]:

@@ -39,14 +39,14 @@ def _created(pod: dict) -> dt.datetime | None:
     return dt.datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
 
 
-def _terminated(status: dict, limits: dict) -> str:
+def _terminated(status: dict, limits: dict[str, dict]) -> str:
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if not term:
             continue
         reason, code = term.get("reason", ""), term.get("exitCode")
         if reason == "OOMKilled":
-            limit = limits.get("memory")
+            limit = limits.get(cs.get("name", ""), {}).get("memory")
             return f"OOMKilled: the container went over its memory limit{f' of {limit} bytes' if limit else ''}"
         if code not in (None, 0):
             return f"{reason or 'Error'}: the container exited with code {code}" + (
@@ -66,8 +66,9 @@ def pod_state(pod: dict, now: dt.datetime, pending_timeout: float) -> PodState:
     """Whether the pod still runs (or may yet run), and the cluster's reason when it ended or is stuck."""
     status = pod.get("status") or {}
     phase = status.get("phase", "Pending")
-    containers = (pod.get("spec") or {}).get("containers") or [{}]
-    limits = (containers[0].get("resources") or {}).get("limits") or {}
+    # each container's limits, by name (a learner pod's controller and learner have their own)
+    limits = {c.get("name", ""): (c.get("resources") or {}).get("limits") or {}
+              for c in (pod.get("spec") or {}).get("containers") or []}
     if phase == "Succeeded":
         return PodState(alive=False, succeeded=True)
     if phase == "Failed":
