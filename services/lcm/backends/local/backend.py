@@ -77,7 +77,10 @@ class LocalBackend(Backend):
         if forkclient.enabled(settings.fork_server, settings.python):
             warm = (*_WARM, _WARM_S3) if settings.objectstore_url.startswith("s3:") else _WARM
             try:
-                self._forks = forkclient.ForkServer(self._python, state, processes.child_env(settings),
+                # no TF_* setting: each child gets its whole env with its request, and what the server started
+                # with stays readable in every child's /proc/<pid>/environ (store keys a grant withholds)
+                server_env = {k: v for k, v in processes.child_env(settings).items() if not k.startswith("TF_")}
+                self._forks = forkclient.ForkServer(self._python, state, server_env,
                                                     list(_MODULES.values()), warm)
             except OSError as e:
                 log.warning("no fork server (%s): controllers and monitors are spawned", e)
