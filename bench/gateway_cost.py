@@ -36,17 +36,18 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.log_flood import summary, write_archive  # noqa: E402 - the same archive and summary lines
 from tests.servers import free_port, start_osmem, start_seaweedfs, wait_for  # noqa: E402
 from trainforge_services.common import jobgateway  # noqa: E402
 from trainforge_services.common.adapters.logstore import LogStore  # noqa: E402
 from trainforge_services.common.adapters.objectstore.s3 import S3Store  # noqa: E402
 from trainforge_services.common.jobgateway import Ticket  # noqa: E402
 from trainforge_services.controller.gatewaystore import GatewayClient, GatewayLogSink, GatewayStore  # noqa: E402
-from trainforge_services.controller.logship import LogArchive, LogShipper  # noqa: E402
+from trainforge_services.controller.logship import LogShipper  # noqa: E402
 from trainforge_services.lcm.lifecycle.gateway_issuer import GatewayIssuer  # noqa: E402
 
 KEY = "bench-gateway-key-" + "b" * 32
-JOB, TEAM, BUCKET = "bench-job", "bench", "tf-bench"
+JOB, TEAM, BUCKET = "bench-job", "bench", "tf-bench"  # the job and team of log_flood's archive
 
 
 def serve(port: int, logstore_url: str, index: str, s3: dict) -> None:
@@ -73,14 +74,6 @@ def client(url: str) -> GatewayClient:
     return GatewayClient(url, JOB, jobgateway.job_token(k, JOB), jobgateway.make_ticket(k, Ticket(JOB, TEAM, ())))
 
 
-def write_archive(path: Path, n: int) -> None:
-    archive = LogArchive(path, job=JOB, team=TEAM, learner=0, attempt=1)
-    pad = "x" * 76
-    for i in range(n):
-        archive.append("stdout", f"line {i:07d} {pad}")
-    archive.close()
-
-
 def ship(archive: Path, sink, n: int, batch: int) -> float:  # noqa: ANN001 - a LogSink
     shipper = LogShipper(archive, sink, max_lines=batch, max_seconds=0.05)
     start = time.perf_counter()
@@ -100,11 +93,6 @@ def per_op(store, calls: int, tag: str) -> float:  # noqa: ANN001 - an ObjectSto
         store.info(key)
         assert store.get_bytes(key) == data
     return (time.perf_counter() - start) * 1000 / (3 * calls)
-
-
-def summary(name: str, values: list[float], unit: str) -> str:
-    return (f"{name:<34} median {statistics.median(values):>10,.1f} {unit}  spread {min(values):,.1f}-"
-            f"{max(values):,.1f}  runs {', '.join(f'{v:,.1f}' for v in values)}")
 
 
 def main() -> int:
@@ -138,7 +126,7 @@ def main() -> int:
         gateway_store = GatewayStore(client(url))
         with tempfile.TemporaryDirectory(prefix="tf-bench-gw-") as tmp:
             archive = Path(tmp) / "archive.jsonl"
-            write_archive(archive, args.n)
+            write_archive(archive, JOB, args.n)
             for r in range(args.rounds):
                 for which in (("direct", "gateway") if r % 2 == 0 else ("gateway", "direct")):
                     if which == "direct":

@@ -52,6 +52,10 @@ from trainforge_services.lcm.store import write_atomically
 
 log = logging.getLogger(__name__)
 
+# the platform's keys, which the fork server (and so every child's /proc/<pid>/environ) never holds
+SERVER_WITHHELD = frozenset({"TF_S3_ACCESS_KEY", "TF_S3_SECRET_KEY", "TF_CREDENTIALS_KEY", "TF_SECRETS_KEY",
+                             "TF_JWT_SECRET"})
+
 KILL_GRACE = 10.0
 _MODULES = {Role.MONITOR: "trainforge_services.jobmonitor", Role.CONTROLLER: "trainforge_services.controller"}
 # what a controller imports on first use (the log-store client library, ~0.4-0.8 s of CPU; boto3 for an S3
@@ -77,9 +81,9 @@ class LocalBackend(Backend):
         if forkclient.enabled(settings.fork_server, settings.python):
             warm = (*_WARM, _WARM_S3) if settings.objectstore_url.startswith("s3:") else _WARM
             try:
-                # no TF_* setting: each child gets its whole env with its request, and what the server started
+                # no key or secret: each child gets its whole env with its request, and what the server started
                 # with stays readable in every child's /proc/<pid>/environ (store keys a grant withholds)
-                server_env = {k: v for k, v in processes.child_env(settings).items() if not k.startswith("TF_")}
+                server_env = {k: v for k, v in processes.child_env(settings).items() if k not in SERVER_WITHHELD}
                 self._forks = forkclient.ForkServer(self._python, state, server_env,
                                                     list(_MODULES.values()), warm)
             except OSError as e:
