@@ -36,14 +36,13 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.log_flood import summary, write_archive  # noqa: E402 - the same archive and summary lines
+from bench.log_flood import ship_archive, summary, write_archive  # noqa: E402 - the same archive and summary lines
 from tests.servers import free_port, start_osmem, start_seaweedfs, wait_for  # noqa: E402
 from trainforge_services.common import jobgateway  # noqa: E402
 from trainforge_services.common.adapters.logstore import LogStore  # noqa: E402
 from trainforge_services.common.adapters.objectstore.s3 import S3Store  # noqa: E402
 from trainforge_services.common.jobgateway import Ticket  # noqa: E402
 from trainforge_services.controller.gatewaystore import GatewayClient, GatewayLogSink, GatewayStore  # noqa: E402
-from trainforge_services.controller.logship import LogShipper  # noqa: E402
 from trainforge_services.lcm.lifecycle.gateway_issuer import GatewayIssuer  # noqa: E402
 
 KEY = "bench-gateway-key-" + "b" * 32
@@ -72,16 +71,6 @@ def serve(port: int, logstore_url: str, index: str, s3: dict) -> None:
 def client(url: str) -> GatewayClient:
     k = KEY.encode()
     return GatewayClient(url, JOB, jobgateway.job_token(k, JOB), jobgateway.make_ticket(k, Ticket(JOB, TEAM, ())))
-
-
-def ship(archive: Path, sink, n: int, batch: int) -> float:  # noqa: ANN001 - a LogSink
-    shipper = LogShipper(archive, sink, max_lines=batch, max_seconds=0.05)
-    start = time.perf_counter()
-    shipper.start()
-    shipper.notify()
-    if not shipper.close(600) or shipper.shipped != n:
-        raise RuntimeError(f"shipped {shipper.shipped} of {n}: {shipper.last_error}")
-    return n / (time.perf_counter() - start)
 
 
 def per_op(store, calls: int, tag: str) -> float:  # noqa: ANN001 - an ObjectStore
@@ -132,11 +121,11 @@ def main() -> int:
                     if which == "direct":
                         store = LogStore(osmem.url, f"bench-direct-{r}")
                         store.ensure_index()
-                        direct_rates.append(ship(archive, store, args.n, args.batch))
+                        direct_rates.append(ship_archive(archive, store, args.n, args.batch))
                         store.close()
                         direct_ms.append(per_op(direct_store, args.calls, f"d{r}"))
                     else:
-                        gateway_rates.append(ship(archive, GatewayLogSink(gw, "log"), args.n, args.batch))
+                        gateway_rates.append(ship_archive(archive, GatewayLogSink(gw, "log"), args.n, args.batch))
                         gateway_ms.append(per_op(gateway_store, args.calls, f"g{r}"))
                     print(f"round {r} {which:<8} done", flush=True)
                 start = time.perf_counter()
