@@ -103,16 +103,21 @@ def write_archive(path: Path, job: str, n: int) -> None:
     archive.close()
 
 
-def run_ship(url: str, archive: Path, n: int, batch: int, index: str) -> float:
-    store = LogStore(url, index)
-    store.ensure_index()
-    shipper = LogShipper(archive, store, max_lines=batch, max_seconds=0.05)
+def ship_archive(archive: Path, sink, n: int, batch: int) -> float:  # noqa: ANN001 - a LogSink
+    """Lines/s of a `LogShipper` tailing the finished archive into `sink`."""
+    shipper = LogShipper(archive, sink, max_lines=batch, max_seconds=0.05)
     start = time.perf_counter()
     shipper.start()
     shipper.notify()
     if not shipper.close(600) or shipper.shipped != n:
         raise RuntimeError(f"shipped {shipper.shipped} of {n}: {shipper.last_error}")
-    rate = n / (time.perf_counter() - start)
+    return n / (time.perf_counter() - start)
+
+
+def run_ship(url: str, archive: Path, n: int, batch: int, index: str) -> float:
+    store = LogStore(url, index)
+    store.ensure_index()
+    rate = ship_archive(archive, store, n, batch)
     store.close()
     return rate
 

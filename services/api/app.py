@@ -29,6 +29,7 @@ from trainforge_services.api import prom, retention, ui
 from trainforge_services.api.audit import AuditLog, AuditMiddleware, note_refused, refusals_of
 from trainforge_services.api.deps import REQUIRED_ROLE
 from trainforge_services.api.experiments import ExperimentCalls
+from trainforge_services.api.gateway import JobGateway
 from trainforge_services.api.identity import IdentityStore, Role
 from trainforge_services.api.jobcache import CachingTrainer
 from trainforge_services.api.ratelimit import RateLimiter
@@ -37,6 +38,7 @@ from trainforge_services.api.routes import admin as admin_routes
 from trainforge_services.api.routes import admin_jobs as admin_job_routes
 from trainforge_services.api.routes import auth as auth_routes
 from trainforge_services.api.routes import experiments as experiment_routes
+from trainforge_services.api.routes import gateway as gateway_routes
 from trainforge_services.api.routes import health as health_routes
 from trainforge_services.api.routes import jobs as job_routes
 from trainforge_services.api.routes import notifications as notification_routes
@@ -48,7 +50,7 @@ from trainforge_services.api.routes import team as team_routes
 from trainforge_services.api.routes import workflows as workflow_routes
 from trainforge_services.api.tokens import TokenCodec
 from trainforge_services.api.trainer_client import TrainerApi, TrainerClient
-from trainforge_services.common import destinations
+from trainforge_services.common import destinations, jobcreds
 from trainforge_services.common.adapters import mongo
 from trainforge_services.common.adapters.logstore import LogStore
 from trainforge_services.common.adapters.objectstore import ObjectStore, store_from_settings
@@ -222,6 +224,19 @@ def _create_log_index(logs: LogStore) -> None:
         log.info("the log index was not created at start (the first learner's log shipper will): %s", e.message)
 
 
+def _gateway(settings: ApiSettings, trainer: TrainerApi, objects: ObjectStore, logs: LogStore,
+             owned: list[Callable[[], Any]]) -> JobGateway | None:
+    """The job gateway, with the credentials key (dev mode: the stack's generated one); None without one."""
+    if not settings.credentials_key and not settings.dev_mode:
+        log.warning("no credentials_key (TF_CREDENTIALS_KEY): the job gateway is off; controllers need the "
+                    "platform's store credentials")
+        return None
+    gateway = JobGateway(lambda: jobcreds.load_key(settings.credentials_key, dev_mode=settings.dev_mode,
+                                                   state_dir=settings.state_dir), trainer, objects, logs)
+    owned.append(gateway.close)
+    return gateway
+
+
 def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, identity: IdentityStore | None = None,
                logs: LogStore | None = None, objects: ObjectStore | None = None, audit: AuditLog | None = None,
                limiter: RateLimiter | None = None, secrets: SecretStore | None = None,
@@ -288,6 +303,7 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
     app.state.audit = audit
     app.state.limiter = limiter
     app.state.webhook_policy = destinations.policy(settings.webhook_allow, settings.service_addresses())
+    app.state.gateway = _gateway(settings, trainer, objects, logs, owned)
     app.state.secrets = secrets  # None: made on first use (trainforge_services.api.routes.secrets), so building touches nothing
 
     app.add_exception_handler(TrainforgeError, _domain_error)
@@ -301,6 +317,7 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
     for module in (job_routes, experiment_routes, workflow_routes, observe_routes, output_routes, secret_routes, notification_routes, team_routes,
                    auth_routes, admin_routes, admin_job_routes, retention_routes, health_routes):
         app.include_router(_publish_roles(module.router))
+    app.include_router(gateway_routes.router)  # authenticated by each job's own token, not an API key
     prom.install(app)
     ui.install(app)
     return app

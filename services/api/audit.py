@@ -45,6 +45,7 @@ from trainforge_services.common.errors import InvalidArgument, PermissionDenied,
 log = logging.getLogger(__name__)
 
 COLLECTION = "audit"
+GATEWAY_PREFIX = "/internal/gateway/"
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _TARGET_PARAMS = ("job_id", "key_id", "team")
 
@@ -163,7 +164,9 @@ class AuditMiddleware:
         self._writer: asyncio.Task | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") not in STATE_CHANGING:
+        # a job's controller writing through the job gateway changes no tenant's state: not audited
+        if (scope["type"] != "http" or scope.get("method") not in STATE_CHANGING
+                or scope.get("path", "").startswith(GATEWAY_PREFIX)):
             await self.app(scope, receive, send)
             return
         scope.setdefault("state", {})

@@ -114,6 +114,10 @@ class ApiSettings(StoreSettings):
     secrets_key: str = Field("", description="Fernet key encrypting team secrets at rest; required outside dev "
                                           "mode (dev mode: generated into <state_dir>/secrets.key)")
     webhook_allow: str = Field("", description=_WEBHOOK_ALLOW)
+    credentials_key: str = Field("", description="key each job's own credentials are derived from (common/jobcreds.py): "
+                                 "the job gateway checks a controller's token with it; the LCM's and the Trainer's "
+                                 "(dev mode: generated into <state_dir>/credentials.key; empty outside dev mode: "
+                                 "no gateway)")
 
     _allow = field_validator("webhook_allow")(_check_allow)
 
@@ -147,6 +151,10 @@ class TrainerSettings(StoreSettings):
     preempt_max_per_job: int = Field(3, ge=0, le=1000, description="most times one job is preempted (0: the "
                                      "scheduler never preempts)")
     webhook_allow: str = Field("", description=_WEBHOOK_ALLOW)
+    credentials_key: str = Field("", description="key each job's own credentials are derived from (common/jobcreds.py): "
+                                 "the job gateway checks a controller's token with it; the LCM's and the Trainer's "
+                                 "(dev mode: generated into <state_dir>/credentials.key; empty outside dev mode: "
+                                 "no gateway)")
     api_address: str = Field("", description="host:port[,host:port...] of the REST API as this network reaches it "
                              "(webhooks may not target it)")
 
@@ -173,6 +181,9 @@ class LcmSettings(StoreSettings):
     credentials_key: str = Field("", description="key each job's own credentials are derived from (common/jobcreds.py); "
                                  "required outside dev mode (dev mode: generated into <state_dir>/credentials.key); "
                                  "the LCM and the Trainer must hold the same one")
+    gateway_url: str = Field("", description="the API's URL as a job's controllers reach it: with it, controllers get "
+                             "their job's token for its gateway and no object-store or log-store access of their "
+                             "own (the API must hold the same credentials_key)")
     # -- the simulated backend (scale tests only: services/lcm/backends/simulated.py) --
     sim_seconds: float = Field(5.0, ge=0, description="how long each simulated job runs before it completes")
     sim_max_learners: int = Field(1000, ge=1, description="learners the simulated backend runs at once")
@@ -248,6 +259,10 @@ class ControllerSettings(StoreSettings):
                                     "build code runs on the host with the controller's rights; default: wheels only)")
     job_nice: int = Field(0, ge=0, le=19, description="the nice this controller and its learner take at start "
                           "(the local backend passes its own TF_JOB_NICE; 0: unchanged)")
+    gateway_url: str = Field("", description="the API's job gateway: with it, the object and log stores are "
+                             "reached through it with job_token and job_ticket, never directly (granted by the LCM)")
+    job_token: str = Field("", description="this job's token at the gateway (granted by the LCM)", repr=False)
+    job_ticket: str = Field("", description="this job's signed team and reads at the gateway (granted by the LCM)")
 
     def env_cache(self) -> Path:
         return self.env_cache_dir or self.state_dir / "envs"

@@ -42,8 +42,7 @@ from functools import partial
 from pathlib import Path
 
 from trainforge_services.common.adapters.etcd import Coordinator
-from trainforge_services.common.adapters.logstore import LogStore
-from trainforge_services.common.adapters.objectstore import ObjectStore, put_dir, store_from_settings
+from trainforge_services.common.adapters.objectstore import ObjectStore, put_dir
 from trainforge_services.common.contracts.etcd import LearnerStatus
 from trainforge_services.common.contracts.specs import LearnerSpec
 from trainforge_services.common.contracts.storekeys import uri_for_prefix
@@ -53,6 +52,7 @@ from trainforge_services.common.states import LearnerState
 
 from .checkpoints import CheckpointSync, copy_uri
 from .gate import HELD, GateWatchFailed, wait_for_gate
+from .gatewaystore import JobStores
 from .halt import Halting
 from .lagreport import LagReporter
 from .learner import (
@@ -102,8 +102,9 @@ class Controller:
             coordinator = Coordinator.of(settings)
             self._owned.append(coordinator)
         self._coord = coordinator
-        self._store = store
-        self._sink = sink
+        self._stores = JobStores(settings, spec.job_id)  # the job gateway's, or the platform's own
+        self._owned.append(self._stores)
+        self._store, self._sink = store, sink
         self._stop = StopRequest()
         self._done = threading.Event()
         self._learner: LearnerProcess | None = None
@@ -119,9 +120,7 @@ class Controller:
         self._isolation = ""  # what the learner got, once decided (services/controller/sandbox/)
 
     def _object_store(self) -> ObjectStore:
-        if self._store is None:
-            self._store = store_from_settings(self.settings)
-        return self._store
+        return self._store if self._store is not None else self._stores.objects()
 
     def request_stop(self, reason: str) -> None:
         """Stop the learner (SIGTERM, then SIGKILL after kill_grace); safe from a signal handler."""
@@ -141,10 +140,7 @@ class Controller:
         # already being halted (an LCM redoing a deploy, say) never starts its learner.
         if self._halt.check():
             self._halt.watch(self._done)
-        sink = self._sink
-        if sink is None:
-            sink = LogStore(self.settings.logstore_url, self.settings.logstore_index)
-            self._owned.append(sink)
+        sink = self._sink or self._stores.log_sink("log")
         # the learner's CPUs and the output threads' (priority.py); set before the shipper starts
         place = self.settings.place_cpus
         self._placement = plan_placement(spec.manifest.resources.cpus) if place != "off" else None
@@ -163,8 +159,7 @@ class Controller:
         lag = LagReporter(self._coord, self._coord.keys.logship(spec.job_id, spec.rank), spec.attempt,
                           lambda: self.status.lease, lambda: (archive.lines_written, shipper.shipped)).start()
         upload_earlier_archives(spec, self._object_store)
-        metrics = MetricsChannel(spec, self.settings.logstore_url, self.settings.logstore_index,
-                                 flush_interval=ARCHIVE_FLUSH_SECONDS).start()
+        metrics = MetricsChannel(spec, self._stores.log_sink("metrics"), flush_interval=ARCHIVE_FLUSH_SECONDS).start()
         rc = 0
         try:
             outcome = self._run_learner(archive)

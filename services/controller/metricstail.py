@@ -6,7 +6,7 @@ or any script following the convention in docs/CONTRACTS.md). `MetricsTail`
 reads complete new lines every `interval` seconds and appends each valid
 record to a second `LogArchive` (stream `metric`, the record as compact JSON
 in `line`), which a second `LogShipper` ships to the metrics index
-(`<logstore_index>-metrics`) and which is uploaded to
+(`<logstore_index>-metrics`, directly or through the job gateway) and which is uploaded to
 `store://jobs/<job>/metrics/<rank>-<attempt>.jsonl` when the learner ends:
 metrics travel the log's path, numbered on their own so the log's sequence
 keeps no gaps. The learner never waits on anything: it writes a local file.
@@ -20,13 +20,12 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from trainforge_services.common.adapters.logstore import LogStore, metrics_index
 from trainforge_services.common.adapters.objectstore import ObjectStore
 from trainforge_services.common.contracts import storekeys
 from trainforge_services.common.contracts.specs import LearnerSpec
 from trainforge_services.common.loop import Loop
 
-from .logship import LogArchive, LogShipper
+from .logship import LogArchive, LogShipper, LogSink
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +106,10 @@ class MetricsTail:
 class MetricsChannel:
     """The metrics file -> archive -> index and object store, for one learner attempt."""
 
-    def __init__(self, spec: LearnerSpec, logstore_url: str, log_index: str, *, flush_interval: float = 0.0):
+    def __init__(self, spec: LearnerSpec, sink: LogSink, *, flush_interval: float = 0.0):
         self._spec = spec
         self.archive_path = spec.workdir.parent / f"learner-{spec.rank}-{spec.attempt}.metrics.jsonl"
-        self._sink = LogStore(logstore_url, metrics_index(log_index))
+        self._sink = sink
         self._shipper = LogShipper(self.archive_path, self._sink, max_lines=500, max_seconds=1.0)
         self.archive = LogArchive(self.archive_path, job=spec.job_id, team=spec.team, learner=spec.rank,
                                   attempt=spec.attempt, on_append=self._shipper.notify, flush_interval=flush_interval)
@@ -134,4 +133,6 @@ class MetricsChannel:
         except Exception as e:  # noqa: BLE001 - metrics are best effort beside the learner's outcome
             log.warning("storing the metrics archive failed: %s", e)
         finally:
-            self._sink.close()
+            close = getattr(self._sink, "close", None)
+            if close is not None:
+                close()

@@ -90,9 +90,12 @@ class Plan:
 
     def store_settings(self) -> dict:
         """The stack's values of StoreSettings; every other field comes from this process's TF_* environment."""
+        # an S3 store named in the environment (with its TF_S3_* settings) replaces the stack's directory
+        s3 = os.environ.get("TF_OBJECTSTORE_URL", "")
         values = {"state_dir": self.state, "dev_mode": True, "etcd_endpoints": self.hostport("etcd"),
                   "mongo_url": self.url("mongo", "mongodb"), "logstore_url": self.url("logstore"),
-                  "objectstore_url": (self.state / "objects").as_uri(), "trainer_address": self.every("trainer"),
+                  "objectstore_url": s3 if s3.startswith("s3://") else (self.state / "objects").as_uri(),
+                  "trainer_address": self.every("trainer"),
                   "lcm_address": self.every("lcm")}
         if self.replicas > 1:
             values["elect"] = True
@@ -247,7 +250,7 @@ COMPONENTS: tuple[Component, ...] = (
               lambda plan: plan.hostport("lcm"),
               settings=lambda plan: LcmSettings(**plan.store_settings(), **plan.etcd_login("lcm"),
                                                 metrics_port=plan.ports["lcm_metrics"],
-                                                listen_address=plan.hostport("lcm")),
+                                                listen_address=plan.hostport("lcm"), gateway_url=plan.url("api")),
               metrics=lambda plan: plan.url("lcm_metrics") + "/metrics"),
     Component("api", _service_argv("trainforge_services.api"), _http_health("api", "/healthz"), ("api",),
               lambda plan: plan.url("api"), settings=lambda plan: plan.api_settings(),
@@ -267,7 +270,7 @@ def _replica(service: str, i: int) -> Component:
             return TrainerSettings(**plan.store_settings(), **plan.etcd_login("trainer"), metrics_port=plan.ports[metrics],
                                    listen_address=plan.hostport(port), api_address=plan.every("api"))
         return LcmSettings(**plan.store_settings(), **plan.etcd_login("lcm"), metrics_port=plan.ports[metrics],
-                           listen_address=plan.hostport(port))
+                           listen_address=plan.hostport(port), gateway_url=plan.url("api"))
 
     return Component(f"{service}-{i}", _service_argv(f"trainforge_services.{service}"), _port_health(port), (port, metrics),
                      lambda plan: plan.hostport(port), settings=settings,

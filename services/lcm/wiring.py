@@ -11,7 +11,7 @@ import logging
 import grpc
 
 from trainforge_protos import lcm_pb2_grpc
-from trainforge_services.common import rpc
+from trainforge_services.common import jobcreds, rpc
 from trainforge_services.common.adapters.etcd import Coordinator
 from trainforge_services.common.observability import (
     GaugeCollector,
@@ -24,6 +24,8 @@ from trainforge_services.common.settings import LcmSettings
 from trainforge_services.lcm.backends import make_backend
 from trainforge_services.lcm.grpc_api import LcmServicer
 from trainforge_services.lcm.lifecycle import LifecycleManager
+from trainforge_services.lcm.lifecycle.credentials import Credentials
+from trainforge_services.lcm.lifecycle.gateway_issuer import GatewayIssuer
 from trainforge_services.lcm.replicas import LeaderLifecycle
 
 log = logging.getLogger(__name__)
@@ -33,9 +35,19 @@ SERVICE_NAME = "trainforge.LifecycleManager"
 ENDPOINTS: dict[int, MetricsEndpoint] = {}
 
 
+def build_credentials(settings: LcmSettings) -> Credentials:
+    """The issuers of each job's own credentials these settings configure (services/lcm/lifecycle/credentials.py)."""
+    issuers = []
+    if settings.gateway_url:  # controllers reach the object and log stores through the API's job gateway only
+        key = jobcreds.load_key(settings.credentials_key, dev_mode=settings.dev_mode, state_dir=settings.state_dir)
+        issuers.append(GatewayIssuer(key, settings.gateway_url))
+    return Credentials(issuers)
+
+
 def build_lifecycle(settings: LcmSettings, coordinator: Coordinator | None = None) -> LifecycleManager:
     """The backend settings name, under a lifecycle with its own etcd connection (or `coordinator`)."""
-    return LifecycleManager.from_settings(settings, make_backend(settings), coordinator)
+    return LifecycleManager.from_settings(settings, make_backend(settings), coordinator,
+                                          credentials=build_credentials(settings))
 
 
 def build_replica(settings: LcmSettings) -> LeaderLifecycle:

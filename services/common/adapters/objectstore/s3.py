@@ -221,6 +221,17 @@ class S3Store(PutBytesViaFile):
         except _S3_ERRORS as e:
             raise self._error("presign", key, e) from None
 
+    def presign_put(self, key: str, expires: int, sha256: str) -> tuple[str, dict[str, str]]:
+        """A PUT URL for `key` valid `expires` s, and the headers the PUT must send: the SHA-256 metadata
+        downloads are checked against is signed into the URL, so no other value can be stored with it."""
+        try:
+            url = self._s3.generate_presigned_url(
+                "put_object", Params={"Bucket": self.bucket, "Key": self._k(key), "Metadata": {"sha256": sha256}},
+                ExpiresIn=int(expires))
+        except _S3_ERRORS as e:
+            raise self._error("presign", key, e) from None
+        return url, {"x-amz-meta-sha256": sha256}
+
     def list(self, prefix: str) -> list[ObjectInfo]:
         """The object named prefix and every object under prefix/, like a directory walk."""
         stripped = prefix.strip("/")

@@ -52,14 +52,17 @@ from trainforge_services.lcm.store import write_atomically
 
 log = logging.getLogger(__name__)
 
+# the platform's keys and the LCM's own login, which the fork server (and so every child's
+# /proc/<pid>/environ) never holds: each fork takes the env of its request (its grant's)
+SERVER_WITHHELD = frozenset({"TF_S3_ACCESS_KEY", "TF_S3_SECRET_KEY", "TF_CREDENTIALS_KEY", "TF_SECRETS_KEY",
+                             "TF_JWT_SECRET", "TF_ETCD_USER", "TF_ETCD_PASSWORD"})
+
 KILL_GRACE = 10.0
 _MODULES = {Role.MONITOR: "trainforge_services.jobmonitor", Role.CONTROLLER: "trainforge_services.controller"}
 # what a controller imports on first use (the log-store client library, ~0.4-0.8 s of CPU; boto3 for an S3
 # object store): the fork server imports it once, so its children do not
 _WARM = ("trainforge_services.common.adapters.logstore",)
 _WARM_S3 = "trainforge_services.common.adapters.objectstore.s3"
-# the LCM's own credentials, which no job process inherits (a grant withholds them from each of them too)
-_SERVICE_ONLY = ("TF_ETCD_USER", "TF_ETCD_PASSWORD", "TF_CREDENTIALS_KEY", "TF_SECRETS_KEY", "TF_JWT_SECRET")
 
 
 class LocalBackend(Backend):
@@ -79,9 +82,11 @@ class LocalBackend(Backend):
         if forkclient.enabled(settings.fork_server, settings.python):
             warm = (*_WARM, _WARM_S3) if settings.objectstore_url.startswith("s3:") else _WARM
             try:
-                # it holds none of the LCM's own credentials: each fork takes the env of its request (its grant's)
-                env = {k: v for k, v in processes.child_env(settings).items() if k not in _SERVICE_ONLY}
-                self._forks = forkclient.ForkServer(self._python, state, env, list(_MODULES.values()), warm)
+                # no key or secret: each child gets its whole env with its request, and what the server started
+                # with stays readable in every child's /proc/<pid>/environ (store keys a grant withholds)
+                server_env = {k: v for k, v in processes.child_env(settings).items() if k not in SERVER_WITHHELD}
+                self._forks = forkclient.ForkServer(self._python, state, server_env,
+                                                    list(_MODULES.values()), warm)
             except OSError as e:
                 log.warning("no fork server (%s): controllers and monitors are spawned", e)
 
