@@ -68,3 +68,26 @@ periodSeconds: {{ .root.Values.probes.periodSeconds }}
 failureThreshold: {{ .root.Values.probes.failureThreshold }}
 timeoutSeconds: 5
 {{- end -}}
+
+{{/* The Secret holding the service token and the credentials key: the operator's, or the chart's own. */}}
+{{- define "tf.serviceAuthSecret" -}}{{ .Values.serviceAuth.existingSecret | default (printf "%s-service-auth" (include "tf.name" .)) }}{{- end -}}
+
+{{/* The service token every caller of the Trainer's and the LCM's gRPC presents (API, Trainer, LCM pods only). */}}
+{{- define "tf.serviceTokenEnv" -}}
+- name: TF_SERVICE_TOKEN
+  valueFrom: {secretKeyRef: {name: {{ include "tf.serviceAuthSecret" . }}, key: {{ .Values.serviceAuth.serviceTokenKey }}}}
+{{- end -}}
+
+{{/* The key each job's own credentials are derived from (Trainer and LCM pods only). */}}
+{{- define "tf.credentialsKeyEnv" -}}
+- name: TF_CREDENTIALS_KEY
+  valueFrom: {secretKeyRef: {name: {{ include "tf.serviceAuthSecret" . }}, key: {{ .Values.serviceAuth.credentialsKeyKey }}}}
+{{- end -}}
+
+{{/* Pod annotations: with the chart's own service token, new on every upgrade, the pods roll to take it. */}}
+{{- define "tf.serviceAuthAnnotations" -}}
+{{- if not .Values.serviceAuth.existingSecret }}
+annotations:
+  trainforge.io/service-auth-revision: {{ .Release.Revision | quote }}
+{{- end }}
+{{- end -}}
