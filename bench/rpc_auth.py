@@ -10,7 +10,10 @@ alternates R rounds of N calls on each, one call at a time:
 - ReportJobStatus (a repeated RUNNING report, which changes nothing) with the
   job monitor's own token, with the service token, and without any.
 Prints the machine line and, per call, the median (min-max) over rounds of the
-mean microseconds per call, and the difference to the unchecked server. Usage:
+mean microseconds per call: wall time, and the CPU time of this process (client
+and server together, steadier on a loaded machine), each with its difference
+to the unchecked server. Then the check alone: `ServerAuth` called directly,
+N times, with each kind of caller. Usage:
 
     PYTHONPATH=$PWD .venv/bin/python bench/rpc_auth.py [-n 2000] [-r 5]
 """
@@ -24,7 +27,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import grpc
 from _stack import machine_line, spread
 
 from tests import servers
@@ -33,18 +38,31 @@ from trainforge_protos import trainer_pb2, trainer_pb2_grpc
 from trainforge_services.common import jobcreds, rpc, rpcauth
 from trainforge_services.common.settings import TrainerSettings
 from trainforge_services.common.states import JobState
+from trainforge_services.trainer import wiring
 from trainforge_services.trainer.grpc_api import TrainerServicer
 from trainforge_services.trainer.resources import Usage
 from trainforge_services.trainer.wiring import serve
 
 JOB = "j-0123456789ab"
+REPORT = "/trainforge.v1.Trainer/ReportJobStatus"
 
 
-def per_call_us(method, request, n: int) -> float:  # noqa: ANN001 - a stub method
-    started = time.perf_counter()
+def per_call_us(method, request, n: int) -> tuple[float, float]:  # noqa: ANN001 - a stub method
+    """Mean wall and CPU microseconds per call."""
+    wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(n):
         rpc.call(method, request)
-    return (time.perf_counter() - started) / n * 1e6
+    return (time.perf_counter() - wall) / n * 1e6, (time.process_time() - cpu) / n * 1e6
+
+
+def check_alone_us(auth: rpcauth.ServerAuth, metadata: list[tuple[str, str]], n: int) -> float:
+    """Mean CPU microseconds of one `ServerAuth.intercept_service` (the handler lookup it wraps is a dict get)."""
+    handler = grpc.unary_unary_rpc_method_handler(lambda request, context: None)
+    details = SimpleNamespace(method=REPORT, invocation_metadata=tuple(metadata))
+    cpu = time.process_time()
+    for _ in range(n):
+        auth.intercept_service(lambda _: handler, details)
+    return (time.process_time() - cpu) / n * 1e6
 
 
 def main() -> int:
@@ -78,7 +96,7 @@ def main() -> int:
         cases = [("GetJob", trainer_pb2.GetJobRequest(team="t", job_id=JOB), ("service token", "unchecked")),
                  ("Health", trainer_pb2.HealthRequest(), ("service token", "unchecked")),
                  ("ReportJobStatus", report, ("monitor token", "service token", "unchecked"))]
-        results: dict[tuple[str, str], list[float]] = {}
+        results: dict[tuple[str, str], list[tuple[float, float]]] = {}
         for _ in range(args.rounds):
             for method, request, callers in cases:
                 for who in callers:
@@ -88,11 +106,19 @@ def main() -> int:
         print(machine_line())
         print(f"{args.rounds} rounds of {args.n} sequential calls each; mean us per call, median (min-max) of rounds")
         for method, _, callers in cases:
-            base = statistics.median(results[(method, "unchecked")])
             for who in callers:
-                values = results[(method, who)]
-                diff = statistics.median(values) - base
-                print(f"{method:<16} {who:<14} {spread(values)} us" + (f"  ({diff:+.1f} us)" if who != "unchecked" else ""))
+                line = f"{method:<16} {who:<14}"
+                for i, kind in enumerate(("wall", "cpu")):
+                    values = [r[i] for r in results[(method, who)]]
+                    base = statistics.median(r[i] for r in results[(method, "unchecked")])
+                    diff = "" if who == "unchecked" else f" ({statistics.median(values) - base:+.1f})"
+                    line += f"  {kind} {spread(values)}{diff}"
+                print(line)
+        auth = wiring.server_auth(settings)
+        for who, metadata in (("service token", [(rpcauth.METADATA, rpcauth.service_authorization(settings))]),
+                              ("monitor token", [(rpcauth.METADATA, monitor)]), ("none", [])):
+            cpu = [check_alone_us(auth, metadata, args.n * 10) for _ in range(args.rounds)]
+            print(f"the check alone, {who:<14} cpu {spread(cpu)} us")
     finally:
         for ch in channels.values():
             ch.close()
