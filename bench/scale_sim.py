@@ -38,7 +38,7 @@ import pymongo
 from _stack import admission_passes, machine_line, pct, pids, stack
 
 from trainforge_protos import trainer_pb2, trainer_pb2_grpc
-from trainforge_services.common import rpc
+from trainforge_services.common import rpc, rpcauth
 from trainforge_services.common.states import JobState
 
 SERVICES = ("trainer", "lcm", "api", "mongo", "etcd")
@@ -125,7 +125,8 @@ def main() -> int:
              "TF_SIM_CPUS": str(args.running), "TF_RATE_LIMIT_PER_SECOND": "0"}
     with stack(extra) as st:
         ports = st.status()["ports"]
-        channel = rpc.channel(f"127.0.0.1:{ports['trainer']}")
+        token = rpcauth.load_service_token("", dev_mode=True, state_dir=st.state)  # the stack's (dev mode)
+        channel = rpc.channel(f"127.0.0.1:{ports['trainer']}", authorization=f"Bearer {token}")
         stub = trainer_pb2_grpc.TrainerStub(channel)
         jobs = pymongo.MongoClient(f"mongodb://127.0.0.1:{ports['mongo']}")["trainforge"]["jobs"]
         teams = [f"sim-{i:02d}" for i in range(args.teams)]

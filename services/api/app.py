@@ -10,6 +10,7 @@ here and answered with a bare 500.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -50,7 +51,7 @@ from trainforge_services.api.routes import team as team_routes
 from trainforge_services.api.routes import workflows as workflow_routes
 from trainforge_services.api.tokens import TokenCodec
 from trainforge_services.api.trainer_client import TrainerApi, TrainerClient
-from trainforge_services.common import destinations, jobcreds
+from trainforge_services.common import destinations, jobcreds, rpcauth
 from trainforge_services.common.adapters import mongo
 from trainforge_services.common.adapters.logstore import LogStore
 from trainforge_services.common.adapters.objectstore import ObjectStore, store_from_settings
@@ -250,14 +251,18 @@ def create_app(settings: ApiSettings, *, trainer: TrainerApi | None = None, iden
     if secrets is None and not settings.dev_mode:
         load_key(settings.secrets_key, dev_mode=False, state_dir=settings.state_dir)  # refuse to start without one
     owned: list[Callable[[], Any]] = []
+    # the Trainer refuses calls without the service token; a dev-mode token is read (or made) at the first call
+    authorization = functools.cache(lambda: rpcauth.service_authorization(settings))
+    if not settings.dev_mode and (trainer is None or experiments is None):
+        authorization()  # refuse to start without one
     if trainer is None:
-        trainer = TrainerClient(settings.trainer_address)
+        trainer = TrainerClient(settings.trainer_address, authorization=authorization)
         owned.append(trainer.close)
         # a Trainer handed in (a test's twin, a dashboard developer's fake) is used as it is
         if settings.job_cache_seconds > 0:
             trainer = CachingTrainer(trainer, settings.job_cache_seconds, render=job_routes.render_job)
     if experiments is None:
-        experiments = ExperimentCalls(settings.trainer_address)  # a channel connects on its first call
+        experiments = ExperimentCalls(settings.trainer_address, authorization=authorization)  # a channel connects on its first call
         owned.append(experiments.close)
     if identity is None:
         identity = IdentityStore(mongo.connect(settings.mongo_url, settings.mongo_db),

@@ -120,8 +120,8 @@ class RunCalls:
 class ExperimentCalls:
     """The Trainer's experiment and workflow RPCs over one channel: `.experiments` and `.workflows`."""
 
-    def __init__(self, address: str, timeout: float = 30.0):
-        self._channel = rpc.channel(address)
+    def __init__(self, address: str, timeout: float = 30.0, *, authorization: str | Callable[[], str] = ""):
+        self._channel = rpc.channel(address, authorization=authorization)
         stub = trainer_pb2_grpc.TrainerStub(self._channel)
         self.experiments = RunCalls(stub, timeout, EXPERIMENT)
         self.workflows = RunCalls(stub, timeout, WORKFLOW)

@@ -9,7 +9,7 @@ they are enum members; at the REST boundary they are "running", "queued".
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from trainforge_protos import common_pb2, trainer_pb2, trainer_pb2_grpc
@@ -176,11 +176,13 @@ def cluster_to_json(c: trainer_pb2.Cluster) -> dict:
 class TrainerClient:
     """TrainerApi over gRPC; failures come back as domain errors (trainforge_services.common.errors)."""
 
-    def __init__(self, address: str, *, timeout: float = 30.0, health_timeout: float = 3.0):
+    def __init__(self, address: str, *, timeout: float = 30.0, health_timeout: float = 3.0,
+                 authorization: str | Callable[[], str] = ""):
+        """`authorization`: the service credential sent with every call (common/rpcauth.py)."""
         self.address = address
         self._timeout = timeout
         self._health_timeout = health_timeout
-        self._channel = rpc.channel(address)
+        self._channel = rpc.channel(address, authorization=authorization)
         self._stub = trainer_pb2_grpc.TrainerStub(self._channel)
 
     def close(self) -> None:

@@ -26,6 +26,8 @@ import tempfile
 from pathlib import Path
 
 KEY_FILE = "credentials.key"
+# the purpose of the job monitor's token to the Trainer's gRPC (common/rpcauth.py)
+MONITOR = "monitor"
 MIN_KEY_CHARS = 32
 
 
@@ -47,19 +49,32 @@ def load_key(credentials_key: str, *, dev_mode: bool, state_dir: Path) -> bytes:
 
     ValueError outside dev mode without one, or for one shorter than 32 characters.
     """
-    if credentials_key:
-        if len(credentials_key) < MIN_KEY_CHARS:
-            raise ValueError(f"credentials_key (TF_CREDENTIALS_KEY) must be at least {MIN_KEY_CHARS} characters; "
+    return setting_or_dev(credentials_key, "credentials_key (TF_CREDENTIALS_KEY)",
+                          "each job's own credentials are derived from it", dev_mode=dev_mode,
+                          path=Path(state_dir) / KEY_FILE)
+
+
+def setting_or_dev(value: str, setting: str, why: str, *, dev_mode: bool, path: Path) -> bytes:
+    """A secret setting's value, or in dev mode the secret made once into `path` (`dev_secret`).
+
+    ValueError naming `setting` outside dev mode without one, or for one shorter than 32 characters.
+    """
+    if value:
+        if len(value) < MIN_KEY_CHARS:
+            raise ValueError(f"{setting} must be at least {MIN_KEY_CHARS} characters; "
                              "make one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
-        return credentials_key.encode()
+        return value.encode()
     if not dev_mode:
-        raise ValueError("credentials_key (TF_CREDENTIALS_KEY) is required outside dev mode: each job's own "
-                         "credentials are derived from it")
-    path = Path(state_dir) / KEY_FILE
+        raise ValueError(f"{setting} is required outside dev mode: {why}")
+    return dev_secret(path)
+
+
+def dev_secret(path: Path) -> bytes:
+    """The secret in `path`, made once (32 random url-safe bytes, mode 0600) when there is none yet."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists():
-        # written whole, then linked into place: the LCM and the Trainer may start at once
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".credentials.key.")
+        # written whole, then linked into place: several services may start at once
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_urlsafe(32))

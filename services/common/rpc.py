@@ -97,12 +97,16 @@ def call(method: Callable, request: Any, timeout: float = 30.0) -> Any:
 
 
 def make_server(address: str, max_workers: int = 16, *,
-                interceptors: Sequence[grpc.ServerInterceptor] | None = None) -> tuple[grpc.Server, int]:
+                interceptors: Sequence[grpc.ServerInterceptor] | None = None,
+                auth: grpc.ServerInterceptor | None = None) -> tuple[grpc.Server, int]:
     """A server bound to address ("host:port", port 0 picks one); returns (server, port).
 
-    `interceptors` replace the default ones (stats into SERVER_STATS, request ids).
+    `interceptors` replace the default ones (stats into SERVER_STATS, request ids). `auth` (common/rpcauth.py
+    `ServerAuth`) runs after them, so its refusals are counted like any other failed call.
     """
     chosen = list(interceptors) if interceptors is not None else [ServerInterceptor(SERVER_STATS)]
+    if auth is not None:
+        chosen.append(auth)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          options=[("grpc.so_reuseport", 0)], interceptors=chosen)
     port = server.add_insecure_port(address)
@@ -111,14 +115,18 @@ def make_server(address: str, max_workers: int = 16, *,
     return server, port
 
 
-def channel(address: str, *,
-            interceptors: Sequence[grpc.UnaryUnaryClientInterceptor] | None = None) -> grpc.Channel:
+def channel(address: str, *, interceptors: Sequence[grpc.UnaryUnaryClientInterceptor] | None = None,
+            authorization: str | Callable[[], str] = "") -> grpc.Channel:
     """An insecure channel with the default client interceptors (stats into CLIENT_STATS, request ids).
 
     `address` may list replicas ("10.0.0.1:50051,10.0.0.2:50051", IP literals): calls are spread
     round-robin over those that answer, so a dead replica is left out once its connection fails.
+    `authorization` (or what it returns, asked at each call) is sent with every call (common/rpcauth.py says
+    what the Trainer and the LCM take).
     """
     chosen = list(interceptors) if interceptors is not None else [ClientInterceptor(CLIENT_STATS)]
+    if authorization:
+        chosen.append(Authorization(authorization))
     options: list[tuple[str, Any]] = [("grpc.enable_retries", 1)]
     target = address
     if "," in address:
@@ -273,8 +281,7 @@ class ClientInterceptor(grpc.UnaryUnaryClientInterceptor):
     def intercept_unary_unary(self, continuation: Callable, client_call_details: grpc.ClientCallDetails,
                               request: Any) -> Any:
         d = client_call_details
-        details = _CallDetails(d.method, d.timeout, _with_request_id(d.metadata), d.credentials,
-                               getattr(d, "wait_for_ready", None), getattr(d, "compression", None))
+        details = _with_metadata(d, _with_request_id(d.metadata))
         method = d.method.decode() if isinstance(d.method, bytes) else d.method
         started = time.monotonic()
         outcome = continuation(details, request)
@@ -283,6 +290,24 @@ class ClientInterceptor(grpc.UnaryUnaryClientInterceptor):
             lambda call: self._stats.record(method, call.code() or grpc.StatusCode.UNKNOWN,
                                             time.monotonic() - started))
         return outcome
+
+
+def _with_metadata(d: grpc.ClientCallDetails, metadata: Sequence[tuple[str, str]]) -> _CallDetails:
+    return _CallDetails(d.method, d.timeout, metadata, d.credentials, getattr(d, "wait_for_ready", None),
+                        getattr(d, "compression", None))
+
+
+class Authorization(grpc.UnaryUnaryClientInterceptor):
+    """Sends an `authorization` metadata value with every call: `value`, or what it returns."""
+
+    def __init__(self, value: str | Callable[[], str]):
+        self._value = value
+
+    def intercept_unary_unary(self, continuation: Callable, client_call_details: grpc.ClientCallDetails,
+                              request: Any) -> Any:
+        d = client_call_details
+        value = self._value if isinstance(self._value, str) else self._value()
+        return continuation(_with_metadata(d, [*(d.metadata or ()), ("authorization", value)]), request)
 
 
 def _text(value: str | bytes | None) -> str:

@@ -67,6 +67,10 @@ class StoreSettings(_Base):
                         "(dispatch, supervision) run only on the replica elected through etcd")
     leader_ttl: int = Field(5, ge=2, le=60, description="seconds the elected replica's etcd lease lives without "
                             "keepalive: a follower takes over about this long after the leader dies")
+    service_token: str = Field("", description="API, Trainer, LCM: the bearer token the platform's services present "
+                               "to the Trainer's and the LCM's gRPC, which refuse calls without it (common/rpcauth.py); "
+                               "no job process holds it; required outside dev mode (dev mode: generated into "
+                               "<state_dir>/service.token)")
 
     def objectstore(self) -> str:
         return self.objectstore_url or (self.state_dir / "objects").resolve().as_uri()
@@ -283,5 +287,7 @@ class ControllerSettings(StoreSettings):
 class MonitorSettings(StoreSettings):
     report_retry_seconds: float = Field(1.0, gt=0, le=60, description="first wait before retrying a Trainer report; later waits double, up to 8 times it")
     lease_ttl: int = Field(10, ge=2, le=300, description="seconds the monitor's claim on its job lives")
+    monitor_token: str = Field("", description="the job's own credential for its reports to the Trainer, granted "
+                               "by the LCM (common/rpcauth.py)")
     job_nice: int = Field(0, ge=0, le=19, description="the nice this monitor takes at start (the local backend "
                           "passes its own TF_JOB_NICE; 0: unchanged)")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from trainforge_services.common import niceness
+from trainforge_services.common import jobcreds, niceness, rpcauth
 from trainforge_services.common.adapters.etcd import Coordinator
 from trainforge_services.common.contracts.specs import MonitorSpec
 from trainforge_services.common.errors import TrainforgeError
@@ -49,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     for problem in niceness.lower(settings.job_nice):  # before any thread starts: threads inherit it
         log.warning("running at the control plane's priority: %s", problem)
     coordinator = Coordinator.of(settings)
-    reporter = GrpcReporter(settings.trainer_address)
+    if not settings.monitor_token:
+        log.warning("job %s: no TF_MONITOR_TOKEN was granted; the Trainer will refuse this monitor's reports",
+                    spec.job_id)
+    reporter = GrpcReporter(settings.trainer_address, authorization=rpcauth.job_authorization(
+        jobcreds.MONITOR, spec.job_id, settings.monitor_token) if settings.monitor_token else "")
     monitor = JobMonitor(spec, coordinator, reporter, retry_seconds=settings.report_retry_seconds,
                          lease_ttl=settings.lease_ttl)
     for sig in (signal.SIGTERM, signal.SIGINT):

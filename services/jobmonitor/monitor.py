@@ -81,8 +81,9 @@ class Reporter(Protocol):
 class GrpcReporter:
     """Reports to the Trainer's ReportJobStatus."""
 
-    def __init__(self, address: str, timeout: float = 10.0):
-        self._channel = rpc.channel(address)
+    def __init__(self, address: str, timeout: float = 10.0, *, authorization: str = ""):
+        """`authorization`: the job's own credential for its reports (common/rpcauth.py `job_authorization`)."""
+        self._channel = rpc.channel(address, authorization=authorization)
         self._stub = trainer_pb2_grpc.TrainerStub(self._channel)
         self._timeout = timeout
 

@@ -16,7 +16,7 @@ from trainforge_services.common.errors import TrainforgeError
 from trainforge_services.common.observability import configure_logging
 from trainforge_services.common.process import start_service
 from trainforge_services.common.settings import LcmSettings
-from trainforge_services.lcm.wiring import build_lifecycle, build_replica, serve
+from trainforge_services.lcm.wiring import build_lifecycle, build_replica, serve, server_auth
 
 log = logging.getLogger("trainforge_services.lcm")
 
@@ -31,12 +31,16 @@ def main() -> int:
     if settings.log_json:
         configure_logging(json_logs=True)
     try:
+        server_auth(settings)  # its keys are checked before anything starts
         lifecycle = build_replica(settings) if settings.elect else build_lifecycle(settings)
         server, _ = serve(settings, lifecycle)
         if settings.elect:
             lifecycle.start()
     except TrainforgeError as e:
         log.error("cannot start the LCM: %s", e.message)
+        return 1
+    except ValueError as e:  # settings it cannot serve with, e.g. no service token outside dev mode
+        log.error("cannot start the LCM: %s", e)
         return 1
     stop.wait()
     log.info("stopping; learners keep running")

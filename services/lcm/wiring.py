@@ -11,7 +11,7 @@ import logging
 import grpc
 
 from trainforge_protos import lcm_pb2_grpc
-from trainforge_services.common import jobcreds, rpc
+from trainforge_services.common import jobcreds, rpc, rpcauth
 from trainforge_services.common.adapters.etcd import Coordinator
 from trainforge_services.common.observability import (
     GaugeCollector,
@@ -24,8 +24,6 @@ from trainforge_services.common.settings import LcmSettings
 from trainforge_services.lcm.backends import make_backend
 from trainforge_services.lcm.grpc_api import LcmServicer
 from trainforge_services.lcm.lifecycle import LifecycleManager
-from trainforge_services.lcm.lifecycle.credentials import Credentials
-from trainforge_services.lcm.lifecycle.gateway_issuer import GatewayIssuer
 from trainforge_services.lcm.replicas import LeaderLifecycle
 
 log = logging.getLogger(__name__)
@@ -35,24 +33,16 @@ SERVICE_NAME = "trainforge.LifecycleManager"
 ENDPOINTS: dict[int, MetricsEndpoint] = {}
 
 
-def build_credentials(settings: LcmSettings) -> Credentials:
-    """The issuers of each job's own credentials these settings configure (services/lcm/lifecycle/credentials.py)."""
-    issuers = []
-    if settings.gateway_url:  # controllers reach the object and log stores through the API's job gateway only
-        key = jobcreds.load_key(settings.credentials_key, dev_mode=settings.dev_mode, state_dir=settings.state_dir)
-        issuers.append(GatewayIssuer(key, settings.gateway_url))
-    return Credentials(issuers)
-
-
 def build_lifecycle(settings: LcmSettings, coordinator: Coordinator | None = None) -> LifecycleManager:
-    """The backend settings name, under a lifecycle with its own etcd connection (or `coordinator`)."""
-    return LifecycleManager.from_settings(settings, make_backend(settings), coordinator,
-                                          credentials=build_credentials(settings))
+    """The backend settings name, under a lifecycle with its own etcd connection (or `coordinator`), granting
+    each job its own credentials (lifecycle/issuers.py)."""
+    return LifecycleManager.from_settings(settings, make_backend(settings), coordinator)
 
 
 def build_replica(settings: LcmSettings) -> LeaderLifecycle:
     """With TF_ELECT: a lifecycle built only while this replica is elected, writing to etcd through its
-    fenced connection (services/lcm/replicas.py)."""
+    fenced connection (services/lcm/replicas.py). The credentials key is checked now, not once elected."""
+    jobcreds.load_key(settings.credentials_key, dev_mode=settings.dev_mode, state_dir=settings.state_dir)
     return LeaderLifecycle(lambda fenced: build_lifecycle(settings, fenced),
                            Coordinator.of(settings), backend=settings.backend,
                            ttl=settings.leader_ttl, address=settings.listen_address or settings.lcm_address)
@@ -62,12 +52,14 @@ def serve(settings: LcmSettings,
           lifecycle: LifecycleManager | LeaderLifecycle | None = None) -> tuple[grpc.Server, int]:
     """A started server on `settings.lcm_address` (or `listen_address`; port 0 picks one) and its port.
 
+    Only the platform's services may call it (the service token, common/rpcauth.py); its health service is open.
     A lifecycle built here lives as long as the process; pass one in to close it yourself.
     """
+    auth = server_auth(settings)  # first: without a token (outside dev mode) nothing could call this server
     if lifecycle is None:
         lifecycle = build_lifecycle(settings)
     listen = settings.listen_address or settings.lcm_address
-    server, port = rpc.make_server(listen)
+    server, port = rpc.make_server(listen, auth=auth)
     lcm_pb2_grpc.add_LifecycleManagerServicer_to_server(LcmServicer(lifecycle), server)
     health = add_health(server, [SERVICE_NAME])
     if isinstance(lifecycle, LeaderLifecycle):  # ready only while elected
@@ -79,6 +71,12 @@ def serve(settings: LcmSettings,
         ENDPOINTS[port] = MetricsEndpoint(lcm_registry(lifecycle), settings.metrics_port, host)
     log.info("LCM (%s backend) serving on port %d", lifecycle.name, port)
     return server, port
+
+
+def server_auth(settings: LcmSettings) -> rpcauth.ServerAuth:
+    """Who may call the LCM: the platform's services (the service token). ValueError without one."""
+    return rpcauth.ServerAuth(rpcauth.load_service_token(settings.service_token, dev_mode=settings.dev_mode,
+                                                         state_dir=settings.state_dir))
 
 
 def lcm_registry(lifecycle: LifecycleManager | LeaderLifecycle):  # noqa: ANN201 - a prometheus_client CollectorRegistry

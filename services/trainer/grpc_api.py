@@ -18,6 +18,7 @@ import grpc
 from trainforge_protos import common_pb2, trainer_pb2, trainer_pb2_grpc
 from trainforge_services.common.errors import InvalidArgument, Unavailable
 from trainforge_services.common.rpc import handler
+from trainforge_services.common.rpcauth import caller
 from trainforge_services.common.states import JobState
 from trainforge_services.common.storeaccess import Publication
 from trainforge_services.trainer.accounting import ClusterView, TeamReport
@@ -182,7 +183,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         job = self._service.report(request.job_id, request.attempt, state, request.reason, request.actor,
                                    learners=learners, outputs_uri=request.outputs_uri,
                                    checkpoint_step=request.checkpoint_step
-                                   if request.HasField("checkpoint_step") else None)
+                                   if request.HasField("checkpoint_step") else None,
+                                   by_job=caller().is_job)
         return job_to_proto(job)
 
     @handler

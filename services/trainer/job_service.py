@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from trainforge_services.common import states
 from trainforge_services.common.contracts.ids import check_job_id, new_job_id
-from trainforge_services.common.errors import Conflict, InvalidArgument, NotFound
+from trainforge_services.common.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
 from trainforge_services.common.manifest import Manifest, parse_manifest
 from trainforge_services.common.states import JobState
 from trainforge_services.trainer import accounting, admission, cohorts
@@ -288,8 +288,11 @@ class JobService:
 
     def report(self, job_id: str, attempt: int, state: JobState, reason: str, actor: str, *,
                learners: dict[str, LearnerReport] | None = None, outputs_uri: str = "",
-               checkpoint_step: int | None = None) -> JobRecord:
+               checkpoint_step: int | None = None, by_job: bool = False) -> JobRecord:
         """A state seen by the job monitor (or the LCM); stale, repeated and illegal ones change nothing.
+
+        `by_job`: the report came with the job's own credential (its monitor's token), which is revoked once
+        the job has ended and its learners are removed: PermissionDenied then.
 
         A failed attempt is offered to the rules (services/trainer/rules.py):
         RESTARTING while the manifest allows another restart, HALTED when the
@@ -301,6 +304,9 @@ class JobService:
         if found is None:
             raise NotFound(f"job {job_id!r} not found")
         before, doc = found
+        if by_job and states.is_terminal(before.state) and not before.cleanup_pending:
+            raise PermissionDenied(f"job {job_id} has ended and its learners are removed: its own credentials "
+                                   "are revoked")
         if attempt and attempt != before.attempt:
             log.info("job %s: ignored %s for attempt %d; current attempt is %d", job_id, state.name, attempt,
                      before.attempt)

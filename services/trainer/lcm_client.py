@@ -59,15 +59,18 @@ def team_quota_to_proto(quota: Quota) -> lcm_pb2.TeamQuota:
 
 
 class GrpcLcm:
-    def __init__(self, address: str, timeout: float = 30.0, *, quota_of: Callable[[str], Quota] | None = None):
-        """`quota_of(team)`: the team's quota, sent with every deploy (DeployJobRequest.team_quota).
+    def __init__(self, address: str, timeout: float = 30.0, *, quota_of: Callable[[str], Quota] | None = None,
+                 authorization: str = ""):
+        """`quota_of(team)`: the team's quota, sent with every deploy (DeployJobRequest.team_quota);
+        `authorization`: the service credential sent with every call (common/rpcauth.py).
 
         `address` may list LCM replicas; only the elected one serves these calls, and a follower's
         refusal is asked again of the next replica at once (round-robin), up to once per replica.
         """
         self._tries = 1 + 2 * address.count(",")
         self._address = address
-        self._channel = rpc.channel(address)
+        self._authorization = authorization
+        self._channel = rpc.channel(address, authorization=authorization)
         self._stub = lcm_pb2_grpc.LifecycleManagerStub(self._channel)
         self._timeout = timeout
         self._quota_of = quota_of
@@ -119,7 +122,7 @@ class GrpcLcm:
             if FOLLOWING in e.message:
                 # one address behind a Service: a new connection may reach the leader (the only ready pod);
                 # the old channel is left to close when its in-flight calls let go of it
-                self._channel = rpc.channel(self._address)
+                self._channel = rpc.channel(self._address, authorization=self._authorization)
                 self._stub = lcm_pb2_grpc.LifecycleManagerStub(self._channel)
             raise
 

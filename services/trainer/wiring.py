@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import grpc
 from prometheus_client import CollectorRegistry
 
-from trainforge_protos import trainer_pb2_grpc
-from trainforge_services.common import destinations, rpc
+from trainforge_protos import trainer_pb2, trainer_pb2_grpc
+from trainforge_services.common import destinations, jobcreds, rpc, rpcauth
 from trainforge_services.common.adapters.mongo import Database, connect
 from trainforge_services.common.adapters.objectstore import store_from_settings
 from trainforge_services.common.errors import Unavailable
@@ -69,6 +69,8 @@ from trainforge_services.trainer.store import COLLECTION, JobStore
 from trainforge_services.trainer.storerefs import Publications, StoreOwners, StoreRefs
 
 log = logging.getLogger(__name__)
+# the one RPC a job's monitor makes, with its own credential (common/rpcauth.py)
+REPORT_METHOD = f"/{trainer_pb2.DESCRIPTOR.services_by_name['Trainer'].full_name}/ReportJobStatus"
 
 
 @dataclass
@@ -179,6 +181,8 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
           collection: str = COLLECTION, quota_collection: str = QUOTA_COLLECTION,
           metrics: MetricsReader | None = None, experiment_collection: str = EXPERIMENT_COLLECTION) -> Trainer:
     """A Trainer bound to `settings.trainer_address` (port 0 picks a free one), not yet started."""
+    # its callers' credentials are checked before anything starts: without them (outside dev mode) none could call
+    auth = server_auth(settings)
     closers: list[Callable[[], None]] = []
     if db is None:
         db = connect(settings.mongo_url, settings.mongo_db)
@@ -186,7 +190,8 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
     quotas = QuotaStore(db, quota_collection, max_age=QUOTA_MAX_AGE)
     if lcm is None:
         # every deploy carries the team's current quota (a kubernetes LCM mirrors it into the team's namespace)
-        grpc_lcm = GrpcLcm(settings.lcm_address, timeout=settings.lcm_timeout, quota_of=quotas.get)
+        grpc_lcm = GrpcLcm(settings.lcm_address, timeout=settings.lcm_timeout, quota_of=quotas.get,
+                           authorization=rpcauth.service_authorization(settings))
         closers.append(grpc_lcm.close)
         lcm = grpc_lcm
     # the key is checked before anything else starts: without one (outside dev mode) no secret could be read
@@ -224,13 +229,20 @@ def build(settings: TrainerSettings, *, lcm: Lcm | None = None, db: Database | N
     workflow_store = WorkflowStore(db, workflow_collection)
     driver.workflows = WorkflowRunner(workflow_store, experiment_service)
     workflow_service = WorkflowService(workflow_store, experiment_service, driver.wake)
-    server, port = rpc.make_server(listen)
+    server, port = rpc.make_server(listen, auth=auth)
     trainer_pb2_grpc.add_TrainerServicer_to_server(TrainerServicer(service, experiment_service, workflow_service), server)
     add_health(server, ["trainforge.Trainer"])
     host = listen.rsplit(":", 1)[0]
     return Trainer(server, port, host, store, core, service, closers, notifier,
                    metrics_port=settings.metrics_port, experiments=experiments, driver=driver,
                    workflows=workflow_store, leadership=lead)
+
+
+def server_auth(settings: TrainerSettings) -> rpcauth.ServerAuth:
+    """Who may call the Trainer: the platform's services, and a job's monitor for that job's own reports."""
+    token = rpcauth.load_service_token(settings.service_token, dev_mode=settings.dev_mode, state_dir=settings.state_dir)
+    key = jobcreds.load_key(settings.credentials_key, dev_mode=settings.dev_mode, state_dir=settings.state_dir)
+    return rpcauth.ServerAuth(token, key, {REPORT_METHOD: jobcreds.MONITOR})
 
 
 def trainer_registry(store: JobStore) -> CollectorRegistry:

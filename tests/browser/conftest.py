@@ -29,7 +29,7 @@ from trainforge_protos import trainer_pb2, trainer_pb2_grpc
 from trainforge_services.api.app import create_app
 from trainforge_services.api.identity import IdentityStore, Role
 from trainforge_services.api.trainer_client import TrainerClient
-from trainforge_services.common import rpc
+from trainforge_services.common import rpc, rpcauth
 from trainforge_services.common.adapters.logstore import LogLine
 from trainforge_services.common.adapters.objectstore import LocalStore
 from trainforge_services.common.contracts import storekeys
@@ -85,8 +85,8 @@ def make_platform(mongo_server, mongo_db, logstore, tmp_path, unique):
     keys = {"member": identity.issue_key("alpha", "ann", Role.MEMBER),
             "beta": identity.issue_key("beta", "bob", Role.MEMBER),
             "platform": identity.issue_key("ops", "root", Role.PLATFORM_ADMIN)}
-    client = TrainerClient(trainer.address)
-    channel = rpc.channel(trainer.address)
+    client = TrainerClient(trainer.address, authorization=rpcauth.service_authorization(settings))
+    channel = rpc.channel(trainer.address, authorization=rpcauth.service_authorization(settings))
     stub = trainer_pb2_grpc.TrainerStub(channel)
     objects = LocalStore(tmp_path / "objects")
     app = create_app(ApiSettings(dev_mode=True, state_dir=tmp_path), trainer=client, identity=identity,

@@ -49,7 +49,9 @@ def stack(mongo_server, osmem_server, mongo_db, unique, tmp_path):
     other = identity.issue_key("other", "cli", Role.MEMBER)
     state = tmp_path / "state"
     objects = LocalStore(state / "objects")
-    settings = ApiSettings(dev_mode=True, trainer_address=env.trainer.address, retention_interval=0)
+    # the Trainer's state dir: the dev-mode service token it made there
+    settings = ApiSettings(dev_mode=True, state_dir=env.settings.state_dir, trainer_address=env.trainer.address,
+                           retention_interval=0)
     logs = LogStore(osmem_server.url, f"tf-logs-{unique}")
     app = create_app(settings, identity=identity, objects=objects, logs=logs)
     try:

@@ -20,13 +20,12 @@ import sys
 import threading
 from pathlib import Path
 
-import grpc
 import psutil
 import pytest
 
 from tests.servers import free_port, port_open, wait_for
 from trainforge_protos import lcm_pb2, lcm_pb2_grpc
-from trainforge_services.common import rpc
+from trainforge_services.common import rpc, rpcauth
 from trainforge_services.common.manifest import Manifest
 from trainforge_services.lcm.backends.local.forkclient import ForkServer
 
@@ -255,7 +254,7 @@ def test_a_sigkilled_lcm_leaves_its_forked_processes_running_and_the_next_adopts
     first = spawn_lcm(store_settings, tmp_path, port)
     lcms = [first]
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        with rpc.channel(f"127.0.0.1:{port}", authorization=rpcauth.service_authorization(store_settings)) as channel:
             handles = list(rpc.call(lcm_pb2_grpc.LifecycleManagerStub(channel).DeployJob, request).handles)
         pids = [int(h.split(":")[1]) for h in handles]
         assert len(pids) == 2 and all(alive(p) for p in pids)
@@ -270,7 +269,7 @@ def test_a_sigkilled_lcm_leaves_its_forked_processes_running_and_the_next_adopts
 
         second = spawn_lcm(store_settings, tmp_path, port)
         lcms.append(second)
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        with rpc.channel(f"127.0.0.1:{port}", authorization=rpcauth.service_authorization(store_settings)) as channel:
             stub = lcm_pb2_grpc.LifecycleManagerStub(channel)
             assert list(rpc.call(stub.DeployJob, request).handles) == handles, "the next LCM did not adopt them"
             assert rpc.call(stub.KillJob, lcm_pb2.KillJobRequest(job_id=request.job_id)).killed >= 2

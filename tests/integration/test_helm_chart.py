@@ -5,6 +5,7 @@ without it these tests fail, never skip. `helm install` against a real API serve
 
 from __future__ import annotations
 
+import base64
 import re
 import subprocess
 from pathlib import Path
@@ -161,3 +162,35 @@ def test_replicas_elect_a_leader_and_only_the_lcm_leader_is_ready():
     single = {(d["kind"], d["metadata"]["name"]): d for d in rendered("trainer.replicas=1", "lcm.replicas=1")}
     for name in ("tf-trainer", "tf-lcm"):
         assert single[("Deployment", name)]["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_the_service_token_reaches_the_api_trainer_and_lcm_only_from_a_secret_the_chart_makes_or_is_given():
+    def envs(docs: list[dict]) -> dict[str, dict]:
+        return {d["metadata"]["name"]: {e["name"]: e for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+                for d in docs if d["kind"] == "Deployment"}
+
+    own = rendered()
+    secret = next(d for d in own if d["kind"] == "Secret" and d["metadata"]["name"] == "tf-service-auth")
+    assert set(secret["data"]) == {"service-token", "credentials-key"}
+    assert all(len(base64.b64decode(v)) >= 32 for v in secret["data"].values())
+    # a new token on every render (install, upgrade): the pods carry the release revision, so they roll with it
+    assert next(d for d in rendered() if d["kind"] == "Secret" and d["metadata"]["name"] == "tf-service-auth")[
+        "data"]["service-token"] != secret["data"]["service-token"]
+    deployments = [d for d in own if d["kind"] == "Deployment"]
+    assert all(d["spec"]["template"]["metadata"]["annotations"] == {"trainforge.io/service-auth-revision": "1"}
+               for d in deployments)
+    env = envs(own)
+    for name in ("tf-api", "tf-trainer", "tf-lcm"):
+        assert env[name]["TF_SERVICE_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "tf-service-auth",
+                                                                              "key": "service-token"}
+    assert "TF_CREDENTIALS_KEY" not in env["tf-api"]
+    for name in ("tf-trainer", "tf-lcm"):
+        assert env[name]["TF_CREDENTIALS_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "credentials-key"
+    # nothing else the chart renders holds either (ConfigMap values, other objects)
+    assert "service-token" not in yaml.safe_dump([d for d in own if d["kind"] not in ("Secret", "Deployment")])
+
+    given = rendered("serviceAuth.existingSecret=platform-auth", "serviceAuth.serviceTokenKey=token")
+    assert not [d for d in given if d["kind"] == "Secret"]
+    env = envs(given)
+    assert env["tf-lcm"]["TF_SERVICE_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "platform-auth", "key": "token"}
+    assert all("annotations" not in d["spec"]["template"]["metadata"] for d in given if d["kind"] == "Deployment")

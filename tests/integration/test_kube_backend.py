@@ -121,8 +121,10 @@ def test_an_admins_quota_change_reaches_the_namespace_at_once_through_the_lcm(ba
     from trainforge_services.trainer.lcm_client import GrpcLcm
     from trainforge_services.trainer.resources import Quota
 
-    server, port = serve(settings.model_copy(update={"lcm_address": "127.0.0.1:0", "metrics_port": -1}), lifecycle)
-    lcm = GrpcLcm(f"127.0.0.1:{port}")
+    token = "kube-test-service-token-" + "0" * 16
+    server, port = serve(settings.model_copy(update={"lcm_address": "127.0.0.1:0", "metrics_port": -1,
+                                                     "service_token": token}), lifecycle)
+    lcm = GrpcLcm(f"127.0.0.1:{port}", authorization=f"Bearer {token}")
     try:
         assert lcm.sync_team("alpha", Quota(gpus=3, cpus=6, memory=8 * 2**30, jobs=1, gpus_by_type={"a100": 1}))
         ns = naming.namespace(backend.opts, "alpha")

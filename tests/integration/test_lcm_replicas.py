@@ -32,6 +32,7 @@ import pytest
 
 from tests.integration.test_monitor_process import start_trainer
 from tests.servers import free_port, wait_for
+from trainforge_services.common import rpcauth
 from trainforge_services.common.adapters.etcd import Coordinator
 from trainforge_services.common.errors import Conflict, Unavailable
 from trainforge_services.common.states import JobState
@@ -107,7 +108,8 @@ def test_the_lcm_leader_sigkilled_between_deploys_loses_and_repeats_nothing(stor
     for port in ports:
         start(port)
     coordinator = Coordinator(store_settings.etcd_endpoints, store_settings.etcd_prefix)
-    lcm = GrpcLcm(",".join(f"127.0.0.1:{p}" for p in ports), timeout=30)
+    lcm = GrpcLcm(",".join(f"127.0.0.1:{p}" for p in ports), timeout=30,
+                  authorization=rpcauth.service_authorization(store_settings))
     jobs = [f"rep{i}-{unique}" for i in range(4)]
 
     def ended(job: str) -> bool:

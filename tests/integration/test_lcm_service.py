@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 
-import grpc
 import psutil
 import pytest
 
@@ -25,6 +24,9 @@ from trainforge_services.common.manifest import Manifest
 from trainforge_services.lcm.wiring import serve
 from trainforge_services.trainer.lcm_client import GrpcLcm
 
+# the LCMs here run outside dev mode, with these
+SERVICE_TOKEN, CREDENTIALS_KEY = "s" * 40, "c" * 40
+AUTHORIZATION = f"Bearer {SERVICE_TOKEN}"
 MANIFEST = Manifest(name="mnist-ddp", learners=2, command="python train.py --lr {{lr}}", params={"lr": 0.1},
                     resources={"cpus": 1, "memory": "1Gi"})
 
@@ -37,8 +39,9 @@ def deploy_request(job: str, attempt: int = 1, manifest: Manifest = MANIFEST, **
 @pytest.fixture
 def lcm(lifecycles, lcm_settings):  # noqa: F811
     sizes = dict(local_gpus=1, local_cpus=4, local_memory=2**33, local_max_learners=8)
-    server, port = serve(lcm_settings(**sizes), lifecycles(**sizes))
-    channel = rpc.channel(f"127.0.0.1:{port}")
+    settings = lcm_settings(**sizes, service_token=SERVICE_TOKEN)
+    server, port = serve(settings, lifecycles(**sizes))
+    channel = rpc.channel(f"127.0.0.1:{port}", authorization=AUTHORIZATION)
     stub = lcm_pb2_grpc.LifecycleManagerStub(channel)
     yield stub
     channel.close()
@@ -111,8 +114,8 @@ def test_a_kill_naming_an_attempt_refuses_its_deploy_that_arrives_later(lifecycl
     """The Trainer's client (GrpcLcm) cancels a job whose deploy has not reached the LCM: that attempt is
     marked killed in etcd, its late deploy is a Conflict that runs nothing, and the next attempt deploys."""
     sizes = dict(local_cpus=4, local_memory=2**33, local_max_learners=8)
-    server, port = serve(lcm_settings(**sizes), lifecycles(**sizes))
-    client = GrpcLcm(f"127.0.0.1:{port}", timeout=10)
+    server, port = serve(lcm_settings(**sizes, service_token=SERVICE_TOKEN), lifecycles(**sizes))
+    client = GrpcLcm(f"127.0.0.1:{port}", timeout=10, authorization=AUTHORIZATION)
     job = f"j-{unique}"
     try:
         assert client.kill_job(job, "cancelled", attempt=2) == 0
@@ -139,7 +142,8 @@ def test_a_kill_naming_an_attempt_refuses_its_deploy_that_arrives_later(lifecycl
 def spawn_lcm(tmp_path, etcd_server, coordinator, fake, port: int) -> subprocess.Popen:  # noqa: F811
     env = {**os.environ, "TF_STATE_DIR": str(tmp_path / "state"), "TF_ETCD_ENDPOINTS": etcd_server.address,
            "TF_ETCD_PREFIX": coordinator.keys.prefix, "TF_LCM_ADDRESS": f"127.0.0.1:{port}",
-           "TF_PYTHON": str(fake.python), "TF_LOCAL_GPUS": "0"}
+           "TF_PYTHON": str(fake.python), "TF_LOCAL_GPUS": "0", "TF_SERVICE_TOKEN": SERVICE_TOKEN,
+           "TF_CREDENTIALS_KEY": CREDENTIALS_KEY}
     log = (tmp_path / f"lcm-{port}.log").open("ab")
     proc = subprocess.Popen([sys.executable, "-m", "trainforge_services.lcm"], env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -165,7 +169,7 @@ def test_learners_outlive_an_lcm_restart_and_the_next_lcm_adopts_them(
     job = f"j-{unique}"
     first = spawn_lcm(tmp_path, etcd_server, coordinator, fake, port)
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        with rpc.channel(f"127.0.0.1:{port}", authorization=AUTHORIZATION) as channel:
             stub = lcm_pb2_grpc.LifecycleManagerStub(channel)
             handles = list(rpc.call(stub.DeployJob, deploy_request(job)).handles)
         fake.wait_runs(3)
@@ -176,7 +180,7 @@ def test_learners_outlive_an_lcm_restart_and_the_next_lcm_adopts_them(
 
     second = spawn_lcm(tmp_path, etcd_server, coordinator, fake, port)
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        with rpc.channel(f"127.0.0.1:{port}", authorization=AUTHORIZATION) as channel:
             stub = lcm_pb2_grpc.LifecycleManagerStub(channel)
             assert list(rpc.call(stub.DeployJob, deploy_request(job)).handles) == handles
             assert len(fake.runs()) == 3

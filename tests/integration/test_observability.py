@@ -16,7 +16,7 @@ from tests.integration.test_trainer_service import fake_lcm, trainer_settings  #
 from tests.servers import free_port, serve_app, wait_for
 from trainforge_protos import trainer_pb2, trainer_pb2_grpc
 from trainforge_services.api.app import create_app
-from trainforge_services.common import rpc
+from trainforge_services.common import rpc, rpcauth
 from trainforge_services.common.observability import JsonFormatter, log_context
 from trainforge_services.common.settings import ApiSettings
 from trainforge_services.lcm import wiring as lcm_wiring
@@ -71,7 +71,7 @@ def test_the_trainer_serves_metrics_and_health(mongo_server, unique, tmp_path, f
         update={"metrics_port": free_port()})
     trainer = serve_trainer(settings, collection=f"jobs_{unique}")
     try:
-        channel = rpc.channel(trainer.address)
+        channel = rpc.channel(trainer.address, authorization=rpcauth.service_authorization(settings))
         stub = trainer_pb2_grpc.TrainerStub(channel)
         # two jobs of 3 CPUs on a 4-CPU backend: one is dispatched (and stays deploying: nothing reports
         # on it), the other waits in the queue, whichever the dispatcher takes first
@@ -104,7 +104,7 @@ def test_the_trainer_serves_metrics_and_health(mongo_server, unique, tmp_path, f
 def test_the_lcm_serves_metrics_and_health(lifecycles, lcm_settings):  # noqa: F811
     port = free_port()
     sizes = dict(local_cpus=2, local_memory=2**32)
-    server, grpc_port = lcm_wiring.serve(lcm_settings(**sizes).model_copy(update={"metrics_port": port}),
+    server, grpc_port = lcm_wiring.serve(lcm_settings(**sizes).model_copy(update={"metrics_port": port, "service_token": "s" * 40}),
                                          lifecycles(**sizes))
     try:
         assert serving(f"127.0.0.1:{grpc_port}", "trainforge.LifecycleManager")

@@ -19,7 +19,7 @@ import pytest
 from tests.integration.test_trainer_service import FakeLcm, trainer_settings
 from tests.servers import wait_for
 from trainforge_protos import common_pb2, lcm_pb2_grpc, trainer_pb2, trainer_pb2_grpc
-from trainforge_services.common import rpc
+from trainforge_services.common import rpc, rpcauth
 from trainforge_services.common.errors import Conflict, InvalidArgument
 from trainforge_services.common.manifest import parse_manifest
 from trainforge_services.common.states import JobState
@@ -46,9 +46,9 @@ def running_fake_lcm(**capacity) -> Iterator[FakeLcm]:
 @contextlib.contextmanager
 def running_trainer(mongo_server, unique: str, tmp_path, lcm: FakeLcm) -> Iterator[Teams]:  # noqa: ANN001
     """A Trainer with collections of its own, and a client for it."""
-    trainer = serve(trainer_settings(mongo_server, unique, tmp_path, lcm.address), collection=f"jobs_{unique}",
-                    quota_collection=f"quotas_{unique}")
-    channel = rpc.channel(trainer.address)
+    settings = trainer_settings(mongo_server, unique, tmp_path, lcm.address)
+    trainer = serve(settings, collection=f"jobs_{unique}", quota_collection=f"quotas_{unique}")
+    channel = rpc.channel(trainer.address, authorization=rpcauth.service_authorization(settings))
     try:
         yield Teams(trainer_pb2_grpc.TrainerStub(channel))
     finally:

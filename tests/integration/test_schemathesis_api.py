@@ -40,6 +40,7 @@ from tests.servers import serve_app
 from trainforge_services.api.app import create_app
 from trainforge_services.api.experiments import ExperimentCalls
 from trainforge_services.api.identity import IdentityStore, Role
+from trainforge_services.common import rpcauth
 from trainforge_services.common.adapters.logstore import LogStore
 from trainforge_services.common.adapters.mongo import connect
 from trainforge_services.common.adapters.objectstore import LocalStore
@@ -71,11 +72,11 @@ def served(mongo_server, osmem_server, tmp_path_factory):
     trainer.submit_job(team="ops", manifest_json=json.dumps({"name": "x"}), code_uri="", submitted_by="x",
                        job_id="j-000000000001")
     # experiments go to a real Trainer (scripted LCM: nothing is deployed) on the same MongoDB-wire server
-    real = serve(TrainerSettings(state_dir=tmp_path_factory.mktemp("trainer"), dev_mode=True, mongo_url=mongo_server.url,
-                                 mongo_db=f"tfst{unique}", trainer_address="127.0.0.1:0",
-                                 logstore_url=osmem_server.url, logstore_index=f"tf-logs-st-{unique}"),
-                 lcm=ScriptedLcm(BackendSize(Usage(cpus=8, memory=32 * 2**30, learners=8))))
-    experiments = ExperimentCalls(real.address)
+    real_settings = TrainerSettings(state_dir=tmp_path_factory.mktemp("trainer"), dev_mode=True,
+                                    mongo_url=mongo_server.url, mongo_db=f"tfst{unique}", trainer_address="127.0.0.1:0",
+                                    logstore_url=osmem_server.url, logstore_index=f"tf-logs-st-{unique}")
+    real = serve(real_settings, lcm=ScriptedLcm(BackendSize(Usage(cpus=8, memory=32 * 2**30, learners=8))))
+    experiments = ExperimentCalls(real.address, authorization=rpcauth.service_authorization(real_settings))
     settings = ApiSettings(dev_mode=True, rate_limit_per_second=0, max_upload_bytes=4096)
     app = create_app(settings, trainer=trainer, identity=identity, logs=logs,
                      objects=LocalStore(tmp_path_factory.mktemp("objects")), experiments=experiments)

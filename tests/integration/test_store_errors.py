@@ -21,6 +21,7 @@ from tests.servers import serve_app
 from trainforge_services.api.app import create_app
 from trainforge_services.api.identity import IdentityStore, Role
 from trainforge_services.api.trainer_client import TrainerClient
+from trainforge_services.common import rpcauth
 from trainforge_services.common.adapters import mongo
 from trainforge_services.common.adapters.objectstore import LocalStore
 from trainforge_services.common.settings import ApiSettings
@@ -67,7 +68,7 @@ def test_job_store_down_under_a_real_trainer_is_one_sentence(own_mongo, mongo_db
     identity = IdentityStore(mongo_db, touch_interval=0)
     identity.create_team("alpha")
     key = identity.issue_key("alpha", "alice", Role.MEMBER)
-    client = TrainerClient(trainer.address)
+    client = TrainerClient(trainer.address, authorization=rpcauth.service_authorization(settings))
     app = create_app(ApiSettings(dev_mode=True), trainer=client, identity=identity, logs=logstore,
                      objects=LocalStore(tmp_path / "o"))
     try:

@@ -25,6 +25,7 @@ from tests.integration.test_api_admin import make_platform
 from tests.integration.test_trainer_dispatcher import ScriptedLcm
 from trainforge_services.api.experiments import ExperimentCalls
 from trainforge_services.api.identity import Role, key_id_of
+from trainforge_services.common import rpcauth
 from trainforge_services.common.settings import TrainerSettings
 from trainforge_services.trainer.resources import BackendSize, Usage
 from trainforge_services.trainer.wiring import serve
@@ -49,11 +50,11 @@ OWN_NAMESPACE = {"name"}
 @pytest.fixture
 def p(mongo_server, osmem_server, mongo_db, logstore, tmp_path, unique):
     # experiments and workflows are served by a real Trainer (scripted LCM: nothing is deployed)
-    trainer = serve(TrainerSettings(state_dir=tmp_path / "trainer", dev_mode=True, mongo_url=mongo_server.url,
-                                    mongo_db=f"tf{unique}", trainer_address="127.0.0.1:0",
-                                    logstore_url=osmem_server.url, logstore_index=f"tf-logs-{unique}"),
-                    lcm=ScriptedLcm(BackendSize(Usage(cpus=8, memory=32 * 2**30, learners=8))))
-    experiments = ExperimentCalls(trainer.address)
+    settings = TrainerSettings(state_dir=tmp_path / "trainer", dev_mode=True, mongo_url=mongo_server.url,
+                               mongo_db=f"tf{unique}", trainer_address="127.0.0.1:0",
+                               logstore_url=osmem_server.url, logstore_index=f"tf-logs-{unique}")
+    trainer = serve(settings, lcm=ScriptedLcm(BackendSize(Usage(cpus=8, memory=32 * 2**30, learners=8))))
+    experiments = ExperimentCalls(trainer.address, authorization=rpcauth.service_authorization(settings))
     try:
         # every route for every key: far more requests than one key may make per second in production
         with make_platform(mongo_db, logstore, tmp_path, rate_limit_burst=100_000, rate_limit_per_second=100_000,

@@ -19,7 +19,7 @@ import pytest
 from tests.integration.test_trainer_dispatcher import ScriptedLcm
 from tests.servers import wait_for
 from trainforge_protos import trainer_pb2, trainer_pb2_grpc
-from trainforge_services.common import rpc
+from trainforge_services.common import rpc, rpcauth
 from trainforge_services.common.adapters.logstore import LogLine, LogStore
 from trainforge_services.common.contracts.experiments import ExperimentState
 from trainforge_services.common.settings import TrainerSettings
@@ -52,7 +52,8 @@ class Env:
     def start(self) -> None:
         self.trainer = serve(self.settings, lcm=self.lcm, collection=self.collection,
                              experiment_collection=f"x_{self.collection}")
-        self.channel = rpc.channel(self.trainer.address)
+        self.channel = rpc.channel(self.trainer.address,
+                                   authorization=rpcauth.service_authorization(self.settings))
         self.stub = trainer_pb2_grpc.TrainerStub(self.channel)
 
     def stop(self) -> None:

@@ -30,7 +30,7 @@ from tests.chaos_support import check_history
 from tests.integration.test_quota_admission import manifest, running_fake_lcm
 from tests.servers import free_port, wait_for
 from trainforge_protos import trainer_pb2, trainer_pb2_grpc
-from trainforge_services.common import rpc
+from trainforge_services.common import rpc, rpcauth
 from trainforge_services.common.adapters.etcd import Coordinator
 from trainforge_services.common.errors import Unavailable
 from trainforge_services.common.states import JobState
@@ -115,7 +115,8 @@ def test_the_trainer_leader_stopped_mid_burst_loses_and_duplicates_nothing(
     leader_key = coordinator.keys.leader("trainer")
     with contextlib.closing(coordinator), running_fake_lcm(cpus=CAPACITY, gpus=0) as lcm, \
             trainer_replicas(etcd_server, mongo_server, osmem_server, unique, tmp_path, lcm.address) as (procs, ports):
-        channel = rpc.channel(",".join(f"127.0.0.1:{p}" for p in ports))
+        token = rpcauth.load_service_token("", dev_mode=True, state_dir=tmp_path)  # the replicas' (dev mode)
+        channel = rpc.channel(",".join(f"127.0.0.1:{p}" for p in ports), authorization=f"Bearer {token}")
         stub = trainer_pb2_grpc.TrainerStub(channel)
         wait_for(lambda: coordinator.get(leader_key)[0], 60, "a Trainer to be elected")
         wait_for(lambda: _healthy(stub), 60, "the Trainers to serve")

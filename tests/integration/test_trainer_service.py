@@ -21,7 +21,7 @@ import pytest
 
 from tests.servers import free_port, wait_for
 from trainforge_protos import common_pb2, lcm_pb2, lcm_pb2_grpc, trainer_pb2, trainer_pb2_grpc
-from trainforge_services.common import rpc
+from trainforge_services.common import rpc, rpcauth
 from trainforge_services.common.errors import Conflict, InvalidArgument, NotFound
 from trainforge_services.common.manifest import parse_manifest
 from trainforge_services.common.settings import TrainerSettings
@@ -31,6 +31,8 @@ from trainforge_services.trainer.wiring import serve
 
 GI = 2**30
 SECRETS_KEY = "0" * 43 + "="  # a well-formed Fernet key (32 zero-ish bytes), for processes outside dev mode
+# the service token and credentials key of processes outside dev mode
+SERVICE_KEYS = {"TF_SERVICE_TOKEN": "s" * 40, "TF_CREDENTIALS_KEY": "c" * 40}
 
 
 class FakeLcm(lcm_pb2_grpc.LifecycleManagerServicer):
@@ -98,8 +100,10 @@ def trainer(mongo_server, unique, tmp_path, fake_lcm):
 
 
 @pytest.fixture
-def client(trainer):
-    channel = rpc.channel(trainer.address)
+def client(trainer, tmp_path):
+    # the service token the Trainer generated into its state dir (dev mode), as every platform service presents it
+    token = rpcauth.load_service_token("", dev_mode=True, state_dir=tmp_path)
+    channel = rpc.channel(trainer.address, authorization=f"Bearer {token}")
     yield Client(trainer_pb2_grpc.TrainerStub(channel))
     channel.close()
 
@@ -326,7 +330,7 @@ def test_health(client):
 def test_without_the_lcm_jobs_wait_and_say_why(mongo_server, unique, tmp_path):
     settings = trainer_settings(mongo_server, unique, tmp_path, f"127.0.0.1:{free_port()}")
     trainer = serve(settings, collection=f"jobs_{unique}")
-    channel = rpc.channel(trainer.address)
+    channel = rpc.channel(trainer.address, authorization=rpcauth.service_authorization(settings))
     try:
         client = Client(trainer_pb2_grpc.TrainerStub(channel))
         client.submit("mnist", job_id="j")
@@ -352,7 +356,7 @@ def test_restart_admits_jobs_left_pending(mongo_server, mongo_db, unique, tmp_pa
 
 def test_the_process_refuses_to_start_without_a_secrets_key_outside_dev_mode(mongo_server, unique, tmp_path):
     env = {**os.environ, "TF_MONGO_URL": mongo_server.url, "TF_MONGO_DB": f"tf{unique}",
-           "TF_TRAINER_ADDRESS": f"127.0.0.1:{free_port()}", "TF_STATE_DIR": str(tmp_path)}
+           "TF_TRAINER_ADDRESS": f"127.0.0.1:{free_port()}", "TF_STATE_DIR": str(tmp_path), **SERVICE_KEYS}
     env.pop("TF_SECRETS_KEY", None)
     env.pop("TF_DEV_MODE", None)
     done = subprocess.run([sys.executable, "-m", "trainforge_services.trainer"], env=env, capture_output=True, text=True,
@@ -365,10 +369,10 @@ def test_the_process_serves_and_stops_on_sigterm(mongo_server, unique, tmp_path)
     port = free_port()
     env = {**os.environ, "TF_MONGO_URL": mongo_server.url, "TF_MONGO_DB": f"tf{unique}",
            "TF_TRAINER_ADDRESS": f"127.0.0.1:{port}", "TF_LCM_ADDRESS": f"127.0.0.1:{free_port()}",
-           "TF_STATE_DIR": str(tmp_path), "TF_SECRETS_KEY": SECRETS_KEY}
+           "TF_STATE_DIR": str(tmp_path), "TF_SECRETS_KEY": SECRETS_KEY, **SERVICE_KEYS}
     proc = subprocess.Popen([sys.executable, "-m", "trainforge_services.trainer"], env=env, stderr=subprocess.PIPE,
                             text=True)
-    channel = rpc.channel(f"127.0.0.1:{port}")
+    channel = rpc.channel(f"127.0.0.1:{port}", authorization=f"Bearer {SERVICE_KEYS['TF_SERVICE_TOKEN']}")
     try:
         stub = trainer_pb2_grpc.TrainerStub(channel)
         wait_for(lambda: rpc.call(stub.Health, trainer_pb2.HealthRequest(), timeout=1).status == "ok", 30,

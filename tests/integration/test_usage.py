@@ -27,6 +27,7 @@ from trainforge.sdk import Client
 from trainforge_services.api.app import create_app
 from trainforge_services.api.identity import IdentityStore, Role
 from trainforge_services.api.trainer_client import TrainerClient
+from trainforge_services.common import rpcauth
 from trainforge_services.common.adapters.objectstore import LocalStore
 from trainforge_services.common.settings import ApiSettings, TrainerSettings
 from trainforge_services.common.states import JobState
@@ -54,7 +55,7 @@ def platform(mongo_server, mongo_db, logstore, tmp_path, unique):
         identity.create_team(team)
     keys = {"platform": identity.issue_key("ops", "root", Role.PLATFORM_ADMIN),
             "alpha": identity.issue_key("alpha", "a", Role.MEMBER), "beta": identity.issue_key("beta", "b", Role.MEMBER)}
-    client = TrainerClient(trainer.address)
+    client = TrainerClient(trainer.address, authorization=rpcauth.service_authorization(settings))
     app = create_app(ApiSettings(dev_mode=True, state_dir=tmp_path), trainer=client, identity=identity,
                      logs=logstore, objects=LocalStore(tmp_path / "objects"))
     try:

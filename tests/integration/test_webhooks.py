@@ -26,6 +26,7 @@ from tests.servers import free_port, serve_app, wait_for
 from trainforge_services.api.app import create_app
 from trainforge_services.api.identity import IdentityStore, Role
 from trainforge_services.api.trainer_client import TrainerClient
+from trainforge_services.common import rpcauth
 from trainforge_services.common.adapters.objectstore import LocalStore
 from trainforge_services.common.settings import ApiSettings, TrainerSettings
 from trainforge_services.common.webhooks import DELIVERY_HEADER, SIGNATURE_HEADER, verify
@@ -87,7 +88,7 @@ def platform(mongo_server, mongo_db, logstore, tmp_path, unique, allow: str = ""
     keys = {"platform": identity.issue_key("ops", "root", Role.PLATFORM_ADMIN),"member": identity.issue_key("alpha", "m", Role.MEMBER),
             "admin": identity.issue_key("alpha", "a", Role.TEAM_ADMIN),
             "beta": identity.issue_key("beta", "b", Role.MEMBER)}
-    client = TrainerClient(trainer.address)
+    client = TrainerClient(trainer.address, authorization=rpcauth.service_authorization(settings))
     app = create_app(ApiSettings(dev_mode=True, state_dir=tmp_path, webhook_allow=allow, api_port=api_port),
                      trainer=client, identity=identity,
                      logs=logstore, objects=LocalStore(tmp_path / "objects"))

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainforge_protos import trainer_pb2, trainer_pb2_grpc
-from trainforge_services.common import rpc
+from trainforge_services.common import rpc, rpcauth
 from trainforge_services.common.adapters.etcd import Coordinator
 from trainforge_services.common.contracts.etcd import HaltRequest, LearnerStatus
 from trainforge_services.common.errors import Unavailable
@@ -105,7 +105,7 @@ class SimulatedBackend(Backend):
         self._work = Path(settings.state_dir).resolve() / "work"
         self._coord = coordinator or Coordinator.of(settings)
         self._own_coord = coordinator is None
-        self._channel = rpc.channel(settings.trainer_address)
+        self._channel = rpc.channel(settings.trainer_address, authorization=rpcauth.service_authorization(settings))
         self._trainer = trainer_pb2_grpc.TrainerStub(self._channel)
         self._lock = threading.Lock()
         self._jobs: dict[str, _Attempt] = {}

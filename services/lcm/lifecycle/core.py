@@ -44,7 +44,7 @@ from trainforge_services.lcm.backends.base import (
 )
 from trainforge_services.lcm.lifecycle.credentials import Credentials
 from trainforge_services.lcm.lifecycle.elastic import Growth, Room, open_slots, quota_room
-from trainforge_services.lcm.lifecycle.etcd_users import job_credentials
+from trainforge_services.lcm.lifecycle.issuers import job_credentials
 from trainforge_services.lcm.lifecycle.marks import KilledMarks
 from trainforge_services.lcm.lifecycle.plan import build_plan, check_attempt
 from trainforge_services.lcm.lifecycle.records import AttemptRecord, attempt_records

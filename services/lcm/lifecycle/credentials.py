@@ -19,13 +19,14 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
+from trainforge_services.common import jobcreds
 from trainforge_services.common.errors import Unavailable, message_of
 from trainforge_services.lcm.backends.base import AttemptPlan, Grant
 
 log = logging.getLogger(__name__)
 
 # the services' own keys: whatever the LCM's environment holds of them, no job process inherits them
-SERVICE_KEYS = ("TF_CREDENTIALS_KEY", "TF_SECRETS_KEY", "TF_JWT_SECRET")
+SERVICE_KEYS = ("TF_CREDENTIALS_KEY", "TF_SECRETS_KEY", "TF_JWT_SECRET", "TF_SERVICE_TOKEN")
 
 
 class Issuer(Protocol):
@@ -40,6 +41,26 @@ class Issuer(Protocol):
     def revoke(self, job_id: str) -> None:
         """Remove the job's credential (its next use is refused). Idempotent; a missing one is fine."""
         ...
+
+
+class MonitorToken:
+    """The job monitor's token to the Trainer's gRPC, in the monitor's env only (TF_MONITOR_TOKEN).
+
+    Derived from the credentials key, so there is nothing to store or delete: the Trainer derives it again
+    to check it, takes it only for that job's reports, and refuses it once the job has ended and its
+    learners are removed (common/rpcauth.py, trainer/job_service.py `report`).
+    """
+
+    name = jobcreds.MONITOR
+
+    def __init__(self, key: bytes):
+        self._key = key
+
+    def grant(self, plan: AttemptPlan) -> Grant:
+        return Grant(monitor={"TF_MONITOR_TOKEN": jobcreds.derive(self._key, jobcreds.MONITOR, plan.job_id)})
+
+    def revoke(self, job_id: str) -> None:
+        """Nothing to remove: the Trainer's record of the job revokes it."""
 
 
 class Credentials:

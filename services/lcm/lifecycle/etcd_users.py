@@ -19,9 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from trainforge_services.common import jobcreds
 from trainforge_services.common.adapters.etcd import Coordinator
 from trainforge_services.common.adapters.etcdauth import principal
-from trainforge_services.common.settings import LcmSettings
 from trainforge_services.lcm.backends.base import AttemptPlan, Grant
-from trainforge_services.lcm.lifecycle.credentials import Credentials
 
 PURPOSE = "etcd"
 ENV_USER, ENV_PASSWORD = "TF_ETCD_USER", "TF_ETCD_PASSWORD"
@@ -66,11 +64,3 @@ class EtcdIssuer:
         with self._lock:
             self._minted.discard(job_id)
         self._admin.delete(self.user(job_id), self.user(job_id))
-
-
-def job_credentials(settings: LcmSettings, coordinator: Coordinator) -> Credentials:
-    """The issuers an LCM with these settings runs: a job user each where it logs in to etcd itself."""
-    if not settings.etcd_user:
-        return Credentials()
-    key = jobcreds.load_key(settings.credentials_key, dev_mode=settings.dev_mode, state_dir=settings.state_dir)
-    return Credentials([EtcdIssuer(coordinator, key)])

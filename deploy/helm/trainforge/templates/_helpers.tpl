@@ -42,15 +42,12 @@ app.kubernetes.io/component: {{ .component }}
 {{/* etcd's passwords: the Secret values name, or the one the chart makes (templates/etcd-auth.yaml). */}}
 {{- define "tf.etcdSecret" -}}{{ .Values.etcd.auth.existingSecret | default (printf "%s-etcd-auth" (include "tf.name" .)) }}{{- end -}}
 
-{{/* The etcd login of `service` ("trainer", "lcm") and the key job credentials are derived from, when etcd has
-     authentication on. */}}
+{{/* The etcd login of `service` ("trainer", "lcm"), when etcd has authentication on. */}}
 {{- define "tf.etcdLogin" -}}
 {{- if .root.Values.etcd.auth.enabled }}
 - {name: TF_ETCD_USER, value: {{ index .root.Values.etcd.auth (printf "%sUser" .service) | quote }}}
 - name: TF_ETCD_PASSWORD
   valueFrom: {secretKeyRef: {name: {{ include "tf.etcdSecret" .root }}, key: {{ .service }}-password}}
-- name: TF_CREDENTIALS_KEY
-  valueFrom: {secretKeyRef: {name: {{ include "tf.etcdSecret" .root }}, key: credentials-key}}
 {{- end }}
 {{- end -}}
 
@@ -82,4 +79,27 @@ exec:
 periodSeconds: {{ .root.Values.probes.periodSeconds }}
 failureThreshold: {{ .root.Values.probes.failureThreshold }}
 timeoutSeconds: 5
+{{- end -}}
+
+{{/* The Secret holding the service token and the credentials key: the operator's, or the chart's own. */}}
+{{- define "tf.serviceAuthSecret" -}}{{ .Values.serviceAuth.existingSecret | default (printf "%s-service-auth" (include "tf.name" .)) }}{{- end -}}
+
+{{/* The service token every caller of the Trainer's and the LCM's gRPC presents (API, Trainer, LCM pods only). */}}
+{{- define "tf.serviceTokenEnv" -}}
+- name: TF_SERVICE_TOKEN
+  valueFrom: {secretKeyRef: {name: {{ include "tf.serviceAuthSecret" . }}, key: {{ .Values.serviceAuth.serviceTokenKey }}}}
+{{- end -}}
+
+{{/* The key each job's own credentials are derived from (API, Trainer and LCM pods only). */}}
+{{- define "tf.credentialsKeyEnv" -}}
+- name: TF_CREDENTIALS_KEY
+  valueFrom: {secretKeyRef: {name: {{ include "tf.serviceAuthSecret" . }}, key: {{ .Values.serviceAuth.credentialsKeyKey }}}}
+{{- end -}}
+
+{{/* Pod annotations: with the chart's own service token, new on every upgrade, the pods roll to take it. */}}
+{{- define "tf.serviceAuthAnnotations" -}}
+{{- if not .Values.serviceAuth.existingSecret }}
+annotations:
+  trainforge.io/service-auth-revision: {{ .Release.Revision | quote }}
+{{- end }}
 {{- end -}}
