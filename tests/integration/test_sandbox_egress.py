@@ -35,10 +35,12 @@ BUCKET = "tf-egress"
 SCRIPT = '''
 import json, os, socket
 ARGS = json.loads(os.environ["HOSTILE_ARGS"])
+# "gateway": the first address of the learner's network (a docker attempt's bridge; rank 0 is its .2)
+GATEWAY = os.environ.get("MASTER_ADDR", "127.0.0.1").rsplit(".", 1)[0] + ".1"
 print("EGRESS", os.environ.get("TF_EGRESS", "?"), os.environ.get("AWS_ENDPOINT_URL", "-"), flush=True)
 for what, host, port, payload in ARGS["tries"]:
     try:
-        s = socket.create_connection((host, port), 3)
+        s = socket.create_connection((GATEWAY if host == "gateway" else host, port), 3)
         s.settimeout(5)
         s.sendall(payload.encode())
         got = s.recv(200).decode(errors="replace")
@@ -62,8 +64,12 @@ def store_settings(store_settings, s3_server, unique):  # noqa: F811 - the conft
 @pytest.fixture
 def echo() -> Iterator[int]:
     """A TCP echo server on the host's loopback: the 'allowed host' of these tests."""
+    yield from echo_server("127.0.0.1")
+
+
+def echo_server(address: str) -> Iterator[int]:
     srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
+    srv.bind((address, 0))
     srv.listen(16)
     srv.settimeout(0.5)
     stop = threading.Event()
