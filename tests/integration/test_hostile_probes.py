@@ -132,3 +132,15 @@ def test_without_isolation_the_probes_escape(request):
     escaped = {name for name, r in got.items() if r["escaped"]}
     assert {"proc_environ", "state_directory", "etcd", "mongo", "log_store", "trainer_grpc", "lcm_grpc",
             "signal_controller"} <= escaped, got
+
+
+def test_an_admin_refuses_a_job_that_would_run_without_isolation(root_platform, monkeypatch, unique):  # noqa: F811
+    """TF_REQUIRE_ISOLATION=true: a learner that would get isolation `none` never runs; its status says why."""
+    monkeypatch.setenv("TF_ISOLATION", "none")
+    monkeypatch.setenv("TF_REQUIRE_ISOLATION", "true")
+    job = f"refused-{unique}"
+    doc = root_platform.run(job, SCRIPT, env={"HOSTILE_ARGS": json.dumps({"backend": "sandbox"})})
+    assert doc["state"] == LearnerState.LEARNER_FAILED and doc["isolation"] == "none", doc
+    assert doc["message"] == ("this platform refuses learners without a sandbox (TF_REQUIRE_ISOLATION) and "
+                              "TF_ISOLATION=none")
+    assert "PROBE " not in root_platform.log(job)
