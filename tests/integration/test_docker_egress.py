@@ -11,15 +11,13 @@ container (trainforge_services.common.relay), as the local sandbox does.
 
 from __future__ import annotations
 
-import json
 import socket
 from collections.abc import Iterator
 
 import pytest
 
+from tests.integration import test_sandbox_egress as local
 from tests.integration.sandbox_jobs import docker_platform, engine_daemon  # noqa: F401 - fixtures
-from tests.integration.test_sandbox_egress import SCRIPT, echo_server, outcomes, platform_ports
-from trainforge_services.common.states import LearnerState
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -29,46 +27,31 @@ HTTP = "GET / HTTP/1.0\r\n\r\n"
 @pytest.fixture
 def any_echo() -> Iterator[int]:
     """A TCP echo server on all the host's addresses (0.0.0.0)."""
-    yield from echo_server("0.0.0.0")
+    yield from local.echo_server("0.0.0.0")
 
 
 def test_without_a_policy_nothing_is_reachable_not_even_the_gateway(docker_platform, any_echo,  # noqa: F811
                                                                     etcd_server, mongo_server, osmem_server,
                                                                     monkeypatch, unique):
     monkeypatch.delenv("TF_EGRESS", raising=False)
-    got = outcomes(docker_platform, f"dg-none-{unique}", [
+    got = local.outcomes(docker_platform, f"dg-none-{unique}", [
         ["echo at the gateway", "gateway", any_echo, "hi"], ["echo by address", "127.0.0.1", any_echo, "hi"],
         ["echo by name", "localhost", any_echo, "hi"], ["api at the gateway", "gateway", docker_platform.api_port,
                                                         HTTP],
-        ["outside", "1.1.1.1", 443, ""], *platform_ports(docker_platform, etcd_server, mongo_server, osmem_server)])
+        ["outside", "1.1.1.1", 443, ""], *local.platform_ports(docker_platform, etcd_server, mongo_server, osmem_server)])
     assert got.pop("env").split()[1] == "none"
     assert set(got.values()) == {"BLOCKED"} and len(got) == 10, got
 
 
 def test_an_allowed_host_port_is_reached_and_nothing_else(docker_platform, any_echo, etcd_server,  # noqa: F811
                                                           mongo_server, osmem_server, monkeypatch, unique):
-    monkeypatch.setenv("TF_EGRESS", f"127.0.0.1:{any_echo}")
-    got = outcomes(docker_platform, f"dg-host-{unique}", [
-        ["echo", "127.0.0.1", any_echo, "hi"], ["echo's neighbour port", "127.0.0.1", any_echo + 1, ""],
+    local.allowed_only(docker_platform, any_echo, f"dg-host-{unique}", [
         ["echo at the gateway", "gateway", any_echo, "hi"],
-        *platform_ports(docker_platform, etcd_server, mongo_server, osmem_server)])
-    assert got.pop("env").split()[1:] == [f"127.0.0.1:{any_echo}", "-"]
-    assert got.pop("echo") == "REACHED", got
-    assert set(got.values()) == {"BLOCKED"}, got
+        *local.platform_ports(docker_platform, etcd_server, mongo_server, osmem_server)], monkeypatch)
 
 
 def test_a_team_policy_narrows_the_admins(docker_platform, any_echo, monkeypatch, unique):  # noqa: F811
-    other = any_echo + 1 if any_echo < 65535 else any_echo - 1
-    monkeypatch.setenv("TF_EGRESS", f"127.0.0.1:{any_echo},127.0.0.1:{other}")
-    job = f"dg-team-{unique}"
-    tries = [["echo", "127.0.0.1", any_echo, "hi"], ["other", "127.0.0.1", other, ""]]
-    doc = docker_platform.run(job, SCRIPT, team_egress=f"127.0.0.1:{any_echo}",
-                              env={"HOSTILE_ARGS": json.dumps({"tries": tries})})
-    assert doc["isolation"] == "container" and doc["state"] == LearnerState.LEARNER_COMPLETED, \
-        docker_platform.log(job)
-    assert f"EGRESS 127.0.0.1:{any_echo} -" in doc["tail"], doc["tail"]
-    assert any(ln.startswith("REACHED echo") for ln in doc["tail"]), doc["tail"]
-    assert any(ln.startswith("BLOCKED other") for ln in doc["tail"]), doc["tail"]
+    local.team_narrows(docker_platform, any_echo, f"dg-team-{unique}", monkeypatch)
 
 
 def test_a_named_host_is_reached_by_its_name(docker_platform, any_echo, monkeypatch, unique):  # noqa: F811
@@ -76,6 +59,6 @@ def test_a_named_host_is_reached_by_its_name(docker_platform, any_echo, monkeypa
     name = socket.gethostname().lower()  # this host's name, which resolves here; the echo is on every address
     socket.getaddrinfo(name, any_echo)
     monkeypatch.setenv("TF_EGRESS", f"{name}:{any_echo}")
-    got = outcomes(docker_platform, f"dg-name-{unique}", [["echo by name", name, any_echo, "hi"],
+    got = local.outcomes(docker_platform, f"dg-name-{unique}", [["echo by name", name, any_echo, "hi"],
                                                           ["the name's other port", name, any_echo + 1, ""]])
     assert got == {"env": got["env"], "echo by name": "REACHED", "the name's other port": "BLOCKED"}, got
