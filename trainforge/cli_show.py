@@ -58,6 +58,8 @@ def print_job(console: Console, job: dict) -> None:
             table.add_row(str(ln["rank"]), state_text(ln["state"]), code, str(ln["attempt"]),
                           Text(ln.get("message") or ""))
         console.print(table)
+        for ln in (ln for ln in job["learners"] if ln.get("warning")):
+            console.print(Text(f"learner {ln['rank']}: {ln['warning']} (isolation: none)", style="bold red"))
     if job.get("history"):
         table = Table(title="history", title_justify="left", show_edge=False)
         for col in ("time", "from", "to", "reason", "actor"):

@@ -46,6 +46,7 @@ class Learner(_Model):
     attempt: int
     message: str = ""
     isolation: str = ""
+    warning: str = ""  # set when the learner is NOT isolated (isolation: none)
 
 
 class HistoryEvent(_Model):

@@ -37,6 +37,8 @@ class Learner(BaseModel):
                                            'network and limits), "userns" (the same without root: no cgroup '
                                            'limits), "container" (the docker backend) or "none"; '
                                            'empty before it started')
+    warning: str = Field("", description='with isolation "none": that the learner is NOT isolated and what it '
+                                         'can reach (the platform\'s credentials, files, servers, processes)')
 
 
 class Borrowed(BaseModel):

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from trainforge_protos import common_pb2, trainer_pb2, trainer_pb2_grpc
 from trainforge_services.common import rpc
+from trainforge_services.common.isolation import NOT_ISOLATED, Isolation
 from trainforge_services.common.states import LEARNER_EXITED, LEARNER_STARTED, JobState, LearnerState
 
 
@@ -78,7 +79,7 @@ def learner_to_json(ls: common_pb2.LearnerStatus) -> dict:
     exited = ls.state in LEARNER_EXITED
     return {"rank": ls.rank, "state": learner_state_name(ls.state),
             "exit_code": ls.exit_code if exited else None, "attempt": ls.attempt, "message": ls.message,
-            "isolation": ls.isolation}
+            "isolation": ls.isolation, **({"warning": NOT_ISOLATED} if ls.isolation == Isolation.NONE else {})}
 
 
 def job_to_json(job: common_pb2.Job) -> dict:

@@ -7,7 +7,8 @@ the most any job may get; a team's own policy (on its quota record) narrows
 it, never widens it: a job gets the items both allow, and the admin's
 policy when its team has none of its own. Named here because the API
 validates a team's policy, the Trainer and the LCM carry it, and the
-controller enforces it (services/controller/sandbox/egress.py).
+controller enforces it (services/common/relay.py: the local sandbox and the docker backend relay
+what it allows).
 """
 
 from __future__ import annotations

@@ -50,6 +50,10 @@ class Isolation(enum.StrEnum):
     NONE = "none"
 
 
+# What a learner without a sandbox can do, said wherever it runs so (`trainforge up`, the job's status)
+NOT_ISOLATED = ("NOT isolated: the learner runs as the platform's user without a sandbox and can read the "
+                "platform's credentials and files, reach its servers and signal its processes")
+
 UID_BASE, UID_SPAN = 1_000_000_000, 1_000_000_000
 
 
@@ -221,4 +225,5 @@ def describe(setting: str, require: bool, egress: str = "none") -> str:
                 f"egress at most: {egress or 'none'})")
     if require or setting == "sandbox":
         return f"learners: REFUSED - a sandbox is required but {why}"
-    return f"learners: NOT isolated (isolation: none) - {why}; set TF_REQUIRE_ISOLATION=true to refuse such jobs"
+    return (f"learners: NOT isolated (isolation: none) - {why}; a job can read the platform's credentials and "
+            "files, reach its servers and signal its processes; set TF_REQUIRE_ISOLATION=true to refuse such jobs")

@@ -70,7 +70,7 @@ from .outcome import FINAL_STATUS_SECONDS, Outcome, system_line, text
 from .priority import Placement, plan_placement, set_output_cpus
 from .pyenv import BuildStopped, EnvCache, requirements_of
 from .pyhold import holds_itself
-from .sandbox import Sandbox, choose
+from .sandbox import Sandbox, choose, container_egress
 from .status import StatusPublisher
 from .stopping import StopRequest, wait_for_learner
 from .workdir import Stopped, prepare
@@ -262,8 +262,9 @@ class Controller:
         if sandbox is not None:
             # the sandbox's entry leads the learner's group and watches the lifeline itself: no guard to start
             env, entry = sandbox.env(env), partial(sandbox.argv, command)
-        elif spec.launcher:
+        elif spec.launcher:  # which relays into its container what the egress policy allows (TF_EGRESS)
             program = [*spec.launcher, "/bin/sh", "-c", command]
+            env.update(container_egress(spec, self.settings))
         # a held Python command waits in its own interpreter, already started (pyhold.py); behind a launcher
         # the command runs elsewhere (a container), so the guard holds it
         self_held = spec.gated and not spec.launcher and holds_itself(command, env)

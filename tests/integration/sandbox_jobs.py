@@ -21,6 +21,7 @@ packages (the running venv's .pth files). Run as a user other than root,
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -36,6 +37,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.engine import BASE_IMAGE, start_engine
 from tests.fakes.trainer_memory import InMemoryTrainer
 from tests.integration.test_controller_run import pack  # noqa: F401 - the hostile tests pack their code with it
 from tests.integration.test_monitor_process import start_trainer
@@ -47,6 +49,7 @@ from trainforge_services.common.manifest import Manifest
 from trainforge_services.common.settings import ApiSettings, LcmSettings
 from trainforge_services.common.states import LEARNER_FINAL
 from trainforge_services.lcm.backends.base import TeamQuota
+from trainforge_services.lcm.backends.docker import DockerBackend
 from trainforge_services.lcm.backends.local import LocalBackend
 from trainforge_services.lcm.lifecycle import JobDeployment, LifecycleManager
 
@@ -94,14 +97,15 @@ class Platform:
 
 
 @contextmanager
-def _platform(store_settings, coordinator, tmp_path: Path, kind: str = "sandbox", **overrides) -> Iterator[Platform]:
+def _platform(store_settings, coordinator, tmp_path: Path, kind: str = "sandbox", backend=LocalBackend,
+              **overrides) -> Iterator[Platform]:
     trainer_port = free_port()
     server, _ = start_trainer(trainer_port)
     app = create_app(ApiSettings(dev_mode=True, retention_interval=0), trainer=InMemoryTrainer(), identity=object(), logs=object(),
                      objects=LocalStore(tmp_path / "api-objects"), audit=object())
     settings = LcmSettings(**{**store_settings.model_dump(), "trainer_address": f"127.0.0.1:{trainer_port}",
                               "python": sys.executable, "local_gpus": 0, "lease_ttl": 5, **overrides})
-    lifecycle = LifecycleManager.from_settings(settings, LocalBackend(settings, kill_grace=5), coordinator,
+    lifecycle = LifecycleManager.from_settings(settings, backend(settings, kill_grace=5), coordinator,
                                         start_timeout=60, supervise_interval=1.0)
     with serve_app(app) as url:
         yield Platform(lifecycle, coordinator, settings, trainer_port, int(url.rsplit(":", 1)[1]), kind)
@@ -117,6 +121,23 @@ def _platform(store_settings, coordinator, tmp_path: Path, kind: str = "sandbox"
 def root_platform(store_settings, coordinator, tmp_path) -> Iterator[Platform]:
     """The platform as the test's own user (root: `isolation: sandbox`)."""
     with _platform(store_settings, coordinator, tmp_path) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def engine_daemon():
+    """A private Docker engine (tests/engine.py) for the module; it fails with the reason, never skips."""
+    d = start_engine()
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def docker_platform(store_settings, coordinator, tmp_path, engine_daemon) -> Iterator[Platform]:
+    """The platform on the docker backend: each learner's command in a container (`isolation: container`)."""
+    with _platform(store_settings, coordinator, tmp_path, kind="container",
+                   backend=functools.partial(DockerBackend, engine=engine_daemon.engine),
+                   docker_url=engine_daemon.url, docker_image=BASE_IMAGE) as p:
         yield p
 
 

@@ -35,10 +35,12 @@ BUCKET = "tf-egress"
 SCRIPT = '''
 import json, os, socket
 ARGS = json.loads(os.environ["HOSTILE_ARGS"])
+# "gateway": the first address of the learner's network (a docker attempt's bridge; rank 0 is its .2)
+GATEWAY = os.environ.get("MASTER_ADDR", "127.0.0.1").rsplit(".", 1)[0] + ".1"
 print("EGRESS", os.environ.get("TF_EGRESS", "?"), os.environ.get("AWS_ENDPOINT_URL", "-"), flush=True)
 for what, host, port, payload in ARGS["tries"]:
     try:
-        s = socket.create_connection((host, port), 3)
+        s = socket.create_connection((GATEWAY if host == "gateway" else host, port), 3)
         s.settimeout(5)
         s.sendall(payload.encode())
         got = s.recv(200).decode(errors="replace")
@@ -62,8 +64,12 @@ def store_settings(store_settings, s3_server, unique):  # noqa: F811 - the conft
 @pytest.fixture
 def echo() -> Iterator[int]:
     """A TCP echo server on the host's loopback: the 'allowed host' of these tests."""
+    yield from echo_server("127.0.0.1")
+
+
+def echo_server(address: str) -> Iterator[int]:
     srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
+    srv.bind((address, 0))
     srv.listen(16)
     srv.settimeout(0.5)
     stop = threading.Event()
@@ -121,17 +127,22 @@ def test_without_a_policy_no_destination_is_reachable(platform, echo, monkeypatc
     assert set(got.values()) == {"BLOCKED"} and len(got) == 4, got
 
 
-def test_an_allowed_host_port_is_reached_and_nothing_else(platform, echo, etcd_server, mongo_server,  # noqa: F811
-                                                          osmem_server, s3_server, monkeypatch, unique):
+def allowed_only(platform, echo: int, job: str, tries: list, monkeypatch) -> None:  # noqa: F811
+    """With TF_EGRESS `127.0.0.1:<echo>` the echo is reached; its neighbour port and every one of `tries` not."""
     monkeypatch.setenv("TF_EGRESS", f"127.0.0.1:{echo}")
-    s3_port = int(s3_server.extra["endpoint"].rsplit(":", 1)[1])
-    got = outcomes(platform, f"eg-host-{unique}", [
-        ["echo", "127.0.0.1", echo, "hi"], ["echo's neighbour port", "127.0.0.1", echo + 1, ""],
-        ["object store", "127.0.0.1", s3_port, "GET / HTTP/1.0\r\n\r\n"],
-        *platform_ports(platform, etcd_server, mongo_server, osmem_server)])
+    got = outcomes(platform, job, [["echo", "127.0.0.1", echo, "hi"],
+                                   ["echo's neighbour port", "127.0.0.1", echo + 1, ""], *tries])
     assert got.pop("env").split()[1:] == [f"127.0.0.1:{echo}", "-"]
     assert got.pop("echo") == "REACHED", got
     assert set(got.values()) == {"BLOCKED"}, got
+
+
+def test_an_allowed_host_port_is_reached_and_nothing_else(platform, echo, etcd_server, mongo_server,  # noqa: F811
+                                                          osmem_server, s3_server, monkeypatch, unique):
+    s3_port = int(s3_server.extra["endpoint"].rsplit(":", 1)[1])
+    allowed_only(platform, echo, f"eg-host-{unique}", [
+        ["object store", "127.0.0.1", s3_port, "GET / HTTP/1.0\r\n\r\n"],
+        *platform_ports(platform, etcd_server, mongo_server, osmem_server)], monkeypatch)
 
 
 def test_store_reaches_the_object_stores_endpoint_only(platform, echo, etcd_server, mongo_server,  # noqa: F811
@@ -148,12 +159,17 @@ def test_store_reaches_the_object_stores_endpoint_only(platform, echo, etcd_serv
 
 
 def test_a_team_policy_narrows_the_admins(platform, echo, monkeypatch, unique):  # noqa: F811
+    team_narrows(platform, echo, f"eg-team-{unique}", monkeypatch)
+
+
+def team_narrows(platform, echo: int, job: str, monkeypatch) -> None:  # noqa: F811
     """The team's own policy (on its quota record) reaches the controller in the spec; only what both allow."""
     other = echo + 1 if echo < 65535 else echo - 1
     monkeypatch.setenv("TF_EGRESS", f"store,127.0.0.1:{echo}")
-    job = f"eg-team-{unique}"
+    tries = [["echo", "127.0.0.1", echo, "hi"], ["other", "127.0.0.1", other, ""]]
     doc = platform.run(job, SCRIPT, team_egress=f"127.0.0.1:{echo},127.0.0.1:{other}",
-                       env={"HOSTILE_ARGS": json.dumps({"tries": [["echo", "127.0.0.1", echo, "hi"]]})})
+                       env={"HOSTILE_ARGS": json.dumps({"tries": tries})})
     assert doc["isolation"] == platform.isolation and doc["state"] == LearnerState.LEARNER_COMPLETED, platform.log(job)
     assert f"EGRESS 127.0.0.1:{echo} -" in doc["tail"], doc["tail"]
     assert any(ln.startswith("REACHED echo") for ln in doc["tail"]), doc["tail"]
+    assert any(ln.startswith("BLOCKED other") for ln in doc["tail"]), doc["tail"]

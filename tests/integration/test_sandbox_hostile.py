@@ -8,7 +8,10 @@ root; no cgroups there, so the pids test is root's only and the memory
 limit is the controller's watchdog). A job prints
 `BLOCKED <what>` for each attempt that failed and `ESCAPED <what>` for one
 that worked; the host side is checked as well (the file not written, the
-process still alive).
+process still alive). The credential and endpoint probes every backend must
+pass (the same learner on the local sandbox, docker and the Kubernetes test
+node) are tests/hostile/probes.py, run by test_hostile_probes.py; these are
+the local sandbox's own: its view, writes, limits and cleanup.
 """
 
 from __future__ import annotations

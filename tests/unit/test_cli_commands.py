@@ -94,6 +94,21 @@ def test_human_output(cli):
     assert job_id in table and "#2 in queue: waiting for capacity" in table
 
 
+def test_status_says_plainly_that_a_learner_is_not_isolated(cli):
+    from trainforge_services.common.isolation import NOT_ISOLATED
+
+    job_id = cli.json("submit", manifest(cli.tmp))["id"]
+    cli.trainer.report(job_id, JobState.DEPLOYING, "dispatched", actor="trainer",
+                       learners=[{"rank": 0, "state": "running", "exit_code": None, "attempt": 1, "message": "",
+                                  "isolation": "none", "warning": NOT_ISOLATED},
+                                 {"rank": 1, "state": "running", "exit_code": None, "attempt": 1, "message": "",
+                                  "isolation": "sandbox"}])
+    out = " ".join(cli.run("status", job_id).stdout.split())
+    assert f"learner 0: {NOT_ISOLATED} (isolation: none)" in out
+    assert "learner 1:" not in out
+    assert cli.json("status", job_id)["learners"][0]["warning"] == NOT_ISOLATED
+
+
 def test_logs_pages_through_every_line(cli):
     job_id = cli.json("submit", manifest(cli.tmp))["id"]
     ship(cli.logs, job_id, 0, range(1, 30))

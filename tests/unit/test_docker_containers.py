@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,7 +22,13 @@ from trainforge_services.common.isolation import job_uid
 from trainforge_services.common.manifest import Manifest
 from trainforge_services.lcm.backends.base import Site
 from trainforge_services.lcm.backends.docker import containers
-from trainforge_services.lcm.backends.docker.runner import container_env, container_user, human_bytes
+from trainforge_services.lcm.backends.docker.runner import (
+    container_env,
+    container_user,
+    egress_gate,
+    host_addresses,
+    human_bytes,
+)
 from trainforge_services.lcm.lifecycle import JobDeployment, build_plan
 
 
@@ -216,3 +223,16 @@ def test_a_fixed_size_jobs_containers_get_no_torchrun_env(tmp_path):
                                     python=sys.executable)
     env = container_env(box, {}, {"MASTER_ADDR": plan.master_addr, "RANK": "1"})
     assert "PET_LOCAL_ADDR" not in env and env["MASTER_ADDR"] == plan.master_addr
+
+
+def test_the_runner_knows_this_hosts_addresses_and_gates_a_command_on_a_fifo(tmp_path):
+    assert "127.0.0.1" in host_addresses()
+    fifo = tmp_path / "gate"
+    os.mkfifo(fifo)
+    argv = egress_gate(["/bin/sh", "-c", "echo ran $0", "x"], str(fifo))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    fd = os.open(fifo, os.O_RDWR)  # the runner's end, written once the relays listen
+    os.write(fd, b"go\n")
+    out, _ = proc.communicate(timeout=30)
+    os.close(fd)
+    assert out == "ran x\n"

@@ -65,6 +65,8 @@ def test_trainforge_up_says_plainly_what_learners_run_in(monkeypatch):
     from trainforge_services.common import isolation
 
     assert isolation.describe("none", False).startswith("learners: NOT isolated (isolation: none) - TF_ISOLATION=none")
+    assert "a job can read the platform's credentials and files" in isolation.describe("none", False)
+    assert isolation.describe("none", False).endswith("set TF_REQUIRE_ISOLATION=true to refuse such jobs")
     assert isolation.describe("none", True).startswith("learners: REFUSED")
     monkeypatch.setattr(isolation, "unavailable", lambda: "")
     assert isolation.describe("auto", False).startswith("learners: sandboxed")

@@ -60,6 +60,18 @@ def test_the_learners_isolation_survives_the_trainer_and_reaches_the_api():
     wire = list(job_to_proto(stored_job().model_copy(update={"learners": learners})).learners)
     assert wire == reported
     assert learner_to_json(wire[0])["isolation"] == "sandbox"
+    assert "warning" not in learner_to_json(wire[0])
+
+
+def test_a_learner_without_isolation_says_plainly_that_it_is_not_isolated():
+    from trainforge_services.api.schemas import Learner
+    from trainforge_services.api.trainer_client import learner_to_json
+
+    shown = learner_to_json(common_pb2.LearnerStatus(rank=0, state=LearnerState.LEARNER_RUNNING, attempt=1,
+                                                     isolation="none"))
+    assert shown["warning"].startswith("NOT isolated: ") and "read the platform's credentials and files" in \
+        shown["warning"]
+    assert Learner.model_validate(shown).warning == shown["warning"]  # the REST shape carries it
 
 
 def test_an_unknown_capacity_says_why_and_has_nothing_free():

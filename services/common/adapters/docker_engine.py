@@ -24,6 +24,7 @@ from trainforge_services.common.errors import NotFound, TrainforgeError, Unavail
 log = logging.getLogger(__name__)
 
 API_VERSION = "1.41"
+INHIBIT_IPV4 = "com.docker.network.bridge.inhibit_ipv4"  # the bridge driver's option: no IPv4 address on the bridge
 _UNREACHABLE = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, ConnectionError, OSError)
 
 
@@ -48,6 +49,7 @@ class ContainerView:
     exit_code: int
     oom_killed: bool
     error: str
+    pid: int = 0  # its init's pid on the engine's host (0 when not running)
 
     @property
     def running(self) -> bool:
@@ -181,10 +183,12 @@ class Engine:
         return out
 
     def create_network(self, name: str, subnet: str, labels: dict[str, str]) -> None:
-        """An internal bridge network (no route out) with a fixed subnet, for static addresses."""
+        """An internal bridge network (no route out) with a fixed subnet, for static addresses, whose bridge has
+        no address on the host (`inhibit_ipv4`): a container on it reaches its peers and nothing of the host's,
+        not even a service listening on all addresses, whatever the engine's firewall rules."""
         ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet)])
         self._call(f"network {name}", self._client.networks.create, name, driver="bridge", internal=True,
-                   ipam=ipam, labels=labels, check_duplicate=True)
+                   ipam=ipam, labels=labels, check_duplicate=True, options={INHIBIT_IPV4: "true"})
 
     def remove_networks(self, labels: dict[str, str]) -> int:
         nets = self._call("networks", self._client.networks.list, filters={"label": label_filter(labels)})
@@ -277,4 +281,4 @@ def _view(attrs: dict) -> ContainerView:
                          labels=(attrs.get("Config") or {}).get("Labels") or {},
                          nano_cpus=int(host.get("NanoCpus") or 0), memory=int(host.get("Memory") or 0),
                          exit_code=int(state.get("ExitCode") or 0), oom_killed=bool(state.get("OOMKilled")),
-                         error=state.get("Error") or "")
+                         error=state.get("Error") or "", pid=int(state.get("Pid") or 0))

@@ -10,6 +10,6 @@ userns.py   without root: the job's user + network namespace holder, and egress 
 """
 
 from .box import Sandbox
-from .policy import Chosen, Decision, choose, decide
+from .policy import Chosen, Decision, choose, container_egress, decide
 
-__all__ = ["Chosen", "Decision", "Sandbox", "choose", "decide"]
+__all__ = ["Chosen", "Decision", "Sandbox", "choose", "container_egress", "decide"]

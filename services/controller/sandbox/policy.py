@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from trainforge_services.common import egress
 from trainforge_services.common.contracts.specs import LearnerSpec
 from trainforge_services.common.isolation import Isolation, kind, unavailable
+from trainforge_services.common.relay import egress_env
 from trainforge_services.common.settings import ControllerSettings
 
 from .box import Sandbox
@@ -57,18 +58,34 @@ class Chosen:
     refused: str = ""
 
 
+def allowed_egress(spec: LearnerSpec, settings: ControllerSettings) -> egress.Policy:
+    """The admin's TF_EGRESS narrowed by the team's own policy; ValueError naming an invalid one."""
+    team = egress.parse(spec.egress, f"team {spec.team}'s egress policy") if spec.egress else None
+    return egress.effective(egress.parse(settings.egress, "TF_EGRESS"), team)
+
+
+def store_endpoint(settings: ControllerSettings) -> str:
+    """The object store's S3 endpoint, which `store` reaches ("" when the objects are files)."""
+    return settings.s3_endpoint if settings.objectstore().startswith("s3://") else ""
+
+
+def container_egress(spec: LearnerSpec, settings: ControllerSettings) -> dict[str, str]:
+    """The environment a backend's launcher gets, which relays the job's egress into its container itself (the
+    docker backend's runner): TF_EGRESS the policy the job gets, AWS_ENDPOINT_URL where `store` reaches.
+    ValueError naming an invalid policy."""
+    return egress_env(allowed_egress(spec, settings), store_endpoint(settings))
+
+
 def choose(spec: LearnerSpec, settings: ControllerSettings, *, python: str) -> Chosen:
     """Decide and, for a sandbox, set it up; a sandbox that cannot be set up degrades like a missing one."""
     decision = decide(settings.isolation, settings.require_isolation)
     if decision.isolation in (Isolation.SANDBOX, Isolation.USERNS):
         try:
-            team = egress.parse(spec.egress, f"team {spec.team}'s egress policy") if spec.egress else None
-            allowed = egress.effective(egress.parse(settings.egress, "TF_EGRESS"), team)
+            allowed = allowed_egress(spec, settings)
         except ValueError as e:
             return Chosen(None, Isolation.NONE, refused=str(e))
         sandbox = Sandbox(spec, settings.state_dir, python=python, egress=allowed,
-                          store_endpoint=settings.s3_endpoint if settings.objectstore().startswith("s3://") else "",
-                          unprivileged=decision.isolation is Isolation.USERNS)
+                          store_endpoint=store_endpoint(settings), unprivileged=decision.isolation is Isolation.USERNS)
         try:
             sandbox.prepare()
             return Chosen(sandbox, decision.isolation, note="" if allowed.none else f"egress: {allowed}")

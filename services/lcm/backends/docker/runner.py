@@ -17,12 +17,25 @@ environment, and it
   missing) to the plan's `reason_path` for the controller's final status;
 - removes the container.
 
+Its network: the attempt's internal bridge has no address on the host
+(docker_engine.create_network), which the runner checks before the start, so
+a container reaches its job's other ranks and nothing else. What the job's
+egress policy allows (TF_EGRESS in the environment the controller gives it:
+the admin's narrowed by the team's) it relays itself, as the local sandbox
+does (trainforge_services.common.relay): after the start it opens a listening
+socket per destination inside the container's network namespace (found by
+its pid from the engine) and relays from the host's side; host names go
+into the container's hosts file. A gated command (`egress_gate`) waits on a
+FIFO in its workdir until the relays listen; relays that cannot be set up
+refuse the learner.
+
 The learner's workdir is the same path in the container, so checkpoints the
 learner writes are where the controller looks for them.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import sys
@@ -31,11 +44,31 @@ from pathlib import Path
 
 # Started by path with the platform's interpreter, which imports the platform's packages from its installation.
 from trainforge_services.common.adapters.docker_engine import ContainerRequest, Engine
+from trainforge_services.common.egress import parse
 from trainforge_services.common.errors import TrainforgeError, Unavailable
+from trainforge_services.common.relay import EgressError, Relays, listen_in
 from trainforge_services.common.retry import PATIENT
 from trainforge_services.lcm.backends.docker.containers import ContainerPlan, build_skeletons
 
 EXIT_CANNOT_START = 125  # docker run's own code for "the container could not be started"
+GATE = ".tf-egress-gate"  # the FIFO in the workdir a gated command waits on until the relays listen
+
+
+def host_addresses() -> set[str]:
+    """The IPv4 addresses of this host's interfaces (its local routes, as the kernel lists them)."""
+    found, last = set(), ""
+    for line in Path("/proc/net/fib_trie").read_text().splitlines():
+        item = line.strip()
+        if item.startswith("|-- "):
+            last = item[4:]
+        elif item == "/32 host LOCAL":
+            found.add(last)
+    return found
+
+
+def egress_gate(command: list[str], fifo: str) -> list[str]:
+    """The command behind a wait for one line on `fifo`, which the runner writes once the relays listen."""
+    return ["/bin/sh", "-c", 'read -r _ < "$0" && exec "$@"', fifo, *command]
 
 
 def human_bytes(n: int) -> str:
@@ -93,6 +126,8 @@ class Runner:
         self.engine = Engine(plan.engine_url, timeout=30)
         self.cid = ""
         self._signalled: set[int] = set()
+        self.relays: Relays | None = None
+        self._gate = -1
 
     def _forward(self, signum: int, _frame) -> None:
         if self.cid and signum not in self._signalled:
@@ -108,12 +143,42 @@ class Runner:
 
     def start(self) -> None:
         p = self.plan
+        subnet = ipaddress.ip_network(f"{p.ip}/24", strict=False)
+        held = sorted(a for a in host_addresses() if ipaddress.ip_address(a) in subnet)
+        if held:
+            raise EgressError(f"this host has {', '.join(held)} on the attempt's network {subnet} (the engine gave "
+                              f"its bridge an address), where the learner could reach the host's services")
+        try:
+            policy = parse(self.env.get("TF_EGRESS", "none"), "TF_EGRESS")
+        except ValueError as e:
+            raise EgressError(str(e)) from None
+        relays = self.relays = Relays(policy, self.env.get("AWS_ENDPOINT_URL", ""), self._listen)
+        command, fifo = self.command, os.path.join(p.workdir, GATE)
+        if relays.routes:
+            Path(fifo).unlink(missing_ok=True)
+            os.mkfifo(fifo, 0o644)
+            os.chmod(fifo, 0o644)
+            command = egress_gate(command, fifo)
         image_env = self.engine.image_env(p.image)
         user = container_user(p, Path(p.workdir))
         self.cid = self.engine.run(ContainerRequest(
-            name=p.name, image=p.image, command=self.command, env=container_env(p, image_env, self.env),
+            name=p.name, image=p.image, command=command, env=container_env(p, image_env, self.env),
             labels=p.labels, network=p.network, ip=p.ip, nano_cpus=p.nano_cpus, memory=p.memory,
-            gpu_ids=p.gpu_ids, mounts=p.mounts, workdir=p.workdir, user=user, pids_limit=p.pids_limit))
+            gpu_ids=p.gpu_ids, mounts=p.mounts, workdir=p.workdir, user=user, pids_limit=p.pids_limit,
+            extra_hosts=relays.names or None))
+        if relays.routes:
+            relays.start()
+            for note in relays.notes:
+                print(f"[runner] {note}", file=sys.stderr, flush=True)
+            # held open until the runner ends: the line stays readable however late the command opens the FIFO
+            self._gate = os.open(fifo, os.O_RDWR)
+            os.write(self._gate, b"go\n")
+
+    def _listen(self, addresses: list[tuple[str, int]]) -> list:
+        view = self.engine.container(self.cid)
+        if view is None or not view.pid:
+            raise OSError(f"the container {self.plan.name} is not running")
+        return listen_in(Path(f"/proc/{view.pid}/ns/net"), addresses, add_addresses=True)
 
     def wait(self) -> int:
         """The container's exit code; an engine that stops answering is waited for (the learner may run on)."""
@@ -138,6 +203,10 @@ class Runner:
         Path(self.plan.reason_path).unlink(missing_ok=True)
         try:
             self.start()
+        except EgressError as e:
+            self.reason(f"the learner's egress could not be set up: {e}")
+            self._remove()
+            return EXIT_CANNOT_START
         except TrainforgeError as e:
             self.reason(f"the container could not be started: {e.message}")
             return EXIT_CANNOT_START
@@ -163,11 +232,22 @@ class Runner:
                         f"{'SIGKILL' if code == 137 else 'SIGTERM'} from outside (exit code {code})")
         elif code != 0:
             self.reason(f"the learner exited with code {code} (container {self.plan.name}, image {self.plan.image})")
+        self._remove()
+        return code
+
+    def _remove(self) -> None:
+        """Stop the relays, remove the gate and the container."""
+        if self.relays is not None:
+            self.relays.stop()
+        if self._gate >= 0:
+            os.close(self._gate)
+            Path(self.plan.workdir, GATE).unlink(missing_ok=True)
+        if not self.cid:
+            return
         try:
             self.engine.remove_container(self.cid)
         except TrainforgeError as e:
             print(f"[runner] could not remove {self.plan.name}: {e.message}", file=sys.stderr, flush=True)
-        return code
 
 
 def main(argv: list[str]) -> int:
