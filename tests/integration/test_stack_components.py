@@ -46,8 +46,8 @@ def test_the_table_is_in_start_order_and_every_port_is_named_once():
     assert NAMES == ("etcd", "mongo", "logstore", "trainer", "lcm", "api")
     assert [c.name for c in COMPONENTS if c.store] == ["etcd", "mongo", "logstore"]
     assert sorted(SERVICE_STOP_ORDER) == sorted(c.name for c in COMPONENTS if not c.store)
-    assert PORT_NAMES == ("etcd", "etcd_peer", "mongo", "logstore", "trainer", "trainer_metrics", "lcm",
-                          "lcm_metrics", "api")
+    # MongoDB and the log store take no port: each is on a unix socket in the state dir (storesock.py)
+    assert PORT_NAMES == ("etcd", "etcd_peer", "trainer", "trainer_metrics", "lcm", "lcm_metrics", "api")
 
 
 def _read_back(cls, env, monkeypatch):
@@ -71,7 +71,8 @@ def test_each_service_environment_is_its_settings_class_read_back(plan, monkeypa
         assert env["TF_STACK_ID"] == "stack-1" and "TRAINFORGE_API_KEY" not in env
         settings = _read_back(cls, env, monkeypatch)
         assert settings.dev_mode and settings.state_dir == plan.state
-        assert settings.mongo_url == f"mongodb://127.0.0.1:{plan.ports['mongo']}"
+        assert settings.mongo_url == "mongodb://" + str(plan.state / "mongo" / "mongo.sock").replace("/", "%2F")
+        assert settings.logstore_url == "http+unix://" + str(plan.state / "logstore" / "logstore.sock").replace("/", "%2F")
         assert settings.etcd_endpoints == f"127.0.0.1:{plan.ports['etcd']}"
         assert settings.trainer_address == f"127.0.0.1:{plan.ports['trainer']}"
         assert settings.objectstore() == (plan.state / "objects").as_uri()
@@ -91,7 +92,7 @@ def test_to_env_round_trips_every_field(monkeypatch):
 
 
 def test_addresses_and_statuses_are_data(plan):
-    assert BY_NAME["mongo"].address(plan) == f"mongodb://127.0.0.1:{plan.ports['mongo']}"
+    assert BY_NAME["mongo"].address(plan) == "mongodb://" + str(plan.state / "mongo" / "mongo.sock").replace("/", "%2F")
     assert BY_NAME["api"].address(plan) == f"http://127.0.0.1:{plan.ports['api']}"
     assert BY_NAME["etcd"].ports == ("etcd", "etcd_peer")
     s = ComponentStatus("api", 7, "http://x", Status.NOT_RUNNING)
