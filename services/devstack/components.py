@@ -91,7 +91,11 @@ class Plan:
 
     def socket(self, store: str) -> Path:
         """The unix socket a store listens on (mode 0600, in the state directory: storesock.py)."""
-        return self.state / store / f"{store}.sock"
+        path = self.state / store / f"{store}.sock"
+        if len(str(path).encode()) > storesock.MAX_PATH:
+            raise StackError(f"the state directory {self.state} is too deep for {store}'s unix socket ({path} is "
+                             f"over {storesock.MAX_PATH} bytes): use a shorter TF_STATE_DIR")
+        return path
 
     def store_settings(self) -> dict:
         """The stack's values of StoreSettings; every other field comes from this process's TF_* environment."""

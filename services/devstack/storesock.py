@@ -44,6 +44,7 @@ from urllib.parse import quote
 log = logging.getLogger("storesock")
 
 SOCKET_MODE = 0o600
+MAX_PATH = 107  # bytes of a unix socket's path (sun_path holds 108 with its NUL)
 INNER_PORT = 9200  # osmem-server's port inside its own network namespace
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000

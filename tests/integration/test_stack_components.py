@@ -187,3 +187,11 @@ def test_a_replica_list_is_a_round_robin_target_and_a_name_in_it_is_refused():
     assert replicas_target("127.0.0.1:1, 10.0.0.2:50051") == "ipv4:127.0.0.1:1,10.0.0.2:50051"
     with pytest.raises(ValueError, match="'trainer:50051' in 'trainer:50051,10.0.0.2:1' must be an IPv4 literal"):
         replicas_target("trainer:50051,10.0.0.2:1")
+
+
+def test_a_state_dir_too_deep_for_a_unix_socket_is_refused_naming_it(tmp_path):
+    deep = tmp_path / ("d" * 120)
+    plan = Plan(deep, "stack-1", {name: 20000 + i for i, name in enumerate(PORT_NAMES)})
+    with pytest.raises(StackError, match="too deep for mongo's unix socket") as err:
+        BY_NAME["mongo"].argv(plan)
+    assert str(deep) in err.value.message and "TF_STATE_DIR" in err.value.message
