@@ -40,6 +40,7 @@ from _stack import admission_passes, machine_line, pct, pids, stack
 from trainforge_protos import trainer_pb2, trainer_pb2_grpc
 from trainforge_services.common import rpc, rpcauth
 from trainforge_services.common.states import JobState
+from trainforge_services.devstack import storesock
 
 SERVICES = ("trainer", "lcm", "api", "mongo", "etcd")
 HOLDER, QUEUED = "scale-sim-holder", "scale-sim-queued"  # submitted_by of the two kinds of job
@@ -128,7 +129,8 @@ def main() -> int:
         token = rpcauth.load_service_token("", dev_mode=True, state_dir=st.state)  # the stack's (dev mode)
         channel = rpc.channel(f"127.0.0.1:{ports['trainer']}", authorization=f"Bearer {token}")
         stub = trainer_pb2_grpc.TrainerStub(channel)
-        jobs = pymongo.MongoClient(f"mongodb://127.0.0.1:{ports['mongo']}")["trainforge"]["jobs"]
+        # the embedded stack's MongoDB listens on a unix socket in its state dir (devstack/storesock.py)
+        jobs = pymongo.MongoClient(storesock.mongo_url(st.state / "mongo" / "mongo.sock"))["trainforge"]["jobs"]
         teams = [f"sim-{i:02d}" for i in range(args.teams)]
         share = -(-args.running // args.teams)
         for team in teams:

@@ -142,14 +142,16 @@ class GetCapacityRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Capacity(_message.Message):
-    __slots__ = ("backend", "total", "max_learners")
+    __slots__ = ("backend", "total", "max_learners", "network_policy")
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     MAX_LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_POLICY_FIELD_NUMBER: _ClassVar[int]
     backend: str
     total: _common_pb2.Resources
     max_learners: int
-    def __init__(self, backend: _Optional[str] = ..., total: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., max_learners: _Optional[int] = ...) -> None: ...
+    network_policy: str
+    def __init__(self, backend: _Optional[str] = ..., total: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., max_learners: _Optional[int] = ..., network_policy: _Optional[str] = ...) -> None: ...
 
 class LcmHealthRequest(_message.Message):
     __slots__ = ()

@@ -336,20 +336,22 @@ class GetClusterRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Cluster(_message.Message):
-    __slots__ = ("backend", "unknown_reason", "capacity", "held", "active_jobs", "queued_jobs")
+    __slots__ = ("backend", "unknown_reason", "capacity", "held", "active_jobs", "queued_jobs", "network_policy")
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     UNKNOWN_REASON_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_JOBS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_JOBS_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_POLICY_FIELD_NUMBER: _ClassVar[int]
     backend: str
     unknown_reason: str
     capacity: Quota
     held: Quota
     active_jobs: int
     queued_jobs: int
-    def __init__(self, backend: _Optional[str] = ..., unknown_reason: _Optional[str] = ..., capacity: _Optional[_Union[Quota, _Mapping]] = ..., held: _Optional[_Union[Quota, _Mapping]] = ..., active_jobs: _Optional[int] = ..., queued_jobs: _Optional[int] = ...) -> None: ...
+    network_policy: str
+    def __init__(self, backend: _Optional[str] = ..., unknown_reason: _Optional[str] = ..., capacity: _Optional[_Union[Quota, _Mapping]] = ..., held: _Optional[_Union[Quota, _Mapping]] = ..., active_jobs: _Optional[int] = ..., queued_jobs: _Optional[int] = ..., network_policy: _Optional[str] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
     __slots__ = ("team", "manifest_json", "code_uri", "submitted_by", "job_id", "idempotency_key")

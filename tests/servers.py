@@ -92,6 +92,8 @@ class Server:
 
     @property
     def url(self) -> str:
+        if "url" in self.extra:
+            return self.extra["url"]
         scheme = "mongodb" if self.name == "mongo" else "http"
         return f"{scheme}://127.0.0.1:{self.port}"
 
@@ -167,6 +169,42 @@ def start_osmem() -> Server:
     argv = [osmem_server.resolve_binary(), "--addr", f"127.0.0.1:{port}", "--no-stdin-watch",
             "--parent-pid", str(os.getpid())]
     return _spawn("osmem", port, d, argv, "osmem-server")
+
+
+def _spawn_on_socket(name: str, data_dir: Path, argv: list[str]) -> Server:
+    """Start a store behind a unix socket (services/devstack/storesock.py) and return it once it answers;
+    `extra["socket"]` is its path, `url` the URL clients are given."""
+    from trainforge_services.devstack import storesock
+
+    sock = data_dir / f"{name}.sock"
+    argv = [sys.executable, "-P", "-m", "trainforge_services.devstack.storesock", name, "--socket", str(sock),
+            "--log-file", str(data_dir / f"{name}.log"), *argv]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = storesock.mongo_url(sock) if name == "mongo" else storesock.logstore_url(sock)
+    server = Server(name, 0, proc, data_dir, argv, extra={"socket": sock, "url": url})
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} behind {sock} exited with {proc.returncode}; see {data_dir}/{name}.log")
+        return storesock.socket_answers(sock)
+
+    try:
+        wait_for(up, 30, f"{name} on {sock}")
+    except BaseException:
+        server.cleanup()
+        raise
+    return server
+
+
+def start_mongo_socket() -> Server:
+    """nx-27017 on a 0600 unix socket only, as the embedded stack runs it."""
+    d = _tmp("mongo-sock")
+    return _spawn_on_socket("mongo", d, ["--data-dir", str(d / "dbs")])
+
+
+def start_osmem_socket() -> Server:
+    """osmem-server in a network namespace of its own behind a 0600 unix socket, as the embedded stack runs it."""
+    return _spawn_on_socket("logstore", _tmp("osmem-sock"), ["--binary", osmem_server.resolve_binary()])
 
 
 SEAWEEDFS_ACCESS_KEY = "tf-admin"

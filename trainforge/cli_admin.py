@@ -145,6 +145,30 @@ def bootstrap(ctx: click.Context, team: str, name: str, save: bool, as_json: boo
         console.print(f"saved as the admin key in {state / config.CONFIG_FILE}")
 
 
+@admin.command()
+@json_flag
+@click.pass_context
+def health(ctx: click.Context, as_json: bool) -> None:
+    """The platform's components, the backend's capacity and whether its NetworkPolicies are enforced."""
+    client = _admin(ctx)
+    try:
+        components = client.health()["components"]
+    except ClientError as e:  # a component is down: /healthz answers 503 and says which
+        components = {"api": {"status": "unavailable", "detail": str(e)}}
+    cluster = client.admin.cluster()
+
+    def show(console: Console, data: dict) -> None:
+        for name, c in data["components"].items():
+            console.print(f"{name}: {c['status']}" + (f" ({c['detail']})" if c.get("detail") else ""))
+        cl = data["cluster"]
+        console.print(f"backend: {cl['backend'] or 'not known'}" +
+                      ("" if cl["known"] else f" ({cl['unknown_reason']})"))
+        unknown = "not applicable on this backend" if cl["known"] else f"unknown ({cl['unknown_reason']})"
+        console.print(f"NetworkPolicy: {cl['network_policy'] or unknown}")
+
+    answer(use_json(ctx, as_json), {"components": components, "cluster": cluster}, show)
+
+
 # -- teams ---------------------------------------------------------------------------------
 
 

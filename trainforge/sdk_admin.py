@@ -22,6 +22,11 @@ class Admin:
     def __init__(self, client: Client):
         self._c = client
 
+    def cluster(self) -> dict:
+        """The backend's capacity, what is held and queued, and `network_policy`: whether the cluster
+        enforces NetworkPolicies, as the LCM's canary last saw it ("" on backends without one)."""
+        return self._c._request("GET", "/v1/admin/cluster")
+
     def retention(self, team: str) -> dict:
         """{"logs_days", "metrics_days", "outputs_days"} (None: kept for ever)."""
         return self._c._request("GET", f"/v1/admin/teams/{team}/retention")

@@ -156,6 +156,9 @@ class Cluster(BaseModel):
     free: Amounts | None = Field(description="capacity less what is held")
     active_jobs: int
     queued_jobs: int
+    network_policy: str = Field("", description='whether the cluster enforces NetworkPolicies, as the LCM\'s '
+                                'canary last saw it: "enforced", "NOT enforced" or "unknown (why)"; empty on '
+                                'backends without a canary')
 
 
 class UsageList(BaseModel):

@@ -171,7 +171,8 @@ def cluster_to_json(c: trainer_pb2.Cluster) -> dict:
     capacity, held = (amounts(c.capacity) if known else None), amounts(c.held)
     free = {k: max(0, capacity[k] - held[k]) for k in capacity} if capacity else None
     return {"backend": c.backend, "known": known, "unknown_reason": c.unknown_reason, "capacity": capacity,
-            "held": held, "free": free, "active_jobs": c.active_jobs, "queued_jobs": c.queued_jobs}
+            "held": held, "free": free, "active_jobs": c.active_jobs, "queued_jobs": c.queued_jobs,
+            "network_policy": c.network_policy}
 
 
 class TrainerClient:

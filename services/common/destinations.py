@@ -139,6 +139,8 @@ def endpoints(addresses: Iterable[str]) -> tuple[tuple[str, int], ...]:
         if not address:
             continue
         scheme, sep, rest = address.partition("://")
+        if scheme.endswith("+unix") or rest[:3].lower() == "%2f":  # a unix socket (the embedded stack's stores)
+            continue
         hosts = rest.split("/", 1)[0].rsplit("@", 1)[-1] if sep else address
         for hostport in hosts.split(","):
             hostport = hostport.strip()

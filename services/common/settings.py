@@ -242,6 +242,9 @@ class LcmSettings(StoreSettings):
     kube_pending_timeout: float = Field(300.0, gt=0, le=86400,
                                         description="seconds a pod may stay unschedulable or unable to pull its "
                                                     "image before its learner counts as failed with that reason")
+    kube_netpol_canary: float = Field(3600.0, ge=0, le=86400 * 30,
+                                      description="the NetworkPolicy canary runs at LCM start and again when its "
+                                                  "verdict, older than this many seconds, is asked for (0: never)")
 
 
 class ControllerSettings(StoreSettings):

@@ -4,8 +4,9 @@ A `Component` says how to build its command line, how to tell it is
 healthy, which loopback ports it needs and what address it is reached at,
 and which settings class its environment is rendered from. The stores
 (etcd, the MongoDB-wire server nx-27017, the log search server
-osmem-server) are third-party binaries; the services are `python -m
-services.<name>`. Adding a component is adding a row to `COMPONENTS`.
+osmem-server) are third-party; MongoDB and the log store are run behind a
+0600 unix socket by storesock.py, as neither authenticates its callers;
+the services are `python -m services.<name>`. Adding a component is adding a row to `COMPONENTS`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import httpx
 
 from trainforge_services.common.errors import TrainforgeError
 from trainforge_services.common.settings import ApiSettings, LcmSettings, StoreSettings, TrainerSettings
-from trainforge_services.devstack import etcdusers
+from trainforge_services.devstack import etcdusers, storesock
 
 HOST = "127.0.0.1"
 TEAM = "local"
@@ -88,12 +89,21 @@ class Plan:
         """host:port of each replica of a service, comma-separated (what clients are given)."""
         return ",".join(self.hostport(replica_port(service, i)) for i in range(1, self.replicas + 1))
 
+    def socket(self, store: str) -> Path:
+        """The unix socket a store listens on (mode 0600, in the state directory: storesock.py)."""
+        path = self.state / store / f"{store}.sock"
+        if len(str(path).encode()) > storesock.MAX_PATH:
+            raise StackError(f"the state directory {self.state} is too deep for {store}'s unix socket ({path} is "
+                             f"over {storesock.MAX_PATH} bytes): use a shorter TF_STATE_DIR")
+        return path
+
     def store_settings(self) -> dict:
         """The stack's values of StoreSettings; every other field comes from this process's TF_* environment."""
         # an S3 store named in the environment (with its TF_S3_* settings) replaces the stack's directory
         s3 = os.environ.get("TF_OBJECTSTORE_URL", "")
         values = {"state_dir": self.state, "dev_mode": True, "etcd_endpoints": self.hostport("etcd"),
-                  "mongo_url": self.url("mongo", "mongodb"), "logstore_url": self.url("logstore"),
+                  "mongo_url": storesock.mongo_url(self.socket("mongo")),
+                  "logstore_url": storesock.logstore_url(self.socket("logstore")),
                   "objectstore_url": s3 if s3.startswith("s3://") else (self.state / "objects").as_uri(),
                   "trainer_address": self.every("trainer"),
                   "lcm_address": self.every("lcm")}
@@ -152,6 +162,13 @@ def _port_health(port_name: str) -> Callable[[Plan], Health]:
     return check
 
 
+def _socket_health(store: str) -> Callable[[Plan], Health]:
+    def check(plan: Plan) -> Health:
+        path = plan.socket(store)
+        return Health(True) if storesock.socket_answers(path) else Health(False, f"nothing answers on {path}")
+    return check
+
+
 def _http_health(port_name: str, path: str) -> Callable[[Plan], Health]:
     def check(plan: Plan) -> Health:
         url = plan.url(port_name) + path
@@ -178,14 +195,13 @@ def _etcd_binary() -> str:
     return found
 
 
-def _mongo_binary() -> str:
-    candidate = Path(sys.executable).parent / "nx-27017"
-    if candidate.is_file():
-        return str(candidate)
-    found = shutil.which("nx-27017")
-    if not found:
+# the stores' front (storesock.py), run by this interpreter; -P: the current directory must not shadow packages
+_STORESOCK = (sys.executable, "-P", "-m", "trainforge_services.devstack.storesock")
+
+
+def _mongo_server() -> None:
+    if importlib.util.find_spec("nx_27017") is None:
         raise StackError("no MongoDB-wire server: install nx-27017 (pip)")
-    return found
 
 
 def _logstore_binary() -> str:
@@ -205,14 +221,16 @@ def _etcd_argv(plan: Plan) -> list[str]:
 
 
 def _mongo_argv(plan: Plan) -> list[str]:
+    _mongo_server()
     data = plan.state / "mongo"
     data.mkdir(parents=True, exist_ok=True)
-    return [_mongo_binary(), "--host", HOST, "--port", str(plan.ports["mongo"]), "--db", str(data / "trainforge.db"),
-            "--log-file", str(data / "nx.log"), "--pid-file", str(data / "nx.pid")]
+    return [*_STORESOCK, "mongo", "--socket", str(plan.socket("mongo")), "--db", str(data / "trainforge.db"),
+            "--log-file", str(data / "nx.log")]
 
 
 def _logstore_argv(plan: Plan) -> list[str]:
-    return [_logstore_binary(), "--addr", plan.hostport("logstore"), "--no-stdin-watch"]
+    (plan.state / "logstore").mkdir(parents=True, exist_ok=True)
+    return [*_STORESOCK, "logstore", "--socket", str(plan.socket("logstore")), "--binary", _logstore_binary()]
 
 
 def _service_argv(module: str) -> Callable[[Plan], list[str]]:
@@ -234,10 +252,11 @@ def base_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 COMPONENTS: tuple[Component, ...] = (
     Component("etcd", _etcd_argv, _http_health("etcd", "/health"), ("etcd", "etcd_peer"),
               lambda plan: plan.hostport("etcd"), store=True),
-    Component("mongo", _mongo_argv, _port_health("mongo"), ("mongo",), lambda plan: plan.url("mongo", "mongodb"),
-              store=True),
-    Component("logstore", _logstore_argv, _http_health("logstore", "/"), ("logstore",),
-              lambda plan: plan.url("logstore"), store=True),
+    # MongoDB and the log store authenticate no one: they listen on a 0600 unix socket only (storesock.py)
+    Component("mongo", _mongo_argv, _socket_health("mongo"), (),
+              lambda plan: storesock.mongo_url(plan.socket("mongo")), store=True),
+    Component("logstore", _logstore_argv, _socket_health("logstore"), (),
+              lambda plan: storesock.logstore_url(plan.socket("logstore")), store=True),
     # The Trainer and the LCM serve /metrics on a port of their own (TF_METRICS_PORT), recorded beside the others.
     Component("trainer", _service_argv("trainforge_services.trainer"), _port_health("trainer"), ("trainer", "trainer_metrics"),
               lambda plan: plan.hostport("trainer"),

@@ -72,7 +72,8 @@ class LcmServicer(lcm_pb2_grpc.LifecycleManagerServicer):
     def GetCapacity(self, request: lcm_pb2.GetCapacityRequest, context: Ctx) -> lcm_pb2.Capacity:
         cap = self._lifecycle.capacity()
         return lcm_pb2.Capacity(backend=cap.backend, max_learners=cap.max_learners,
-                                total=common_pb2.Resources(gpus=cap.gpus, cpus=cap.cpus, memory=cap.memory))
+                                total=common_pb2.Resources(gpus=cap.gpus, cpus=cap.cpus, memory=cap.memory),
+                                network_policy=cap.network_policy)
 
     @handler
     def SyncTeam(self, request: lcm_pb2.SyncTeamRequest, context: Ctx) -> lcm_pb2.SyncTeamResponse:

@@ -72,6 +72,19 @@ class CapacityCache:
         background(self._refresh_then_done)
         return self._value
 
+    def ask_if_stale(self, background: Callable[[Callable[[], object]], object]) -> None:
+        """Unless the answer is known and younger than the TTL, or a refresh is in flight, ask the LCM again
+        through `background` (which runs a function off the caller's thread; None: it did not)."""
+        if self._value is not None and time.monotonic() - self._at < self._ttl:
+            return
+        with self._lock:
+            if self._asking:
+                return
+            self._asking = True
+        if background(self._refresh_then_done) is None:
+            with self._lock:
+                self._asking = False
+
     def _refresh_then_done(self) -> None:
         try:
             self.refresh()

@@ -231,6 +231,13 @@ class Dispatcher:
         """
         return self._capacity.value
 
+    def capacity_viewed(self) -> BackendSize | None:
+        """`capacity()` for an admin's view; an unknown answer, or one older than the cache's TTL, is asked
+        for again off this thread, so the next view shows what the LCM says now (its NetworkPolicy canary's
+        verdict too), though no pass asks while nothing is queued."""
+        self._capacity.ask_if_stale(self._calls.submit)
+        return self._capacity.value
+
     @property
     def sole_writer(self) -> bool:
         """Whether this Trainer is the only one writing the jobs (no leader election, so no gate): then

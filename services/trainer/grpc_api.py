@@ -121,7 +121,8 @@ def cluster_to_proto(view: ClusterView) -> trainer_pb2.Cluster:
     cap = view.capacity
     return trainer_pb2.Cluster(backend=cap.backend if cap else "", unknown_reason=view.unknown_reason,
                                capacity=amounts(cap.total) if cap else None, held=amounts(view.held),
-                               active_jobs=view.active_jobs, queued_jobs=view.queued_jobs)
+                               active_jobs=view.active_jobs, queued_jobs=view.queued_jobs,
+                               network_policy=cap.network_policy if cap else "")
 
 
 def job_state(value: int, field: str) -> JobState:

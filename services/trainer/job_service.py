@@ -176,10 +176,11 @@ class JobService:
         return accounting.reports(self._store.usage_rows(), self._quotas.all(), time.time())
 
     def cluster(self) -> ClusterView:
-        """The backend's capacity as the LCM last reported it (never asked here) and what every team holds."""
+        """The backend's capacity as the LCM last reported it (asked again off this thread when older than a
+        second: `Dispatcher.capacity_viewed`) and what every team holds."""
         reports = self.list_usage()
         held = sum((r.held.usage for r in reports), admission.Usage())
-        capacity = self._dispatcher.capacity()
+        capacity = self._dispatcher.capacity_viewed()
         return ClusterView(capacity=capacity, unknown_reason="" if capacity else self._dispatcher.capacity_problem,
                            held=held, active_jobs=sum(r.active_jobs for r in reports),
                            queued_jobs=sum(r.queued_jobs for r in reports))

@@ -103,7 +103,7 @@ class GrpcLcm:
     def get_capacity(self) -> BackendSize:
         cap = self._call(self._stub.GetCapacity, lcm_pb2.GetCapacityRequest(), self._timeout)
         total = Usage(cap.total.gpus, cap.total.cpus, cap.total.memory, cap.max_learners)
-        return BackendSize(total, cap.backend)
+        return BackendSize(total, cap.backend, cap.network_policy)
 
     def sync_team(self, team: str, quota: Quota) -> bool:
         request = lcm_pb2.SyncTeamRequest(team=team, quota=team_quota_to_proto(quota))

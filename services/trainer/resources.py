@@ -103,3 +103,5 @@ class BackendSize:
 
     total: Usage
     backend: str = ""
+    # whether the cluster enforces NetworkPolicies, as the LCM's canary last saw it ("": no canary on this backend)
+    network_policy: str = ""

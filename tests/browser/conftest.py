@@ -78,7 +78,7 @@ def artifacts(request) -> Path:
 def make_platform(mongo_server, mongo_db, logstore, tmp_path, unique):
     settings = TrainerSettings(state_dir=tmp_path, dev_mode=True, mongo_url=mongo_server.url, mongo_db=mongo_db.name,
                                trainer_address="127.0.0.1:0", dispatch_interval=0.2)
-    trainer = serve(settings, lcm=IdleLcm(Usage(8, 64, 256 * 2**30, 32)), db=mongo_db, collection=f"jobs_{unique}")
+    trainer = serve(settings, lcm=IdleLcm(Usage(8, 64, 256 * 2**30, 32), "NOT enforced"), db=mongo_db, collection=f"jobs_{unique}")
     identity = IdentityStore(mongo_db, touch_interval=0)
     for team in ("alpha", "beta", "ops"):
         identity.create_team(team)

@@ -126,6 +126,8 @@ def test_an_admin_edits_a_quota_and_the_teams_page_shows_it(platform, pages, art
     # the backend's capacity as the LCM reported it to the Trainer, and what is free of it
     expect(admin.locator("#cluster-capacity")).to_contain_text("Capacity (fake backend): 8 GPUs, 64 CPUs, 256Gi memory, 32 learners")
     expect(admin.locator("#cluster-capacity")).to_contain_text("free now:")
+    # whether the cluster enforces NetworkPolicies, as the LCM's canary reported it with the capacity
+    expect(admin.locator("#cluster-netpol")).to_have_text("NetworkPolicy: NOT enforced")
     expect(admin.locator("#quota-form[data-loaded]")).to_have_count(1, timeout=10_000)  # the page's first load
     admin.select_option("#q-team", "alpha")
     expect(admin.locator('#quota-form[data-loaded="alpha"]')).to_have_count(1, timeout=10_000)

@@ -10,8 +10,8 @@ from trainforge_services.trainer.resources import BackendSize, Quota, Usage
 
 
 class IdleLcm:
-    def __init__(self, capacity: Usage):
-        self.capacity = BackendSize(capacity, "fake")
+    def __init__(self, capacity: Usage, network_policy: str = ""):
+        self.capacity = BackendSize(capacity, "fake", network_policy)
         self.grants: list[tuple[str, int, int]] = []  # (job, attempt, learners) granted, oldest first
 
     def deploy_job(self, *args: object, **kwargs: object) -> list[str]:

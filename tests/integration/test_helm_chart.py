@@ -183,8 +183,7 @@ def test_the_service_token_reaches_the_api_trainer_and_lcm_only_from_a_secret_th
     for name in ("tf-api", "tf-trainer", "tf-lcm"):
         assert env[name]["TF_SERVICE_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "tf-service-auth",
                                                                               "key": "service-token"}
-    assert "TF_CREDENTIALS_KEY" not in env["tf-api"]
-    for name in ("tf-trainer", "tf-lcm"):
+    for name in ("tf-api", "tf-trainer", "tf-lcm"):
         assert env[name]["TF_CREDENTIALS_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "credentials-key"
     # nothing else the chart renders holds either (ConfigMap values, other objects)
     assert "service-token" not in yaml.safe_dump([d for d in own if d["kind"] not in ("Secret", "Deployment")])
@@ -194,3 +193,35 @@ def test_the_service_token_reaches_the_api_trainer_and_lcm_only_from_a_secret_th
     env = envs(given)
     assert env["tf-lcm"]["TF_SERVICE_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "platform-auth", "key": "token"}
     assert all("annotations" not in d["spec"]["template"]["metadata"] for d in given if d["kind"] == "Deployment")
+
+
+def test_only_the_api_and_the_trainer_get_the_store_connection_strings_from_a_secret():
+    def envs(*sets: str) -> dict[str, dict]:
+        docs = rendered(*sets)
+        out = {d["metadata"]["name"]: {e["name"]: e for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+               for d in docs if d["kind"] == "Deployment"}
+        out["secrets"] = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
+        return out
+
+    own = envs()
+    assert own["secrets"]["tf-stores"]["stringData"] == {"mongo-url": "mongodb://mongodb:27017",
+                                                         "logstore-url": "http://elasticsearch:9200"}
+    for name in ("tf-api", "tf-trainer"):
+        assert own[name]["TF_MONGO_URL"]["valueFrom"]["secretKeyRef"] == {"name": "tf-stores", "key": "mongo-url"}
+        assert own[name]["TF_LOGSTORE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "tf-stores",
+                                                                            "key": "logstore-url"}
+    # the LCM holds neither credential: what learner pods are told is the plain address
+    assert "TF_MONGO_URL" not in own["tf-lcm"]
+    assert own["tf-lcm"]["TF_LOGSTORE_URL"] == {"name": "TF_LOGSTORE_URL", "value": "http://elasticsearch:9200"}
+
+    existing = envs("mongo.existingSecret=mongo-creds", "mongo.secretKey=uri", "logstore.existingSecret=es-creds")
+    assert "tf-stores" not in existing["secrets"]
+    assert existing["tf-api"]["TF_MONGO_URL"]["valueFrom"]["secretKeyRef"] == {"name": "mongo-creds", "key": "uri"}
+    assert existing["tf-trainer"]["TF_LOGSTORE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "es-creds",
+                                                                                     "key": "url"}
+
+
+@pytest.mark.parametrize("value", ["mongo.url=mongodb://user:pw@mongodb:27017", "logstore.url=http://u:p@es:9200"])
+def test_credentials_in_a_plain_url_value_are_refused(value):
+    out = helm("template", "tf", str(CHART), "--set", value, check=False)
+    assert out.returncode != 0 and value.split("=")[0] in out.stderr

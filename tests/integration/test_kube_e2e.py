@@ -161,3 +161,25 @@ def test_another_teams_objects_are_refused_and_a_published_prefix_is_read_on_a_p
     teams = two_teams(env, tmp_path)
     refused_probes(teams, tmp_path)
     published_read(teams, state, tmp_path)
+
+
+@pytest.mark.timeout(600)  # the module's stack starts in the first test that runs
+def test_trainforge_admin_health_says_the_test_node_does_not_enforce_network_policies(kube_stack):
+    """The LCM's canary (started with the backend) ran its pods on the test node, whose pods share 127.0.0.1:
+    the probe a default deny covers connected, and the verdict reaches the admin through the Trainer."""
+    env, state, _ = kube_stack
+    admin = {**env, "TRAINFORGE_API_KEY": cli_json(env, "admin", "bootstrap", "--team", "ops")["key"]}
+    seen = []
+
+    def verdict() -> bool:
+        seen.append(cli_json(admin, "admin", "health")["cluster"]["network_policy"])
+        return seen[-1] == "NOT enforced"
+
+    try:
+        wait_for(verdict, 120, "the canary's verdict in `trainforge admin health`", interval=1)
+    except TimeoutError:
+        lcm_log = (state / "logs" / "lcm.log").read_text()[-3000:]
+        raise AssertionError(f"the verdicts seen: {sorted(set(seen))}\n{lcm_log}") from None
+    text = run_cli(admin, "admin", "health").stdout
+    assert "NetworkPolicy: NOT enforced" in text and "backend: kubernetes" in text, text
+    assert "NetworkPolicy: NOT enforced (a pod the default deny covers connected" in (state / "logs" / "lcm.log").read_text()

@@ -46,8 +46,8 @@ def test_the_table_is_in_start_order_and_every_port_is_named_once():
     assert NAMES == ("etcd", "mongo", "logstore", "trainer", "lcm", "api")
     assert [c.name for c in COMPONENTS if c.store] == ["etcd", "mongo", "logstore"]
     assert sorted(SERVICE_STOP_ORDER) == sorted(c.name for c in COMPONENTS if not c.store)
-    assert PORT_NAMES == ("etcd", "etcd_peer", "mongo", "logstore", "trainer", "trainer_metrics", "lcm",
-                          "lcm_metrics", "api")
+    # MongoDB and the log store take no port: each is on a unix socket in the state dir (storesock.py)
+    assert PORT_NAMES == ("etcd", "etcd_peer", "trainer", "trainer_metrics", "lcm", "lcm_metrics", "api")
 
 
 def _read_back(cls, env, monkeypatch):
@@ -71,7 +71,8 @@ def test_each_service_environment_is_its_settings_class_read_back(plan, monkeypa
         assert env["TF_STACK_ID"] == "stack-1" and "TRAINFORGE_API_KEY" not in env
         settings = _read_back(cls, env, monkeypatch)
         assert settings.dev_mode and settings.state_dir == plan.state
-        assert settings.mongo_url == f"mongodb://127.0.0.1:{plan.ports['mongo']}"
+        assert settings.mongo_url == "mongodb://" + str(plan.state / "mongo" / "mongo.sock").replace("/", "%2F")
+        assert settings.logstore_url == "http+unix://" + str(plan.state / "logstore" / "logstore.sock").replace("/", "%2F")
         assert settings.etcd_endpoints == f"127.0.0.1:{plan.ports['etcd']}"
         assert settings.trainer_address == f"127.0.0.1:{plan.ports['trainer']}"
         assert settings.objectstore() == (plan.state / "objects").as_uri()
@@ -91,7 +92,7 @@ def test_to_env_round_trips_every_field(monkeypatch):
 
 
 def test_addresses_and_statuses_are_data(plan):
-    assert BY_NAME["mongo"].address(plan) == f"mongodb://127.0.0.1:{plan.ports['mongo']}"
+    assert BY_NAME["mongo"].address(plan) == "mongodb://" + str(plan.state / "mongo" / "mongo.sock").replace("/", "%2F")
     assert BY_NAME["api"].address(plan) == f"http://127.0.0.1:{plan.ports['api']}"
     assert BY_NAME["etcd"].ports == ("etcd", "etcd_peer")
     s = ComponentStatus("api", 7, "http://x", Status.NOT_RUNNING)
@@ -186,3 +187,11 @@ def test_a_replica_list_is_a_round_robin_target_and_a_name_in_it_is_refused():
     assert replicas_target("127.0.0.1:1, 10.0.0.2:50051") == "ipv4:127.0.0.1:1,10.0.0.2:50051"
     with pytest.raises(ValueError, match="'trainer:50051' in 'trainer:50051,10.0.0.2:1' must be an IPv4 literal"):
         replicas_target("trainer:50051,10.0.0.2:1")
+
+
+def test_a_state_dir_too_deep_for_a_unix_socket_is_refused_naming_it(tmp_path):
+    deep = tmp_path / ("d" * 120)
+    plan = Plan(deep, "stack-1", {name: 20000 + i for i, name in enumerate(PORT_NAMES)})
+    with pytest.raises(StackError, match="too deep for mongo's unix socket") as err:
+        BY_NAME["mongo"].argv(plan)
+    assert str(deep) in err.value.message and "TF_STATE_DIR" in err.value.message

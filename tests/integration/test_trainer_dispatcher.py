@@ -206,6 +206,24 @@ def test_capacity_is_asked_for_at_start_and_never_by_a_caller(store):
         core.stop()
 
 
+def test_an_admins_view_of_the_capacity_has_it_asked_again_off_its_thread_when_older_than_the_ttl(store):
+    """The admin's cluster view shows what the LCM says now (its NetworkPolicy canary's verdict changes after
+    start), though no pass runs while nothing is queued: an old answer is returned and a new one asked for."""
+    lcm = ScriptedLcm(BackendSize(Usage(cpus=4, memory=8 * GI, learners=4), "kubernetes", "unknown (first run)"))
+    core = wire(store, lcm, interval=60)
+    dispatcher = core.dispatcher
+    try:
+        assert dispatcher.capacity() is None  # no pass has run, and the Trainer was not started
+        dispatcher.capacity_viewed()  # returns what is known and has the LCM asked off its thread
+        wait_for(lambda: dispatcher.capacity() == lcm.capacity, 10, "the capacity a view asked for")
+        lcm.capacity = BackendSize(lcm.capacity.total, "kubernetes", "NOT enforced")
+        assert dispatcher.capacity().network_policy == "unknown (first run)"  # no pass asks while none is queued
+        wait_for(lambda: dispatcher.capacity_viewed().network_policy == "NOT enforced", 10,
+                 "the view's answer asked for again")
+    finally:
+        core.stop()
+
+
 def test_a_deploy_that_waits_says_why_in_the_jobs_reason(store):
     """An LCM that answers Unavailable (restarting, or its docker engine unreachable: test_docker_backend.py): the
     job stays DEPLOYING and its reason says why, then says it was deployed once the LCM answers."""

@@ -89,6 +89,9 @@ def test_the_settings_name_the_platforms_services():
             ("127.0.0.1", 2379), ("127.0.0.1", 9200)} <= set(d.endpoints(api.service_addresses()))
     trainer = TrainerSettings(api_address="api.svc:8080,api2.svc:8081", metrics_port=9100)
     assert {("api.svc", 8080), ("api2.svc", 8081), ("0.0.0.0", 9100)} <= set(d.endpoints(trainer.service_addresses()))
+    # the embedded stack's stores are on unix sockets: no network endpoint to name
+    assert d.endpoints(["mongodb://%2Fs%2Fmongo%2Fmongo.sock", "http+unix://%2Fs%2Flogstore.sock", "etcd:2379"]) == \
+        (("etcd", 2379),)
 
 
 @pytest.mark.parametrize("url", ["https://" + "0" * 64 + "/", "http://a..b/", "http://-x.example/",

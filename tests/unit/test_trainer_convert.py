@@ -85,4 +85,4 @@ def test_an_unknown_capacity_says_why_and_has_nothing_free():
     wire = cluster_to_json(cluster_to_proto(view))
     assert wire == {"backend": "", "known": False, "unknown_reason": "the LCM is unreachable", "capacity": None,
                     "held": {"gpus": 0, "cpus": 2.0, "memory": 0, "learners": 1}, "free": None,
-                    "active_jobs": 1, "queued_jobs": 3}
+                    "active_jobs": 1, "queued_jobs": 3, "network_policy": ""}

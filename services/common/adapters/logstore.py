@@ -5,7 +5,9 @@ stack's OpenSearch-compatible server (osmem-server) rejects the client's
 compatibility mimetypes (`application/vnd.elasticsearch+json;
 compatible-with=9`), so requests go through `_PlainJsonNode`, which sends
 plain `application/json` / `application/x-ndjson`; a real Elasticsearch
-accepts both.
+accepts both. A URL may carry credentials (`https://user:password@host:9200`:
+basic auth), or be `http+unix://<quoted socket path>` for a store that
+listens on a unix socket (the embedded stack's).
 
 A log line document:
     {job, team, learner, attempt, stream, seq, ts, line}
@@ -18,15 +20,19 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from trainforge_services.common.errors import Unavailable
 
 if TYPE_CHECKING:
     from elasticsearch import Elasticsearch
 
+# a store on a unix socket: "http+unix://" and the socket's path, quoted (the embedded stack's, devstack/storesock.py)
+UNIX_SCHEME = "http+unix://"
 _COMPAT = re.compile(r"application/vnd\.elasticsearch\+([\w-]+)(;\s*compatible-with=\d+)?")
 
 MAPPINGS = {
@@ -66,11 +72,39 @@ def warm() -> None:
     import elasticsearch  # noqa: F401
 
 
+def _unix_connection(path: str) -> type:
+    """An HTTP connection class whose socket is the unix socket `path` (an `http+unix://` URL)."""
+    from urllib3.connection import HTTPConnection
+
+    class _UnixConnection(HTTPConnection):
+        def _new_conn(self) -> socket.socket:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            if isinstance(self.timeout, int | float):
+                s.settimeout(self.timeout)
+            try:
+                s.connect(path)
+            except OSError as e:
+                s.close()
+                from urllib3.exceptions import NewConnectionError
+
+                raise NewConnectionError(self, f"cannot connect to {path}: {e}") from e
+            return s
+
+    return _UnixConnection
+
+
 def _client(url: str, timeout: float) -> Elasticsearch:
-    from elastic_transport import Urllib3HttpNode
+    from elastic_transport import NodeConfig, Urllib3HttpNode
     from elasticsearch import Elasticsearch
 
+    unix = unquote(url[len(UNIX_SCHEME):]) if url.startswith(UNIX_SCHEME) else ""
+
     class _PlainJsonNode(Urllib3HttpNode):
+        def __init__(self, config: NodeConfig):
+            super().__init__(config)
+            if unix:
+                self.pool.ConnectionCls = _unix_connection(unix)
+
         def perform_request(self, method, target, body=None, headers=None, **kwargs):  # noqa: ANN001
             if headers:
                 headers = headers.copy()
@@ -79,7 +113,8 @@ def _client(url: str, timeout: float) -> Elasticsearch:
                         headers[name] = _COMPAT.sub(r"application/\1", headers[name])
             return super().perform_request(method, target, body=body, headers=headers, **kwargs)
 
-    return Elasticsearch(url, node_class=_PlainJsonNode, request_timeout=timeout, max_retries=1)
+    hosts = [NodeConfig("http", "localhost", 80)] if unix else url
+    return Elasticsearch(hosts, node_class=_PlainJsonNode, request_timeout=timeout, max_retries=1)
 
 
 def _api_error() -> type[Exception]:

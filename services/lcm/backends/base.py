@@ -202,6 +202,8 @@ class Capacity:
     cpus: float
     memory: int
     max_learners: int
+    # whether the backend's network enforces NetworkPolicies, as its canary saw it ("": the backend has none)
+    network_policy: str = ""
 
 
 class Backend(abc.ABC):

@@ -25,8 +25,9 @@ from trainforge_services.lcm.backends.base import AttemptPlan, Grant
 
 log = logging.getLogger(__name__)
 
-# the services' own keys: whatever the LCM's environment holds of them, no job process inherits them
-SERVICE_KEYS = ("TF_CREDENTIALS_KEY", "TF_SECRETS_KEY", "TF_JWT_SECRET", "TF_SERVICE_TOKEN")
+# the services' own keys and MongoDB's connection string (with its credentials, where it has any: only the API
+# and the Trainer use MongoDB): whatever the LCM's environment holds of them, no job process inherits them
+SERVICE_KEYS = ("TF_CREDENTIALS_KEY", "TF_SECRETS_KEY", "TF_JWT_SECRET", "TF_SERVICE_TOKEN", "TF_MONGO_URL")
 
 
 class Issuer(Protocol):

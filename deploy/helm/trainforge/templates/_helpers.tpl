@@ -19,20 +19,20 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "tf.trainerAddress" -}}{{ include "tf.name" . }}-trainer.{{ .Release.Namespace }}.svc:{{ .Values.trainer.port }}{{- end -}}
 {{- define "tf.lcmAddress" -}}{{ include "tf.name" . }}-lcm.{{ .Release.Namespace }}.svc:{{ .Values.lcm.port }}{{- end -}}
 
-{{/* The stores every service reads: plain values from the ConfigMap, credentials from Secrets. */}}
+{{- define "tf.storesSecret" -}}{{ include "tf.name" . }}-stores{{- end -}}
+
+{{/* MongoDB's and the log store's connection strings, with their credentials, from a Secret: the one named in
+     values or, without one, the chart's own (stores-secret.yaml). Only the API and the Trainer get them. */}}
 {{- define "tf.storeEnv" -}}
 - name: TF_MONGO_URL
-{{- if .Values.mongo.existingSecret }}
-  valueFrom: {secretKeyRef: {name: {{ .Values.mongo.existingSecret }}, key: {{ .Values.mongo.secretKey }}}}
-{{- else }}
-  value: {{ .Values.mongo.url | quote }}
-{{- end }}
+  valueFrom: {secretKeyRef: {name: {{ .Values.mongo.existingSecret | default (include "tf.storesSecret" .) }}, key: {{ ternary .Values.mongo.secretKey "mongo-url" (ne .Values.mongo.existingSecret "") }}}}
 - name: TF_LOGSTORE_URL
-{{- if .Values.logstore.existingSecret }}
-  valueFrom: {secretKeyRef: {name: {{ .Values.logstore.existingSecret }}, key: {{ .Values.logstore.secretKey }}}}
-{{- else }}
-  value: {{ .Values.logstore.url | quote }}
-{{- end }}
+  valueFrom: {secretKeyRef: {name: {{ .Values.logstore.existingSecret | default (include "tf.storesSecret" .) }}, key: {{ ternary .Values.logstore.secretKey "logstore-url" (ne .Values.logstore.existingSecret "") }}}}
+{{ include "tf.s3Env" . }}
+{{- end -}}
+
+{{/* The object store's keys (the LCM copies them into each team namespace's platform Secret). */}}
+{{- define "tf.s3Env" -}}
 - name: TF_S3_ACCESS_KEY
   valueFrom: {secretKeyRef: {name: {{ .Values.objectstore.existingSecret }}, key: {{ .Values.objectstore.accessKeyKey }}}}
 - name: TF_S3_SECRET_KEY

@@ -46,6 +46,8 @@
       ? `Capacity (${cluster.backend} backend): ${c.gpus} GPUs, ${c.cpus} CPUs, ${size(c.memory)} memory, ` +
         `${c.learners} learners; free now: ${f.gpus} GPUs, ${f.cpus} CPUs, ${size(f.memory)}, ${f.learners} learners.`
       : `Capacity not known: ${cluster.unknown_reason}`;
+    // what the LCM's canary saw; empty on backends without one (local, docker)
+    $("cluster-netpol").textContent = cluster.network_policy ? `NetworkPolicy: ${cluster.network_policy}` : "";
     const states = "deploying,running,storing,halting,restarting,queued";
     const lists = await Promise.all(teams.map(t =>
       api("GET", `/v1/admin/teams/${encodeURIComponent(t.name)}/jobs?limit=200&state=${states}`)));

@@ -18,7 +18,9 @@
   exits 0 only then).
 - `recover` reads the attempts' root ConfigMaps back into plans, so an LCM
   that lost its state directory still adopts what runs (by label).
-- `capacity` sums the allocatable resources of the schedulable nodes.
+- `capacity` sums the allocatable resources of the schedulable nodes, and
+  says whether the cluster enforces NetworkPolicies as the canary last saw
+  it (`canary.py`; started with the backend unless `kube_netpol_canary` is 0).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from trainforge_services.lcm.backends.base import (
     Site,
 )
 from trainforge_services.lcm.backends.kubernetes import naming, pods, team
+from trainforge_services.lcm.backends.kubernetes.canary import NetpolCanary
 from trainforge_services.lcm.backends.kubernetes.naming import KubeOptions
 from trainforge_services.lcm.backends.kubernetes.status import pod_state, quantity
 
@@ -61,6 +64,10 @@ class KubernetesBackend(Backend):
         self._kube = kube or Kube(settings.kube_config, settings.kube_context)
         self.opts = KubeOptions.from_settings(settings, os.environ.get("TF_STACK_ID") or "default")
         self._credentials = {"TF_S3_ACCESS_KEY": settings.s3_access_key, "TF_S3_SECRET_KEY": settings.s3_secret_key}
+        self.canary: NetpolCanary | None = None
+        if settings.kube_netpol_canary > 0:
+            self.canary = NetpolCanary(self._kube, self.opts, max_age=settings.kube_netpol_canary)
+            self.canary.start()
 
     @property
     def kube(self) -> Kube:
@@ -231,7 +238,8 @@ class KubernetesBackend(Backend):
             gpus += quantity(alloc.get(naming.GPU_RESOURCE, "0"))
             pods_ += quantity(alloc.get("pods", "0"))
         return Capacity(backend=self.name, gpus=int(gpus), cpus=cpus, memory=int(memory),
-                        max_learners=min(int(pods_), self._settings.local_max_learners))
+                        max_learners=min(int(pods_), self._settings.local_max_learners),
+                        network_policy=self.canary.verdict().line if self.canary else "not checked (no canary)")
 
     def close(self) -> None:
         try:
