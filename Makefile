@@ -9,7 +9,7 @@ STAMP := $(VENV)/.stamp-installed
 # The suite mostly waits on the servers it starts, so it runs on more pytest-xdist workers than CI's 2 cores;
 # tests/conftest.py keeps the tests of each one-of-a-kind fixture (engine, control plane, browser) on one worker.
 # TEST_WORKERS=0 runs it in one process.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: demo test check unit integration e2e protos protos-check lock bench clean down engine browser kube kube-clients bench-venv wrk python-version py311
