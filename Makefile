@@ -6,6 +6,11 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 TORCH := torch==2.13.0
 STAMP := $(VENV)/.stamp-installed
+# The suite mostly waits on the servers it starts, so it runs on more pytest-xdist workers than CI's 2 cores;
+# tests/conftest.py keeps the tests of each one-of-a-kind fixture (engine, control plane, browser) on one worker.
+# TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 3
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: demo test check unit integration e2e protos protos-check lock bench clean down engine browser kube kube-clients bench-venv wrk python-version py311
 
@@ -68,7 +73,7 @@ kube-clients: $(STAMP)
 	PYTHON=$(PY) tools/kube/clients.sh
 
 test: check engine browser kube kube-clients py311
-	$(PY) -m pytest tests
+	$(PYTEST) tests
 
 # The oldest Python the README admits: Debian's own /usr/bin/python3.11 (3.11.2), as the non-root user tf-py311
 # (created if missing, so the sandbox without root runs), in a copy of this working tree that user owns: the
@@ -78,13 +83,13 @@ py311:
 	tools/py311/run.sh
 
 unit: $(STAMP)
-	$(PY) -m pytest tests/unit
+	$(PYTEST) tests/unit
 
 integration: $(STAMP) engine kube kube-clients
-	$(PY) -m pytest tests/integration
+	$(PYTEST) tests/integration
 
 e2e: $(STAMP)
-	$(PY) -m pytest tests/e2e
+	$(PYTEST) tests/e2e
 
 protos: $(STAMP)
 	$(PY) -m trainforge_protos.generate

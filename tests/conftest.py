@@ -15,6 +15,53 @@ if importlib.util.find_spec("trainforge_services") is None:
 from tests import servers  # noqa: E402
 from tests.kube import kube_cluster, kube_node  # noqa: F401 - the Kubernetes tier's fixtures, for every tier
 
+# `make test` runs the suite on several workers (pytest-xdist, `-n N --dist loadgroup`); each worker starts its
+# own etcd, MongoDB-wire and log store on free ports. A fixture that owns something there must be only one of
+# (a dockerd on the engine cache's data roots, the control plane, chromium, folder modes for uid 65534) keeps
+# every test that uses it on one worker: the fixture's name and its group. A test module that defines or imports
+# one is in its group as a whole (its fixtures may ask for it at run time). Tests using two join both groups.
+SHARED = {"daemon": "engine", "kube_cluster": "kube", "browser": "browser", "nobody_python": "nobody"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items):
+    """Give each test its xdist group: its SHARED fixtures' (joined), else its module's when it uses a
+    module-scoped fixture (one setup, not one per worker), else none (any worker). A test marked
+    `xdist_group` keeps its own."""
+    wanted = [(item, _shared_groups(item)) for item in items]
+    joined: dict[str, str] = {}  # group -> a group it shares a test with (a union-find's parent)
+    for _, groups in wanted:
+        roots = sorted({_root(joined, g) for g in groups})
+        for r in roots[1:]:
+            joined[r] = roots[0]
+    for item, groups in wanted:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        if groups:
+            root = _root(joined, min(groups))
+            item.add_marker(pytest.mark.xdist_group("-".join(sorted(
+                {g for g in SHARED.values() if _root(joined, g) == root}))))
+        elif _uses_module_scope(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def _shared_groups(item) -> set[str]:
+    module = getattr(item, "module", None)
+    names = {*item.fixturenames, *(vars(module) if module is not None else ())}
+    return {SHARED[n] for n in names if n in SHARED}
+
+
+def _root(joined: dict[str, str], group: str) -> str:
+    while group in joined:
+        group = joined[group]
+    return group
+
+
+def _uses_module_scope(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(d.scope in ("module", "class", "package")
+                                    for defs in info.name2fixturedefs.values() for d in defs)
+
 
 @pytest.fixture(scope="session")
 def etcd_server():

@@ -17,6 +17,9 @@ from tests import toolcache
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# one bench at a time (under `make test`'s workers), with tests/integration/test_bench_smoke.py
+pytestmark = pytest.mark.xdist_group("bench")
+
 
 def test_sweep_overhead_bench_smoke(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "sweep_overhead.py"), "--trials", "3",

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# one bench at a time (under `make test`'s workers): each loads the machine with a stack of its own
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("bench")]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -372,4 +372,5 @@ def test_the_controller_and_its_learner_run_at_the_job_nice(launch, coordinator,
         assert niceness.autogroup_nice(proc.pid) in (10, None), (proc.pid, proc.cmdline())
     assert "control plane's priority" not in controller_log(run)
     run.proc.send_signal(signal.SIGTERM)
-    assert run.wait(30) == 0, controller_log(run)
+    # at nice 10 it gets a small share of a busy machine's CPU (other tests run on other workers): it stops slowly
+    assert run.wait(120) == 0, controller_log(run)
