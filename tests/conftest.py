@@ -20,7 +20,8 @@ from tests.kube import kube_cluster, kube_node  # noqa: F401 - the Kubernetes ti
 # (a dockerd on the engine cache's data roots, the control plane, chromium, folder modes for uid 65534) keeps
 # every test that uses it on one worker: the fixture's name and its group. A test module that defines or imports
 # one is in its group as a whole (its fixtures may ask for it at run time). Tests using two join both groups.
-SHARED = {"daemon": "engine", "kube_cluster": "kube", "browser": "browser", "nobody_python": "nobody"}
+SHARED = {"daemon": "engine", "engine_daemon": "engine", "kube_cluster": "kube", "browser": "browser",
+          "nobody_python": "nobody"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
