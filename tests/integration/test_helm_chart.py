@@ -80,10 +80,11 @@ def test_the_chart_sets_probes_resources_security_and_secret_references():
 
 
 def test_etcd_auth_gives_each_service_its_login_from_a_secret_and_a_setup_job():
-    assert not [d for d in rendered() if d["kind"] in ("Secret", "Job")]  # off: nothing of it
+    off = {(d["kind"], d["metadata"]["name"]) for d in rendered()}
+    assert ("Secret", "tf-etcd-auth") not in off and ("Job", "tf-etcd-setup") not in off  # off: nothing of it
     docs = {(d["kind"], d["metadata"]["name"]): d for d in rendered("etcd.auth.enabled=true")}
     secret = docs[("Secret", "tf-etcd-auth")]
-    assert set(secret["data"]) == {"root-password", "trainer-password", "lcm-password", "credentials-key"}
+    assert set(secret["data"]) == {"root-password", "trainer-password", "lcm-password"}
     assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     for service in ("trainer", "lcm"):
         container = docs[("Deployment", f"tf-{service}")]["spec"]["template"]["spec"]["containers"][0]
@@ -91,7 +92,8 @@ def test_etcd_auth_gives_each_service_its_login_from_a_secret_and_a_setup_job():
         assert env["TF_ETCD_USER"]["value"] == f"trainforge-{service}"
         assert env["TF_ETCD_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "tf-etcd-auth",
                                                                         "key": f"{service}-password"}
-        assert env["TF_CREDENTIALS_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "credentials-key"
+        assert env["TF_CREDENTIALS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "tf-service-auth",
+                                                                          "key": "credentials-key"}
     api = docs[("Deployment", "tf-api")]["spec"]["template"]["spec"]["containers"][0]
     assert not {"TF_ETCD_USER", "TF_ETCD_PASSWORD"} & {e["name"] for e in api["env"]}
     job = docs[("Job", "tf-etcd-setup")]

@@ -13,6 +13,10 @@ from trainforge_services.lcm.lifecycle.gateway_issuer import GatewayIssuer
 def job_credentials(settings: LcmSettings, coordinator: Coordinator) -> Credentials:
     """The monitor's token to the Trainer, always; a job user where the LCM logs in to etcd itself; the job
     gateway's token where one is configured (controllers then reach the stores only through it)."""
+    if not (settings.credentials_key or settings.dev_mode or settings.etcd_user or settings.gateway_url):
+        # no key to derive from: the LCM's main refuses to start so (lcm/__main__.py); a lifecycle a program
+        # builds without one grants nothing
+        return Credentials()
     key = jobcreds.load_key(settings.credentials_key, dev_mode=settings.dev_mode, state_dir=settings.state_dir)
     issuers = [MonitorToken(key)]
     if settings.etcd_user:
