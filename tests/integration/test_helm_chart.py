@@ -102,7 +102,7 @@ def test_etcd_auth_gives_each_service_its_login_from_a_secret_and_a_setup_job():
     assert setup["command"][-1] == "trainforge_services.lcm.etcd_setup"
     assert {e["name"] for e in setup["env"]} >= {"TF_ETCD_ROOT_PASSWORD", "TF_ETCD_LCM_PASSWORD"}
     theirs = rendered("etcd.auth.enabled=true", "etcd.auth.existingSecret=etcd-pw")
-    assert not [d for d in theirs if d["kind"] == "Secret"]
+    assert ("Secret", "tf-etcd-auth") not in {(d["kind"], d["metadata"]["name"]) for d in theirs}
     lcm = next(d for d in theirs if (d["kind"], d["metadata"]["name"]) == ("Deployment", "tf-lcm"))
     lcm = lcm["spec"]["template"]["spec"]["containers"][0]
     assert {e["name"]: e for e in lcm["env"]}["TF_ETCD_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "etcd-pw"
@@ -191,7 +191,7 @@ def test_the_service_token_reaches_the_api_trainer_and_lcm_only_from_a_secret_th
     assert "service-token" not in yaml.safe_dump([d for d in own if d["kind"] not in ("Secret", "Deployment")])
 
     given = rendered("serviceAuth.existingSecret=platform-auth", "serviceAuth.serviceTokenKey=token")
-    assert not [d for d in given if d["kind"] == "Secret"]
+    assert ("Secret", "tf-service-auth") not in {(d["kind"], d["metadata"]["name"]) for d in given}
     env = envs(given)
     assert env["tf-lcm"]["TF_SERVICE_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "platform-auth", "key": "token"}
     assert all("annotations" not in d["spec"]["template"]["metadata"] for d in given if d["kind"] == "Deployment")
