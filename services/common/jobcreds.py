@@ -23,6 +23,7 @@ import hmac
 import os
 import secrets
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 KEY_FILE = "credentials.key"
@@ -69,15 +70,15 @@ def setting_or_dev(value: str, setting: str, why: str, *, dev_mode: bool, path: 
     return dev_secret(path)
 
 
-def dev_secret(path: Path) -> bytes:
-    """The secret in `path`, made once (32 random url-safe bytes, mode 0600) when there is none yet."""
+def dev_secret(path: Path, make: Callable[[], str] = lambda: secrets.token_urlsafe(32)) -> bytes:
+    """The secret in `path`, made once by `make` (32 random url-safe bytes; mode 0600) when there is none yet."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists():
         # written whole, then linked into place: several services may start at once
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         try:
             with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_urlsafe(32))
+                f.write(make())
             os.chmod(tmp, 0o600)
             with contextlib.suppress(FileExistsError):
                 os.link(tmp, path)

@@ -17,10 +17,7 @@ not decrypt there.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +27,7 @@ from cryptography.fernet import Fernet, InvalidToken
 
 from trainforge_services.common.adapters.mongo import Database, mapped_as
 from trainforge_services.common.errors import InvalidArgument, NotFound, TrainforgeError
+from trainforge_services.common.jobcreds import dev_secret
 from trainforge_services.common.manifest import SECRET_NAME, SECRET_NAME_RULE
 
 COLLECTION = "secrets"
@@ -66,21 +64,8 @@ def load_key(secrets_key: str, *, dev_mode: bool, state_dir: Path) -> bytes:
     if not dev_mode:
         raise ValueError("secrets_key (TF_SECRETS_KEY) is required outside dev mode: team secrets are "
                          "encrypted with it")
-    path = Path(state_dir) / KEY_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        # written whole, then linked into place: the API and the Trainer may start at once, and neither
-        # may read a half-written key
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".secrets.key.")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(Fernet.generate_key())
-            os.chmod(tmp, 0o600)
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, path)
-        finally:
-            os.unlink(tmp)
-    return path.read_bytes().strip()
+    # the API and the Trainer may start at once: neither reads a half-written key
+    return dev_secret(Path(state_dir) / KEY_FILE, make=lambda: Fernet.generate_key().decode())
 
 class SecretBox:
     """Encrypts and decrypts values bound to (team, name)."""
