@@ -52,6 +52,7 @@ from _stack import (
 )
 
 from trainforge.sdk import Client
+from trainforge_services.devstack import storesock
 
 COMMAND = "python -c \"print('hello from a burst job')\""
 
@@ -88,7 +89,7 @@ class MemorySampler(threading.Thread):
 
 def store_ceiling(st, job_ids: list[str], n: int, threads: int) -> float:  # noqa: ANN001
     """Inserts/s of copies of a burst job's document into a scratch collection of the stack's store."""
-    client = pymongo.MongoClient(f"mongodb://127.0.0.1:{st.status()['ports']['mongo']}", maxPoolSize=threads)
+    client = pymongo.MongoClient(storesock.mongo_url(st.state / "mongo" / "mongo.sock"), maxPoolSize=threads)
     try:
         db = client["trainforge"]
         doc = db["jobs"].find_one({"_id": job_ids[0]})
@@ -153,9 +154,9 @@ def main() -> int:
                 accepted.append(time.monotonic())
 
         # CPU of the services, the store and this client over the submit phase (per submit, below)
-        mongo = int((st.state / "mongo" / "nx.pid").read_text().split()[0])
+        # the store: the embedded MongoDB-wire server, served on its unix socket (devstack/storesock.py)
         phase = {name: psutil.Process(pid) for name, pid in
-                 zip(("api", "trainer", "lcm", "store"), [*pids(st.state, "api", "trainer", "lcm"), mongo], strict=True)}
+                 zip(("api", "trainer", "lcm", "store"), pids(st.state, "api", "trainer", "lcm", "mongo"), strict=True)}
         phase["client"] = psutil.Process()
         cpu0 = {name: sum(p.cpu_times()[:2]) for name, p in phase.items()}
         busy0 = psutil.cpu_times()

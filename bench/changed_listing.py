@@ -30,6 +30,7 @@ from _stack import machine_line, spread, stack
 
 from tests.servers import wait_for
 from trainforge.sdk import Client
+from trainforge_services.devstack import storesock
 
 MANIFEST = {"name": "listed", "framework": "custom", "resources": {"cpus": 0.05, "memory": "64Mi"},
             "command": "python -c \"print('listed')\""}
@@ -47,7 +48,8 @@ def ended_job(client: Client) -> str:
 
 
 def store_jobs(st) -> pymongo.MongoClient:  # noqa: ANN001
-    return pymongo.MongoClient(f"mongodb://127.0.0.1:{st.status()['ports']['mongo']}")
+    # the embedded stack's MongoDB listens on a unix socket in its state dir (devstack/storesock.py)
+    return pymongo.MongoClient(storesock.mongo_url(st.state / "mongo" / "mongo.sock"))
 
 
 def wait_cleaned(st, job_ids: set[str]) -> None:  # noqa: ANN001

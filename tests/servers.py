@@ -211,13 +211,16 @@ SEAWEEDFS_ACCESS_KEY = "tf-admin"
 SEAWEEDFS_SECRET_KEY = "tf-admin-secret-0123456789"
 
 
-def start_seaweedfs(*, volume_max: int = 16, volume_size_limit_mb: int = 128, timeout: float = 60) -> Server:
+def start_seaweedfs(*, volume_max: int = 256, volume_size_limit_mb: int = 128, timeout: float = 60) -> Server:
     """SeaweedFS all-in-one (master, volume, filer, S3 gateway) on loopback, one process.
 
     The S3 gateway requires signed requests from one admin identity
     (SEAWEEDFS_ACCESS_KEY / SEAWEEDFS_SECRET_KEY). Every bucket is its own
-    SeaweedFS collection and takes several volumes when first written, so
-    tests share a bucket and isolate by key prefix. `extra` holds endpoint,
+    SeaweedFS collection and takes several volumes (about 7) when first
+    written: `volume_max` leaves room for the buckets of every module one
+    pytest worker runs (at 16, a fourth bucket's first write fails with
+    InternalError). Tests share a bucket where they can and isolate by key
+    prefix. `extra` holds endpoint,
     access_key, secret_key and region; the log is <data_dir>/weed.log.
 
     weed is a single process (its own session). On SIGTERM SeaweedFS 4.48

@@ -20,9 +20,12 @@ from trainforge_services.devstack.procs import stack_processes
 STAND_IN = textwrap.dedent("""
     import pathlib, signal, sys, time
     name, journal, ready, polite = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
-    def bye(*_):
-        with open(journal, "a") as f:
-            f.write(name + "\\n")
+    said = []
+    def bye(*_):  # once: a component is signalled as its group's leader and itself, and may get both
+        if not said:
+            said.append(name)
+            with open(journal, "a") as f:
+                f.write(name + "\\n")
         sys.exit(0)
     signal.signal(signal.SIGTERM, bye if polite else signal.SIG_IGN)
     pathlib.Path(ready).touch()

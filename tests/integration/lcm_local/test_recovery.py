@@ -51,7 +51,8 @@ def test_a_new_backend_adopts_live_deployments_and_keeps_ended_ones_until_killed
 
 def test_capacity_reports_settings_or_the_machine(lifecycles, fake):
     assert lifecycles(local_cpus=6, local_memory=8 * 2**30, local_gpus=2, local_max_learners=5).capacity() \
-        .__dict__ == {"backend": "local", "gpus": 2, "cpus": 6.0, "memory": 8 * 2**30, "max_learners": 5}
+        .__dict__ == {"backend": "local", "gpus": 2, "cpus": 6.0, "memory": 8 * 2**30, "max_learners": 5,
+                     "network_policy": ""}  # the local backend runs no NetworkPolicies: nothing to report
     cap = lifecycles().capacity()
     assert (cap.cpus, cap.memory, cap.gpus) == (float(os.cpu_count()), psutil.virtual_memory().total, 0)
 
