@@ -57,8 +57,13 @@ def test_requirements_file_builds_an_environment_the_learner_runs_in(launch, coo
     assert len([p for p in env_cache.iterdir() if (p / ".trainforge-ready").exists()]) == 1
 
 
-def test_the_same_requirements_reuse_the_cached_environment(launch, coordinator, logstore, env_cache):  # noqa: F811
-    # The list form, same set as the file above: no second build.
+def test_the_same_requirements_reuse_the_cached_environment(launch, coordinator, logstore, env_cache,  # noqa: F811
+                                                             unique):
+    # The list form, the same set as the file above: the first job builds it unless the test above did; the
+    # second must not build again (the test stands alone, whichever pytest worker runs it).
+    first = launch({"command": "python -c 'import numpy'", "requirements": ["numpy"]}, job=f"first-{unique}",
+                   env_cache_dir=env_cache)
+    assert first.wait(300) == 0, controller_log(first)
     run = launch({"command": "python -c 'import numpy, sys; print(sys.prefix)'", "requirements": ["numpy"]},
                  env_cache_dir=env_cache)
     assert run.wait(300) == 0, controller_log(run)
