@@ -114,6 +114,11 @@ class TeamQuota(BaseModel):
         return None if v is None else str(egress.parse(v, "the team's egress policy"))
 
 
+# the services' own keys and MongoDB's connection string (with its credentials, where it has any: only the API
+# and the Trainer use MongoDB): no job process inherits them, whatever the LCM's environment holds
+SERVICE_KEYS = ("TF_CREDENTIALS_KEY", "TF_SECRETS_KEY", "TF_JWT_SECRET", "TF_SERVICE_TOKEN", "TF_MONGO_URL")
+
+
 class Grant(BaseModel):
     """The job's own credentials, in place of the platform's, for its controllers and its monitor.
 

@@ -21,13 +21,10 @@ from typing import Protocol
 
 from trainforge_services.common import jobcreds
 from trainforge_services.common.errors import Unavailable, message_of
-from trainforge_services.lcm.backends.base import AttemptPlan, Grant
+from trainforge_services.lcm.backends.base import SERVICE_KEYS, AttemptPlan, Grant
 
 log = logging.getLogger(__name__)
 
-# the services' own keys and MongoDB's connection string (with its credentials, where it has any: only the API
-# and the Trainer use MongoDB): whatever the LCM's environment holds of them, no job process inherits them
-SERVICE_KEYS = ("TF_CREDENTIALS_KEY", "TF_SECRETS_KEY", "TF_JWT_SECRET", "TF_SERVICE_TOKEN", "TF_MONGO_URL")
 
 
 class Issuer(Protocol):

@@ -35,6 +35,7 @@ from trainforge_services.common.errors import TrainforgeError
 from trainforge_services.common.keys import MONITOR_DONE
 from trainforge_services.common.settings import LcmSettings
 from trainforge_services.lcm.backends.base import (
+    SERVICE_KEYS,
     AttemptPlan,
     Backend,
     Capacity,
@@ -54,8 +55,7 @@ log = logging.getLogger(__name__)
 
 # the platform's keys and the LCM's own login, which the fork server (and so every child's
 # /proc/<pid>/environ) never holds: each fork takes the env of its request (its grant's)
-SERVER_WITHHELD = frozenset({"TF_S3_ACCESS_KEY", "TF_S3_SECRET_KEY", "TF_CREDENTIALS_KEY", "TF_SECRETS_KEY",
-                             "TF_JWT_SECRET", "TF_ETCD_USER", "TF_ETCD_PASSWORD", "TF_SERVICE_TOKEN", "TF_MONGO_URL"})
+SERVER_WITHHELD = frozenset({*SERVICE_KEYS, "TF_S3_ACCESS_KEY", "TF_S3_SECRET_KEY", "TF_ETCD_USER", "TF_ETCD_PASSWORD"})
 
 KILL_GRACE = 10.0
 _MODULES = {Role.MONITOR: "trainforge_services.jobmonitor", Role.CONTROLLER: "trainforge_services.controller"}
